@@ -1,0 +1,34 @@
+# hpcckpt developer and user entry points. See README.md.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: setup test test-fast lint demo bench clean cluster-up cluster-down
+
+setup:  ## install Debian packages, the venv with parallel h5py, and hpcckpt (idempotent)
+	bash scripts/setup.sh
+
+lint: setup
+	$(PY) -m ruff check hpcckpt tests examples benchmarks
+	$(PY) -m ruff format --check hpcckpt tests examples benchmarks
+
+test: setup lint  ## the whole suite: unit, MPI (mpirun -n 2/3) and Slurm (local cluster) tests
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: setup  ## only the tests that need neither MPI nor Slurm
+	$(PY) -m pytest -m "not mpi and not slurm and not slow" $(PYTEST_ARGS)
+
+demo: setup  ## local Slurm cluster + heat2d job: signalled, checkpointed, requeued, resumed
+	bash scripts/demo.sh
+
+bench: setup
+	$(PY) benchmarks/run.py
+
+cluster-up: setup
+	$(VENV)/bin/hpcckpt cluster up
+
+cluster-down:
+	$(VENV)/bin/hpcckpt cluster down
+
+clean:
+	rm -rf build *.egg-info .pytest_cache

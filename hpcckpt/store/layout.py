@@ -1,0 +1,89 @@
+"""Names in a checkpoint directory and what they mean.
+
+A committed checkpoint is ``ckpt-<step>.h5`` (step zero-padded to 10 digits). A file
+being written is ``ckpt-<step>.h5.partial``: never read by restore, removed by the
+next save. A checkpoint found corrupt gets a sidecar ``ckpt-<step>.h5.bad`` (JSON
+with the reason) and is skipped from then on; nothing is deleted silently.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+PREFIX = "ckpt-"
+SUFFIX = ".h5"
+PARTIAL = ".partial"
+BAD = ".bad"
+_NAME = re.compile(r"^ckpt-(\d{10,})\.h5$")
+
+
+def checkpoint_name(step: int) -> str:
+    if step < 0:
+        raise ValueError(f"checkpoint step must be >= 0, not {step}")
+    return f"{PREFIX}{step:010d}{SUFFIX}"
+
+
+def step_of(name: str) -> int | None:
+    """The step of a committed checkpoint file name, or None for any other name."""
+    match = _NAME.match(name)
+    return int(match.group(1)) if match else None
+
+
+@dataclass(frozen=True)
+class Entry:
+    step: int
+    path: Path
+    bad_reason: str | None
+
+    @property
+    def good_candidate(self) -> bool:
+        return self.bad_reason is None
+
+
+def scan(directory: str | os.PathLike[str]) -> list[Entry]:
+    """Committed checkpoints in ``directory``, newest step first."""
+    root = Path(directory)
+    entries = []
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    present = set(names)
+    for name in names:
+        step = step_of(name)
+        if step is None:
+            continue
+        reason = None
+        if name + BAD in present:
+            reason = read_bad(root / name) or "marked bad"
+        entries.append(Entry(step, root / name, reason))
+    entries.sort(key=lambda e: e.step, reverse=True)
+    return entries
+
+
+def partials(directory: str | os.PathLike[str]) -> list[Path]:
+    root = Path(directory)
+    try:
+        return sorted(root / n for n in os.listdir(root) if n.startswith(PREFIX) and n.endswith(PARTIAL))
+    except FileNotFoundError:
+        return []
+
+
+def mark_bad(path: Path, reason: str) -> None:
+    """Record that a checkpoint failed verification; keeps the data for inspection."""
+    sidecar = path.with_name(path.name + BAD)
+    tmp = sidecar.with_name(sidecar.name + ".tmp")
+    tmp.write_text(json.dumps({"reason": reason, "time": time.time()}) + "\n")
+    os.replace(tmp, sidecar)
+
+
+def read_bad(path: Path) -> str | None:
+    try:
+        return str(json.loads(path.with_name(path.name + BAD).read_text()).get("reason"))
+    except (OSError, ValueError, AttributeError):
+        return None

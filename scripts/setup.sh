@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Install what hpcckpt needs on Debian 12 as root, skipping what is present.
+# Idempotent: a second run checks and returns in a few seconds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DEB_PKGS=(slurm-wlm munge openmpi-bin libopenmpi-dev libhdf5-openmpi-dev pkg-config)
+VENV=${HPCCKPT_VENV:-.venv}
+PY=${PYTHON:-python3}
+
+log() { printf '[setup] %s\n' "$*"; }
+
+missing=()
+for p in "${DEB_PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    log "missing Debian packages: ${missing[*]}; run 'make setup' as root or install them (see README: installing without root)"
+    exit 1
+  fi
+  log "installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+  log "Debian packages present"
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  log "creating venv $VENV"
+  "$PY" -m venv "$VENV"
+fi
+VPY="$VENV/bin/python"
+
+if ! "$VPY" -c "import numpy, mpi4py, click, pytest, ruff, xxhash, matplotlib" 2>/dev/null; then
+  log "installing Python build and runtime packages"
+  "$VPY" -m pip install -q --upgrade pip
+  "$VPY" -m pip install -q "numpy>=1.24" "mpi4py>=3.1" "Cython>=3" pkgconfig "setuptools>=77" wheel \
+    "click>=8" "pytest>=7" "ruff>=0.4" "xxhash>=3" "matplotlib>=3.6"
+fi
+
+if ! "$VPY" -c "import h5py, sys; sys.exit(0 if h5py.get_config().mpi else 1)" 2>/dev/null; then
+  log "building h5py against Debian's parallel HDF5 (several minutes the first time; pip caches the wheel)"
+  "$VPY" -m pip uninstall -q -y h5py 2>/dev/null || true
+  HDF5_MPI=ON CC=mpicc HDF5_PKGCONFIG_NAME=hdf5-mpi \
+    "$VPY" -m pip install -q --no-build-isolation --no-binary=h5py "h5py>=3.8"
+  "$VPY" -c "import h5py; assert h5py.get_config().mpi, 'h5py built without MPI'"
+else
+  log "h5py with MPI present"
+fi
+
+if ! "$VPY" -c "import hpcckpt" 2>/dev/null || [ setup.cfg -nt "$VENV/.hpcckpt-installed" ]; then
+  log "installing hpcckpt (editable)"
+  "$VPY" -m pip install -q --no-deps --no-build-isolation -e .
+  touch "$VENV/.hpcckpt-installed"
+fi
+log "ready: $VENV ($("$VPY" -c 'import h5py, mpi4py; print("h5py", h5py.__version__, "mpi", h5py.get_config().mpi, "mpi4py", mpi4py.__version__)'))"

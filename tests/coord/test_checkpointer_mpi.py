@@ -1,0 +1,99 @@
+"""The Checkpointer under real mpirun: crash and resume, stop signals, agreement on one step."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpcckpt.job.events import read_events
+from hpcckpt.job.status import read_status
+from hpcckpt.store import layout
+from tests.mpi_helpers import EXAMPLES, mpirun, start_mpirun, stop, wait_for
+
+pytestmark = pytest.mark.mpi
+
+HEAT = [str(EXAMPLES / "heat2d.py"), "--nx", "64", "--ny", "48"]
+APPS = Path(__file__).parent / "apps"
+
+
+def heat(tmp: Path, n: int, name: str, *extra: str, timeout: float = 120):
+    return mpirun(n, [*HEAT, "--ckpt-dir", str(tmp / name), *extra], timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory) -> dict[int, np.ndarray]:
+    tmp = tmp_path_factory.mktemp("ref")
+    refs = {}
+    for n in (2, 3):
+        out = tmp / f"ref{n}.npy"
+        r = heat(tmp, n, f"ref{n}", "--steps", "60", "--out", str(out))
+        assert r.returncode == 0, r.stderr
+        refs[n] = np.load(out)
+    # The decomposition must not change the arithmetic: 2 and 3 ranks agree bit for bit.
+    assert np.array_equal(refs[2], refs[3])
+    return refs
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_crash_then_resume_is_bit_identical(tmp_path, references, n):
+    crashed = heat(tmp_path, n, "ck", "--steps", "60", "--every", "10", "--crash-at", "35")
+    assert crashed.returncode != 0, "the injected crash must fail the run"
+    steps = [e.step for e in layout.scan(tmp_path / "ck")]
+    assert steps == [29, 19, 9]
+    assert layout.partials(tmp_path / "ck") == []
+
+    out = tmp_path / "out.npy"
+    resumed = heat(tmp_path, n, "ck", "--steps", "60", "--every", "10", "--out", str(out))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "restored step 29" in resumed.stderr
+    assert np.array_equal(np.load(out), references[n])
+    assert read_status(tmp_path / "ck").state == "finished"
+    kinds = [e["event"] for e in read_events(tmp_path / "ck")]
+    assert kinds.count("checkpoint") == 6  # 9, 19, 29 before the crash; 39, 49, 59 after
+
+
+@pytest.mark.parametrize("n,signal_rank", [(2, 1), (3, 2), (3, 0)])
+def test_signal_on_one_rank_stops_all_at_one_step(tmp_path, n, signal_rank):
+    r = mpirun(n, [APPS / "signal_app.py", tmp_path, signal_rank, 20, 1000])
+    assert r.returncode == 0, r.stderr
+    reports = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert len(reports) == n
+    saved = {tuple(rep["saved"]) for rep in reports}
+    assert len(saved) == 1, f"ranks disagree on the checkpoint step: {reports}"
+    (steps,) = saved
+    assert len(steps) == 1 and 20 < steps[0] <= 22, steps
+    assert all(rep["stop"] for rep in reports)
+    status = read_status(tmp_path)
+    assert status.state == "stopped" and status.step == steps[0]
+
+
+def test_usr1_to_mpirun_checkpoints_and_resume_matches(tmp_path, references):
+    ck = tmp_path / "ck"
+    proc = start_mpirun(2, [*HEAT, "--ckpt-dir", ck, "--steps", "60", "--sleep", "0.05"])
+    try:
+        wait_for(lambda: (s := read_status(ck)) is not None and s.state == "running", 60, "status running")
+        proc.send_signal(signal.SIGUSR1)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        stop(proc)
+    assert proc.returncode == 0, err
+    status = read_status(ck)
+    assert status.state == "stopped" and status.step is not None and status.step < 59
+    out = tmp_path / "out.npy"
+    r = heat(tmp_path, 2, "ck", "--steps", "60", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert f"restored step {status.step}" in r.stderr
+    assert np.array_equal(np.load(out), references[2])
+
+
+def test_interval_checkpoints_agree_across_ranks(tmp_path):
+    r = heat(tmp_path, 3, "ck", "--steps", "80", "--interval", "0.15", "--sleep", "0.01")
+    assert r.returncode == 0, r.stderr
+    entries = layout.scan(tmp_path / "ck")
+    assert len(entries) >= 2, "an interval of 0.15 s over ~0.8 s of work must checkpoint"
+    reasons = {e["reason"] for e in read_events(tmp_path / "ck") if e["event"] == "checkpoint"}
+    assert reasons == {"interval"}

@@ -1,0 +1,66 @@
+"""Run Python under real ``mpirun`` from tests. Missing MPI is a failure, never a skip."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+
+def mpi_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        OMPI_MCA_rmaps_base_oversubscribe="1",
+        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+    )
+    env.update(extra or {})
+    return env
+
+
+def mpirun_cmd(n: int, args: Sequence[str]) -> list[str]:
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        pytest.fail("mpirun not found: install openmpi-bin (make setup does)")
+    return [mpirun, "-n", str(n), "--oversubscribe", sys.executable, "-m", "mpi4py", *map(str, args)]
+
+
+def mpirun(
+    n: int, args: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python ARGS`` on ``n`` ranks and return the finished process (never raises on exit code)."""
+    return subprocess.run(
+        mpirun_cmd(n, args), env=mpi_env(env), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def start_mpirun(n: int, args: Sequence[str], *, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        mpirun_cmd(n, args), env=mpi_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout} s waiting for {what}")
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)

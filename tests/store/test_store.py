@@ -1,0 +1,100 @@
+"""The store in one process (MPI.COMM_SELF): commit protocol, discovery, fallback from corruption."""
+
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from hpcckpt.store import layout
+from hpcckpt.store.checkpoint_file import CheckpointError
+from hpcckpt.store.store import CheckpointStore
+
+
+def make_state(k: float) -> dict:
+    return {"u": np.arange(1000.0) * k, "meta": {"k": k, "name": "run"}}
+
+
+@pytest.fixture
+def store(tmp_path):
+    return CheckpointStore(tmp_path / "ck", MPI.COMM_SELF)
+
+
+def test_save_commits_atomically_and_restore_takes_newest(store):
+    for step in (10, 20):
+        res = store.save(step, make_state(step))
+        assert res.path.name == layout.checkpoint_name(step) and res.bytes_written >= 8000
+    assert [e.step for e in layout.scan(store.directory)] == [20, 10]
+    assert layout.partials(store.directory) == []
+    state = make_state(0)
+    buf = state["u"]
+    got = store.restore(state)
+    assert got.step == 20 and state["u"] is buf
+    assert np.array_equal(buf, np.arange(1000.0) * 20) and state["meta"]["k"] == 20
+
+
+def test_file_is_readable_with_plain_h5py(store):
+    store.save(3, make_state(3))
+    with h5py.File(store.directory / layout.checkpoint_name(3), "r") as f:
+        assert f["meta"].attrs["format"] == "hpcckpt" and f["meta"].attrs["step"] == 3
+        assert np.array_equal(f["state/u"][:], np.arange(1000.0) * 3)
+        offs = f["meta/rank_tree"].attrs["offsets"]
+        tree = json.loads(f["meta/rank_tree"][offs[0] : offs[1]].tobytes())
+        assert tree["v"]["meta"]["v"]["k"] == 3
+
+
+def test_partial_leftover_is_ignored_then_cleaned(store):
+    store.save(1, make_state(1))
+    leftover = store.directory / (layout.checkpoint_name(2) + layout.PARTIAL)
+    leftover.write_bytes(b"half a checkpoint")
+    state = make_state(0)
+    assert store.restore(state).step == 1
+    store.save(3, make_state(3))
+    assert not leftover.exists()
+
+
+@pytest.mark.parametrize("damage", ["flip_data", "truncate", "garbage"])
+def test_corrupt_newest_falls_back_and_is_marked_not_deleted(store, damage):
+    store.save(1, make_state(1))
+    store.save(2, make_state(2))
+    newest = store.directory / layout.checkpoint_name(2)
+    raw = bytearray(newest.read_bytes())
+    if damage == "flip_data":
+        with h5py.File(newest, "r") as f:
+            off = f["state/u"].id.get_offset()
+        raw[off + 100] ^= 0x01
+    elif damage == "truncate":
+        raw = raw[: len(raw) // 2]
+    else:
+        raw = bytearray(b"not hdf5 at all" * 10)
+    newest.write_bytes(bytes(raw))
+    state = make_state(0)
+    got = store.restore(state)
+    assert got.step == 1 and got.skipped and got.skipped[0][0] == 2
+    assert np.array_equal(state["u"], np.arange(1000.0))
+    assert newest.exists(), "a bad checkpoint is never deleted"
+    assert layout.scan(store.directory)[0].bad_reason
+
+
+def test_all_bad_is_an_error_not_a_silent_fresh_start(store):
+    store.save(1, make_state(1))
+    (store.directory / layout.checkpoint_name(1)).write_bytes(b"x" * 100)
+    with pytest.raises(CheckpointError, match="none of the 1 checkpoints"):
+        store.restore(make_state(0))
+
+
+def test_empty_directory_restores_nothing(store):
+    assert store.restore(make_state(0)) is None
+
+
+def test_shape_or_dtype_mismatch_with_the_application_is_named(store):
+    store.save(1, make_state(1))
+    wrong = {"u": np.zeros(1000, dtype=np.int32), "meta": {}}
+    with pytest.raises(CheckpointError, match=r"'u'.*float64\[1000\].*int32\[1000\]"):
+        store.restore(wrong)
+    assert not wrong["u"].any() and wrong["meta"] == {}, "nothing is overwritten on a mismatch"
+    with pytest.raises(CheckpointError, match=r"float64\[1000\].*float64\[999\]"):
+        store.restore({"u": np.zeros(999)})
