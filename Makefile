@@ -9,8 +9,8 @@ setup:  ## install Debian packages, the venv with parallel h5py, and hpcckpt (id
 	bash scripts/setup.sh
 
 lint: setup
-	$(PY) -m ruff check hpcckpt tests examples benchmarks
-	$(PY) -m ruff format --check hpcckpt tests examples benchmarks
+	$(PY) -m ruff check hpcckpt tests examples benchmarks scripts
+	$(PY) -m ruff format --check hpcckpt tests examples benchmarks scripts
 
 test: setup lint  ## the whole suite: unit, MPI (mpirun -n 2/3) and Slurm (local cluster) tests
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -19,7 +19,7 @@ test-fast: setup  ## only the tests that need neither MPI nor Slurm
 	$(PY) -m pytest -m "not mpi and not slurm and not slow" $(PYTEST_ARGS)
 
 demo: setup  ## local Slurm cluster + heat2d job: signalled, checkpointed, requeued, resumed
-	bash scripts/demo.sh
+	$(PY) scripts/demo.py
 
 bench: setup
 	$(PY) benchmarks/run.py

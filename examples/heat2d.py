@@ -58,15 +58,23 @@ def advance(comm: MPI.Comm, up: np.ndarray, alpha: float) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--nx", type=int, default=256)
     p.add_argument("--ny", type=int, default=256)
     p.add_argument("--steps", type=int, default=2000)
-    p.add_argument("--alpha", type=float, default=0.2, help="diffusion number, < 0.25 for stability")
-    p.add_argument("--ckpt-dir", default=os.environ.get("HPCCKPT_DIR"), help="default: $HPCCKPT_DIR")
+    p.add_argument(
+        "--alpha", type=float, default=0.2, help="diffusion number, < 0.25 for stability"
+    )
+    p.add_argument(
+        "--ckpt-dir", default=os.environ.get("HPCCKPT_DIR"), help="default: $HPCCKPT_DIR"
+    )
     p.add_argument("--interval", type=float, default=None, help="seconds between checkpoints")
     p.add_argument("--every", type=int, default=None, help="checkpoint every N steps")
-    p.add_argument("--sleep", type=float, default=0.0, help="seconds of extra work per step (demos)")
+    p.add_argument(
+        "--sleep", type=float, default=0.0, help="seconds of extra work per step (demos)"
+    )
     p.add_argument("--crash-at", type=int, default=None, help="rank 1 dies at this step (tests)")
     p.add_argument("--out", default=None, help="write the final global field here (.npy)")
     args = p.parse_args()
@@ -77,7 +85,9 @@ def main() -> None:
     up = initial_field(args.nx, args.ny, lo, hi)
     state = {"u": up[1:-1], "t": 0.0}
 
-    ck = hpcckpt.Checkpointer(args.ckpt_dir, comm=comm, interval=args.interval, every_steps=args.every)
+    ck = hpcckpt.Checkpointer(
+        args.ckpt_dir, comm=comm, interval=args.interval, every_steps=args.every
+    )
     last = ck.restore(state)
     start = 0 if last is None else last + 1
     for step in range(start, args.steps):
@@ -85,7 +95,11 @@ def main() -> None:
         state["t"] += args.alpha
         if args.sleep:
             time.sleep(args.sleep)
-        if args.crash_at is not None and step == args.crash_at and rank == min(1, comm.Get_size() - 1):
+        if (
+            args.crash_at is not None
+            and step == args.crash_at
+            and rank == min(1, comm.Get_size() - 1)
+        ):
             os._exit(17)
         if ck.due(step):
             ck.save(step, state)
@@ -97,7 +111,10 @@ def main() -> None:
         if rank == 0:
             u = np.concatenate(field)
             digest = hashlib.sha256(u.tobytes()).hexdigest()[:16]
-            print(f"heat2d: finished {args.steps} steps, t={state['t']:.3f}, sum={u.sum():.6f}, sha256={digest}")
+            print(
+                f"heat2d: finished {args.steps} steps, t={state['t']:.3f}, "
+                f"sum={u.sum():.6f}, sha256={digest}"
+            )
             if args.out:
                 np.save(args.out, u)
 

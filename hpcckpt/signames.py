@@ -19,7 +19,9 @@ def parse_signal(value: str | int | signal.Signals) -> signal.Signals:
         name = text if text.startswith("SIG") else "SIG" + text
         if name in signal.Signals.__members__:
             return signal.Signals[name]
-    raise ValueError(f"unknown signal {value!r}: use a name like USR1, SIGUSR2, TERM or a number like 10")
+    raise ValueError(
+        f"unknown signal {value!r}: use a name like USR1, SIGUSR2, TERM or a number like 10"
+    )
 
 
 def short_name(sig: int) -> str:

@@ -33,21 +33,36 @@ def mpirun_cmd(n: int, args: Sequence[str]) -> list[str]:
     mpirun = shutil.which("mpirun")
     if mpirun is None:
         pytest.fail("mpirun not found: install openmpi-bin (make setup does)")
-    return [mpirun, "-n", str(n), "--oversubscribe", sys.executable, "-m", "mpi4py", *map(str, args)]
+    return [
+        mpirun,
+        "-n",
+        str(n),
+        "--oversubscribe",
+        sys.executable,
+        "-m",
+        "mpi4py",
+        *map(str, args),
+    ]
 
 
 def mpirun(
     n: int, args: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python ARGS`` on ``n`` ranks and return the finished process (never raises on exit code)."""
+    """Run ``python ARGS`` on ``n`` ranks; the finished process, whatever its exit code."""
     return subprocess.run(
         mpirun_cmd(n, args), env=mpi_env(env), capture_output=True, text=True, timeout=timeout
     )
 
 
-def start_mpirun(n: int, args: Sequence[str], *, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+def start_mpirun(
+    n: int, args: Sequence[str], *, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        mpirun_cmd(n, args), env=mpi_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        mpirun_cmd(n, args),
+        env=mpi_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 

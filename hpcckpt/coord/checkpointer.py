@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +19,32 @@ from mpi4py import MPI
 
 from hpcckpt.coord.signals import StopSignals
 from hpcckpt.job import events as job_events
+from hpcckpt.job import slurm
 from hpcckpt.job import status as job_status
-from hpcckpt.store.store import CheckpointStore, SaveResult
+from hpcckpt.policy import (
+    CostTracker,
+    Deadline,
+    IntervalPolicy,
+    initial_cost_estimate,
+    job_mtbf,
+    make_policy,
+    parse_duration,
+    parse_end_time,
+)
+from hpcckpt.policy.durations import format_duration
+from hpcckpt.store.filesystem import TuningOptions
+from hpcckpt.store.resharding import Split
+from hpcckpt.store.retention import check_rules
+from hpcckpt.store.store import CheckpointError, CheckpointStore, SaveResult
 
 log = logging.getLogger("hpcckpt")
 
 # Slots of the flag vector the ranks reduce (MAX) to agree on a decision.
-_SIGNAL, _TIME = 0, 1
+_SIGNAL, _TIME, _DEADLINE = 0, 1, 2
+
+END_TIME_ENV = "HPCCKPT_END_TIME"
+#: How often rank 0 asks Slurm again for the job's end time (it can be extended).
+END_TIME_REFRESH = 300.0
 
 
 def _configure_logging(rank: int) -> None:
@@ -43,9 +62,21 @@ class Checkpointer:
     """Coordinated checkpoints of per-rank state into one parallel HDF5 file per checkpoint.
 
     ``directory`` defaults to ``$HPCCKPT_DIR`` (set by the ``hpcckpt`` wrapper).
-    Checkpoints are due every ``interval`` seconds or every ``every_steps`` steps, and
-    at once when a stop signal (``signal``, SIGUSR1 by default, and SIGTERM) reaches
-    any rank; after such a stop checkpoint ``stop_requested`` is true on every rank.
+
+    When: with ``interval`` (seconds) or ``every_steps`` the schedule is fixed;
+    otherwise ``policy`` ("daly", the default, or "young") sets the interval from
+    the job's MTBF (``mtbf``, or ``node_mtbf`` divided by the job's node count) and
+    the checkpoint cost measured at every save, so it follows the real I/O cost.
+    A stop signal (``signal``, SIGUSR1 by default, and SIGTERM) on any rank, or the
+    job's end time coming close (``end_time``, ``$HPCCKPT_END_TIME`` or Slurm's),
+    makes a checkpoint due at once; after it, ``stop_requested`` is true on every rank.
+
+    Where: after each committed save the directory is pruned to the ``keep_last``
+    newest good checkpoints (3 by default; None keeps all), plus one per
+    ``keep_every`` steps and one per ``keep_every_seconds``. Arrays named in
+    ``distributed`` are split along axis 0 across ranks and can be restored on
+    another rank count; ``fs_tuning`` overrides the Lustre/GPFS tuning. See
+    docs/format.md and docs/filesystems.md.
     """
 
     def __init__(
@@ -53,10 +84,22 @@ class Checkpointer:
         directory: str | os.PathLike[str] | None = None,
         comm: MPI.Comm | None = None,
         *,
-        interval: float | None = None,
+        interval: float | str | None = None,
         every_steps: int | None = None,
+        policy: str | IntervalPolicy = "daly",
+        mtbf: float | str | None = None,
+        node_mtbf: float | str | None = None,
+        initial_cost: float | str | None = None,
+        end_time: float | str | None = None,
+        deadline_safety: float = 1.5,
+        deadline_margin: float = 20.0,
         signal: str | int = "USR1",
         stop_signals: Iterable[str | int] = ("TERM",),
+        keep_last: int | None = 3,
+        keep_every: int | None = None,
+        keep_every_seconds: float | None = None,
+        distributed: Iterable[str] | Mapping[str, Split | None] = (),
+        fs_tuning: TuningOptions | None = None,
     ) -> None:
         directory = directory if directory is not None else os.environ.get(job_status.DIR_ENV)
         if not directory:
@@ -64,8 +107,10 @@ class Checkpointer:
                 "Checkpointer needs a directory: pass Checkpointer(directory, ...) "
                 f"or set {job_status.DIR_ENV} (the hpcckpt wrapper sets it from --ckpt-dir)"
             )
-        if interval is not None and interval <= 0:
-            raise ValueError(f"interval must be a positive number of seconds, not {interval!r}")
+        if interval is not None:
+            interval = _duration("interval", interval)
+            if interval <= 0:
+                raise ValueError(f"interval must be a positive number of seconds, not {interval!r}")
         if every_steps is not None and (int(every_steps) != every_steps or every_steps < 1):
             raise ValueError(f"every_steps must be a positive integer, not {every_steps!r}")
         self.comm = comm if comm is not None else MPI.COMM_WORLD
@@ -73,19 +118,34 @@ class Checkpointer:
         self.nranks = self.comm.Get_size()
         _configure_logging(self.rank)
         self.directory = Path(directory).absolute()
-        self.interval = None if interval is None else float(interval)
         self.every_steps = every_steps
-        self.store = CheckpointStore(self.directory, self.comm)
+        self.policy = self._make_policy(policy, interval, every_steps, mtbf, node_mtbf)
+        self.costs = CostTracker()
+        self._initial_cost = (
+            None if initial_cost is None else _duration("initial_cost", initial_cost)
+        )
+        self._end_time_source, end = self._find_end_time(end_time)
+        self.deadline = Deadline(end, safety=deadline_safety, margin=deadline_margin)
+        self._end_time_checked = time.monotonic()
+        check_rules(keep_last, keep_every, keep_every_seconds)
+        self.retention = {
+            "keep_last": keep_last,
+            "keep_every": keep_every,
+            "keep_every_seconds": keep_every_seconds,
+        }
+        self.store = CheckpointStore(
+            self.directory, self.comm, distributed=distributed, tuning=fs_tuning
+        )
         self._signals = StopSignals([signal, *stop_signals])
         self._attempt = os.environ.get(job_status.ATTEMPT_ENV)
 
-        self._send = np.zeros(2, dtype=np.int32)
-        self._recv = np.zeros(2, dtype=np.int32)
+        self._send = np.zeros(3, dtype=np.int32)
+        self._recv = np.zeros(3, dtype=np.int32)
         self._request: MPI.Request | None = None
         self._last_save_time = time.monotonic()
         self._last_save_step: int | None = None
         self._first_step: int | None = None
-        self._stop_pending = False
+        self._stop_pending: str | None = None
         self._stop_requested = False
         self._finished = False
         self.last_save: SaveResult | None = None
@@ -102,7 +162,90 @@ class Checkpointer:
         # Every rank has its handlers now: the wrapper may forward signals.
         self.comm.Barrier()
         self._report(job_status.RUNNING)
-        self._event("start", pid=os.getpid())
+        self._event(
+            "start",
+            pid=os.getpid(),
+            policy=self.describe_schedule(),
+            end_time=self.deadline.end_time,
+            end_time_source=self._end_time_source,
+        )
+
+    # -- when ----------------------------------------------------------------------
+    def _make_policy(
+        self,
+        policy: str | IntervalPolicy,
+        interval: float | None,
+        every_steps: int | None,
+        mtbf: float | str | None,
+        node_mtbf: float | str | None,
+    ) -> IntervalPolicy | None:
+        """The time policy, or None when only ``every_steps`` (and stop requests) apply."""
+        if interval is not None:
+            return make_policy("fixed", interval=interval)
+        if every_steps is not None:
+            return None
+        if isinstance(policy, IntervalPolicy):
+            return policy
+        if mtbf is not None:
+            m = _duration("mtbf", mtbf)
+        else:
+            kwargs = {} if node_mtbf is None else {"node_mtbf": _duration("node_mtbf", node_mtbf)}
+            m = job_mtbf(nodes=slurm.node_count(), **kwargs)
+        return make_policy(policy, mtbf=m)
+
+    def _find_end_time(self, given: float | str | None) -> tuple[str | None, float | None]:
+        """(source, Unix end time): the argument, $HPCCKPT_END_TIME, or Slurm (rank 0 asks)."""
+        if given is not None:
+            return "argument", parse_end_time(given)
+        text = os.environ.get(END_TIME_ENV)
+        if text:
+            return "environment", parse_end_time(text)
+        job = slurm.job_id()
+        if job is None:
+            return None, None
+        return "slurm", self.comm.bcast(self._ask_slurm_end_time(job) if self.rank == 0 else None)
+
+    @staticmethod
+    def _ask_slurm_end_time(job: str) -> float | None:
+        try:
+            end = slurm.end_time(job)
+        except slurm.SlurmError as exc:
+            log.warning(
+                "cannot read the job's end time from Slurm (%s): no deadline checkpoint", exc
+            )
+            return None
+        return None if end is None else end.timestamp()
+
+    def _refresh_end_time(self) -> None:
+        """Ask Slurm again, rarely (collective: called from save)."""
+        if self._end_time_source != "slurm":
+            return
+        if time.monotonic() - self._end_time_checked < END_TIME_REFRESH:
+            return
+        self._end_time_checked = time.monotonic()
+        job = slurm.job_id()
+        end = self.comm.bcast(self._ask_slurm_end_time(job) if self.rank == 0 and job else None)
+        if end is not None:
+            self.deadline = Deadline(end, safety=self.deadline.safety, margin=self.deadline.margin)
+
+    def describe_schedule(self) -> str:
+        """The schedule in words, for logs and events."""
+        parts = [] if self.policy is None else [self.policy.describe()]
+        if self.every_steps is not None:
+            parts.append(f"every {self.every_steps} steps")
+        return " or ".join(parts)
+
+    @property
+    def cost_estimate(self) -> float:
+        """Seconds one checkpoint is expected to take: measured, else the initial guess."""
+        if self._initial_cost is None:
+            self._initial_cost = initial_cost_estimate(0)
+        return self.costs.get(self._initial_cost)
+
+    @property
+    def interval(self) -> float | None:
+        """Seconds of work between checkpoints now (None when only steps count)."""
+        return None if self.policy is None else self.policy.interval(self.cost_estimate)
 
     # -- helpers -----------------------------------------------------------------
     def _report(self, state: str, step: int | None = None, reason: str = "") -> None:
@@ -113,7 +256,9 @@ class Checkpointer:
 
     def _event(self, kind: str, **fields: Any) -> None:
         if self.rank == 0:
-            job_events.append_event(self.directory, kind, source="checkpointer", nranks=self.nranks, **fields)
+            job_events.append_event(
+                self.directory, kind, source="checkpointer", nranks=self.nranks, **fields
+            )
 
     def _drain(self) -> None:
         """Complete and discard the reduction in flight (after a save it is stale)."""
@@ -133,6 +278,9 @@ class Checkpointer:
         Arrays are filled in place (the application's references stay valid);
         scalars are replaced in the dict. Collective.
         """
+        if self._initial_cost is None:
+            nbytes = sum(a.nbytes for a in _arrays_in(state))
+            self._initial_cost = initial_cost_estimate(self.comm.allreduce(nbytes))
         result = self.store.restore(state)
         self._drain()
         self._last_save_time = time.monotonic()
@@ -156,22 +304,29 @@ class Checkpointer:
         """
         if self._first_step is None:
             self._first_step = step
-        decided = np.zeros(2, dtype=np.int32)
+        decided = np.zeros(3, dtype=np.int32)
         if self._request is not None:
             self._request.Wait()
             decided[:] = self._recv
         self._send[_SIGNAL] = 1 if self._signals.received is not None else 0
+        interval = self.interval
         elapsed = time.monotonic() - self._last_save_time
-        self._send[_TIME] = 1 if self.interval is not None and elapsed >= self.interval else 0
+        self._send[_TIME] = 1 if interval is not None and elapsed >= interval else 0
+        self._send[_DEADLINE] = 1 if self.deadline.must_stop(time.time(), self.cost_estimate) else 0
         self._request = self.comm.Iallreduce(self._send, self._recv, op=MPI.MAX)
 
         if decided[_SIGNAL]:
-            self._stop_pending = True
+            self._stop_pending = "signal"
+            return True
+        if decided[_DEADLINE]:
+            self._stop_pending = "deadline"
             return True
         if decided[_TIME]:
             return True
         if self.every_steps is not None:
-            since = self._last_save_step if self._last_save_step is not None else self._first_step - 1
+            since = (
+                self._last_save_step if self._last_save_step is not None else self._first_step - 1
+            )
             return step - since >= self.every_steps
         return False
 
@@ -184,28 +339,56 @@ class Checkpointer:
         """
         self._drain()
         stop = self._stop_pending
-        reason = "signal" if stop else "interval" if self.interval else "steps"
+        reason = stop or ("steps" if self.policy is None else "interval")
         self._event("checkpoint_begin", step=step, reason=reason)
         result = self.store.save(step, state, extra_meta={"reason": reason})
+        try:
+            self.store.prune(**self.retention)
+        except CheckpointError as exc:  # raised on every rank alike; the save stands
+            log.warning("retention failed, no checkpoint deleted: %s", exc)
         self.last_save = result
         self._last_save_time = time.monotonic()
         self._last_save_step = step
+        self.costs.add(result.seconds)
+        self._refresh_end_time()
+        interval = self.interval
         mib = result.bytes_written / 2**20
         rate = result.bytes_written / result.seconds / 1e6 if result.seconds > 0 else float("inf")
+        upcoming = (
+            "stopping"
+            if stop
+            else (
+                f"next in {format_duration(interval)}"
+                if interval is not None
+                else f"next in {self.every_steps} steps"
+            )
+        )
         log.info(
-            "checkpoint step %d: %.1f MiB in %.2f s (%.0f MB/s), reason %s",
-            step, mib, result.seconds, rate, reason,
+            "checkpoint step %d: %.1f MiB in %.2f s (%.0f MB/s), %s; %s",
+            step,
+            mib,
+            result.seconds,
+            rate,
+            reason,
+            upcoming,
         )
         self._event(
-            "checkpoint", step=step, seconds=round(result.seconds, 6),
-            bytes=result.bytes_written, reason=reason, path=result.path.name,
+            "checkpoint",
+            step=step,
+            seconds=round(result.seconds, 6),
+            bytes=result.bytes_written,
+            reason=reason,
+            path=result.path.name,
+            next_interval=interval,
+            cost_estimate=round(self.cost_estimate, 6),
         )
         if stop:
             self._stop_requested = True
             sig = self._signals.received
-            self._report(job_status.STOPPED, step, f"signal {sig.name if sig else '?'}")
-            self._event("stop", step=step, signal=sig.name if sig else None)
-            log.info("stop requested: checkpoint of step %d committed, leaving", step)
+            why = f"signal {sig.name}" if stop == "signal" and sig else stop
+            self._report(job_status.STOPPED, step, why)
+            self._event("stop", step=step, reason=stop, signal=sig.name if sig else None)
+            log.info("stop requested (%s): checkpoint of step %d committed, leaving", why, step)
         return result
 
     def finish(self) -> None:
@@ -227,3 +410,22 @@ class Checkpointer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _arrays_in(value: Any) -> list[np.ndarray]:
+    """Every numpy array inside a state (to size the first cost estimate)."""
+    if isinstance(value, np.ndarray):
+        return [value]
+    if isinstance(value, dict):
+        return [a for v in value.values() for a in _arrays_in(v)]
+    if isinstance(value, (list, tuple)):
+        return [a for v in value for a in _arrays_in(v)]
+    return []
+
+
+def _duration(name: str, value: float | str) -> float:
+    """Seconds from a number or a duration like "5m"; the error names the argument."""
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise ValueError(f"Checkpointer({name}={value!r}): {exc}") from None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -75,7 +76,11 @@ def test_usr1_to_mpirun_checkpoints_and_resume_matches(tmp_path, references):
     ck = tmp_path / "ck"
     proc = start_mpirun(2, [*HEAT, "--ckpt-dir", ck, "--steps", "60", "--sleep", "0.05"])
     try:
-        wait_for(lambda: (s := read_status(ck)) is not None and s.state == "running", 60, "status running")
+        wait_for(
+            lambda: (s := read_status(ck)) is not None and s.state == "running",
+            60,
+            "status running",
+        )
         proc.send_signal(signal.SIGUSR1)
         _, err = proc.communicate(timeout=60)
     finally:
@@ -97,3 +102,21 @@ def test_interval_checkpoints_agree_across_ranks(tmp_path):
     assert len(entries) >= 2, "an interval of 0.15 s over ~0.8 s of work must checkpoint"
     reasons = {e["reason"] for e in read_events(tmp_path / "ck") if e["event"] == "checkpoint"}
     assert reasons == {"interval"}
+
+
+def test_deadline_checkpoints_and_stops_before_end_time_without_signal(tmp_path):
+    end = (
+        time.time() + 26.0
+    )  # default margin 20 s + 1.5 x the ~1 s first cost guess => ~4 s of work
+    r = mpirun(
+        2,
+        [*HEAT, "--ckpt-dir", tmp_path / "ck", "--steps", "60", "--sleep", "0.2"],
+        env={"HPCCKPT_END_TIME": f"{end:.3f}"},
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    status = read_status(tmp_path / "ck")
+    assert status.state == "stopped" and status.reason == "deadline", status
+    assert status.time < end, "the deadline checkpoint must be committed before the end time"
+    assert 0 < status.step < 59
+    assert [e.step for e in layout.scan(tmp_path / "ck")] == [status.step]

@@ -1,4 +1,4 @@
-"""Test app: one rank raises the stop signal at a given step; every rank must stop at the same step."""
+"""Test app: one rank raises the stop signal at a step; all ranks must stop at one step."""
 
 import json
 import os
@@ -11,7 +11,12 @@ from mpi4py import MPI
 
 import hpcckpt
 
-directory, signal_rank, signal_step, nsteps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+directory, signal_rank, signal_step, nsteps = (
+    sys.argv[1],
+    int(sys.argv[2]),
+    int(sys.argv[3]),
+    int(sys.argv[4]),
+)
 comm = MPI.COMM_WORLD
 rank = comm.Get_rank()
 state = {"x": np.full(1000, float(rank)), "step": 0}

@@ -1,0 +1,205 @@
+"""Shared pytest fixtures. Each section belongs to one part of hpcckpt; add new ones below."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+from hpcckpt.job.cluster import ClusterError, LocalCluster
+
+# =============================================================================================
+# Slurm: the local test cluster (hpcckpt.job.cluster)
+#
+#   slurm_cluster          session: a 1-node cluster (node n1, 2 CPUs) in
+#                          /tmp/hpcckpt-test-cluster, slurmctld on port 26817. Tests pass
+#                          `cluster.slurm_env()` (or merge `cluster.env()`) to sbatch/srun.
+#   slurm_cluster_nodes    function: a factory `make(n) -> LocalCluster` for an n-node
+#                          cluster (n1..nN) in /tmp/hpcckpt-test-cluster-multi, port 27817;
+#                          reconfigured to n nodes on demand. It is a separate cluster so
+#                          that reconfiguring or failing nodes never disturbs jobs of the
+#                          1-node cluster (possibly used by another pytest session).
+#
+# Both fail (never skip) when Slurm cannot start. Several pytest sessions may share a
+# cluster: each holds a shared flock on <state>/users.lock; the multi-node cluster is
+# held exclusively for one test at a time. At the end of a session, the last user brings
+# down a cluster that a fixture started (marker file <state>/fixture-started), so a
+# cluster left behind by a killed session is adopted and cleaned up by the next one; a
+# cluster a person started there with `hpcckpt cluster up` is left running.
+# =============================================================================================
+
+SLURM_TEST_DIR = Path(os.environ.get("HPCCKPT_TEST_CLUSTER_DIR", "/tmp/hpcckpt-test-cluster"))
+SLURM_TEST_PORT = int(os.environ.get("HPCCKPT_TEST_CLUSTER_PORT", "26817"))
+SLURM_MULTI_DIR = Path(f"{SLURM_TEST_DIR}-multi")
+SLURM_MULTI_PORT = SLURM_TEST_PORT + 1000
+_LOCK_TIMEOUT = 600.0
+
+
+class _Lease:
+    """A flock on ``<state>/users.lock``: shared while using, exclusive to tear down."""
+
+    def __init__(self, cluster: LocalCluster):
+        self.cluster = cluster
+        cluster.state_dir.mkdir(parents=True, exist_ok=True)
+        self._fh: IO[str] | None = open(cluster.state_dir / "users.lock", "a+")
+
+    @property
+    def marker(self) -> Path:
+        return self.cluster.state_dir / "fixture-started"
+
+    def acquire(self, exclusive: bool, timeout: float = _LOCK_TIMEOUT) -> None:
+        assert self._fh is not None
+        mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(self._fh, mode | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.fail(
+                        f"another pytest session holds {self.cluster.state_dir}/users.lock "
+                        f"for more than {timeout:.0f} s",
+                        pytrace=False,
+                    )
+                time.sleep(0.5)
+
+    def try_exclusive(self) -> bool:
+        assert self._fh is not None
+        try:
+            fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def unlock(self) -> None:
+        if self._fh is not None:
+            fcntl.flock(self._fh, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def bring_up(self, nodes: int) -> None:
+        """Start or reuse the cluster with ``nodes`` nodes; pytest.fail if Slurm cannot run."""
+        try:
+            started = self.cluster.up(nodes=nodes, cpus_per_node=2, kill_wait=10, timeout=90)
+        except ClusterError as exc:
+            pytest.fail(
+                f"the local Slurm cluster in {self.cluster.state_dir} did not start:\n{exc}",
+                pytrace=False,
+            )
+        if started:
+            self.marker.touch()
+
+    def finish(self) -> None:
+        """Tear down if no other session uses the cluster and a fixture had started it."""
+        self.unlock()
+        try:
+            if self.try_exclusive() and self.marker.exists():
+                self.cluster.down(stop_munge=False)  # munged may serve other sessions
+                self.marker.unlink(missing_ok=True)
+        finally:
+            self.unlock()
+            self.close()
+
+
+def _cancel_all_jobs(cluster: LocalCluster) -> None:
+    """Jobs left by a killed earlier session (or the last test) would hold the CPUs."""
+    with contextlib.suppress(ClusterError):
+        cluster.cancel_jobs()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[LocalCluster]:
+    """The 1-node local Slurm cluster (node ``n1``), brought up for the session."""
+    cluster = LocalCluster(SLURM_TEST_DIR, port=SLURM_TEST_PORT)
+    lease = _Lease(cluster)
+    try:
+        alone = lease.try_exclusive()
+        if not alone:
+            lease.acquire(exclusive=False)
+        lease.bring_up(nodes=1)
+        if alone:
+            _cancel_all_jobs(cluster)
+            lease.acquire(exclusive=False)  # downgrade: other sessions may join now
+    except BaseException:
+        lease.unlock()
+        lease.close()
+        raise
+    try:
+        yield cluster
+    finally:
+        lease.finish()
+
+
+class _MultiNodePool:
+    def __init__(self) -> None:
+        self.cluster = LocalCluster(SLURM_MULTI_DIR, port=SLURM_MULTI_PORT)
+        self.lease: _Lease | None = None
+
+    def make(self, nodes: int) -> LocalCluster:
+        if nodes < 2:
+            raise ValueError("slurm_cluster_nodes is for 2 nodes or more; use slurm_cluster")
+        if self.lease is None:
+            self.lease = _Lease(self.cluster)
+            self.lease.acquire(exclusive=True)
+            if self.cluster.ctld_pid() is not None:
+                _cancel_all_jobs(self.cluster)
+        self.lease.bring_up(nodes=nodes)
+        return self.cluster
+
+    def release(self) -> None:
+        """After a test: cancel its jobs, restore killed nodes, let other sessions in."""
+        if self.lease is None:
+            return
+        if self.cluster.ctld_pid() is not None:
+            _cancel_all_jobs(self.cluster)
+        self.lease.unlock()
+
+    def finish(self) -> None:
+        if self.lease is not None:
+            self.lease.finish()
+
+
+@pytest.fixture(scope="session")
+def _slurm_multinode_pool() -> Iterator[_MultiNodePool]:
+    pool = _MultiNodePool()
+    try:
+        yield pool
+    finally:
+        pool.finish()
+
+
+@pytest.fixture
+def slurm_cluster_nodes(
+    _slurm_multinode_pool: _MultiNodePool,
+) -> Iterator[Callable[[int], LocalCluster]]:
+    """A factory: ``make(n)`` returns the multi-node test cluster running with n nodes.
+
+    The cluster is held exclusively by the calling test; ``make`` restarts nodes the test
+    failed, reconfigures when n differs, and fails (not skips) if Slurm cannot start.
+    """
+    pool = _slurm_multinode_pool
+
+    def make(nodes: int) -> LocalCluster:
+        if pool.lease is not None:
+            pool.lease.acquire(exclusive=True)
+        return pool.make(nodes)
+
+    try:
+        yield make
+    finally:
+        pool.release()
+
+
+# =============================================================================================
+# (other sections below)
+# =============================================================================================

@@ -1,0 +1,69 @@
+"""The Checkpointer in one process (MPI.COMM_SELF): online interval, validation of options."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from hpcckpt import Checkpointer
+from hpcckpt.policy import Young
+
+
+def test_online_interval_follows_the_measured_cost(tmp_path, monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    mtbf = 1000.0
+    ck = Checkpointer(
+        tmp_path, comm=MPI.COMM_SELF, policy=Young(mtbf, min_interval=0), initial_cost=2.0
+    )
+    try:
+        assert ck.interval == pytest.approx(math.sqrt(2 * 2.0 * mtbf))
+        small = {"u": np.zeros(1000)}
+        for step in range(3):
+            ck.save(step, small)
+        c_small = ck.cost_estimate
+        assert c_small < 1.0  # measured, no longer the 2 s guess
+        assert ck.interval == pytest.approx(math.sqrt(2 * c_small * mtbf))
+        big = {"u": np.ones(40_000_000)}  # 320 MB: the cost goes up a lot
+        for step in range(3, 8):
+            ck.save(step, big)
+        c_big = ck.cost_estimate
+        assert c_big > 3 * c_small
+        assert ck.interval == pytest.approx(math.sqrt(2 * c_big * mtbf))
+        assert ck.interval > ck.policy.interval(c_small)
+    finally:
+        ck.close()
+
+
+def test_default_policy_is_daly_from_node_mtbf(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "100")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    ck = Checkpointer(tmp_path, comm=MPI.COMM_SELF, node_mtbf="100h", initial_cost=10)
+    try:
+        assert ck.policy.name == "daly"
+        assert ck.policy.mtbf == pytest.approx(3600.0)  # 100 h / 100 nodes
+    finally:
+        ck.close()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"interval": -1}, r"Checkpointer\(interval=-1\)"),
+        ({"interval": 0}, "interval must be a positive"),
+        ({"every_steps": 0}, "every_steps must be a positive integer"),
+        ({"policy": "sometimes"}, "unknown interval policy"),
+        ({"mtbf": "twelve hours"}, r"Checkpointer\(mtbf='twelve hours'\)"),
+    ],
+)
+def test_bad_options_are_named(tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Checkpointer(tmp_path, comm=MPI.COMM_SELF, **kwargs)
+
+
+def test_missing_directory_says_how_to_give_one(monkeypatch):
+    monkeypatch.delenv("HPCCKPT_DIR", raising=False)
+    with pytest.raises(ValueError, match="HPCCKPT_DIR"):
+        Checkpointer(comm=MPI.COMM_SELF)

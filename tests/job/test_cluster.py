@@ -1,0 +1,225 @@
+"""The local Slurm cluster: configuration (no Slurm needed) and real daemons (slurm mark)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from hpcckpt.cli.cluster import COMMANDS
+from hpcckpt.job import cluster as cl
+from hpcckpt.job.cluster import ClusterConfig, ClusterError, LocalCluster, render_slurm_conf
+
+RANK_SCRIPT = (
+    "from mpi4py import MPI; import os; c = MPI.COMM_WORLD; "
+    "print('rank', c.Get_rank(), c.Get_size(), os.environ.get('SLURMD_NODENAME'), flush=True)"
+)
+
+
+def _ranks(output: str) -> dict[int, tuple[int, str]]:
+    ranks = {}
+    for line in output.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[0] == "rank":
+            ranks[int(parts[1])] = (int(parts[2]), parts[3])
+    return ranks
+
+
+def _srun(cluster: LocalCluster, args: list[str], timeout: float = 120) -> str:
+    proc = subprocess.run(
+        ["srun", *args],
+        env=cluster.slurm_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, f"srun {args} exited {proc.returncode}:\n{proc.stderr}"
+    return proc.stdout
+
+
+def _script(path: Path, body: str) -> Path:
+    path.write_text("#!/bin/bash\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+# --------------------------------------------------------------------- no Slurm needed
+
+
+def test_slurm_conf_has_the_keys_the_tests_rely_on(tmp_path: Path) -> None:
+    text = render_slurm_conf(tmp_path, ClusterConfig(nodes=3, port=40000))
+    for key in (
+        "SlurmctldPort=40000",
+        "JobRequeue=1",
+        "ReturnToService=2",
+        "SlurmdTimeout=10",
+        "MpiDefault=pmix",
+        "ProctrackType=proctrack/pgid",
+        "TaskPlugin=task/none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "SlurmdParameters=config_overrides",
+        "KillWait=10",
+        "AccountingStorageType=accounting_storage/none",
+        f"TmpFS={tmp_path}/tmp-%n",
+        f"SlurmdSpoolDir={tmp_path}/spool/%n",
+    ):
+        assert key in text.splitlines(), key
+    assert "NodeName=n3 NodeHostname=localhost NodeAddr=127.0.0.1 Port=40003 CPUs=2" in text
+    assert "PartitionName=debug Nodes=n1,n2,n3 Default=YES" in text
+
+
+def test_config_rejects_nonsense() -> None:
+    with pytest.raises(ClusterError):
+        ClusterConfig(nodes=0)
+    with pytest.raises(ClusterError):
+        ClusterConfig(port=80)
+
+
+def test_slurm_env_drops_inherited_job_variables() -> None:
+    env = cl.slurm_env("/x/slurm.conf", {"PATH": "/bin", "SLURM_JOB_ID": "7", "SLURM_CONF": "y"})
+    assert env == {"PATH": "/bin", "SLURM_CONF": "/x/slurm.conf"}
+
+
+def test_state_dir_from_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(cl.DIR_ENV, str(tmp_path / "c"))
+    assert LocalCluster().state_dir == tmp_path / "c"
+    monkeypatch.delenv(cl.DIR_ENV)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert LocalCluster().state_dir == tmp_path / "xdg" / "hpcckpt" / "cluster"
+
+
+def test_missing_binaries_name_the_debian_packages(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(cl, "find_binary", lambda name: None)
+    with pytest.raises(ClusterError, match="apt-get install slurm-wlm munge"):
+        LocalCluster(tmp_path).up()
+    result = CliRunner().invoke(COMMANDS[0], ["up", "--state-dir", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "apt-get install slurm-wlm munge" in result.output
+
+
+def test_down_and_status_of_nothing_are_harmless(tmp_path: Path) -> None:
+    runner = CliRunner()
+    assert runner.invoke(COMMANDS[0], ["down", "--state-dir", str(tmp_path)]).exit_code == 0
+    result = runner.invoke(COMMANDS[0], ["status", "--json", "--state-dir", str(tmp_path)])
+    assert result.exit_code == 0
+    assert json.loads(result.output)["running"] is False
+    result = runner.invoke(COMMANDS[0], ["fail-node", "n1", "--state-dir", str(tmp_path)])
+    assert result.exit_code == 1 and "no cluster configured" in result.output
+
+
+# --------------------------------------------------------------------- a real Slurm
+
+
+@pytest.mark.slurm
+def test_batch_job_runs_and_completes(slurm_cluster: LocalCluster, tmp_path: Path) -> None:
+    script = _script(tmp_path / "job.sh", 'echo "hello from $SLURMD_NODENAME"\n')
+    out = tmp_path / "job.out"
+    job = slurm_cluster.sbatch(["-o", str(out), "-D", str(tmp_path), str(script)])
+    info = slurm_cluster.wait_job(job, timeout=60)
+    assert info["JobState"] == "COMPLETED", info
+    assert out.read_text().strip() == "hello from n1"
+
+
+@pytest.mark.slurm
+def test_srun_pmix_two_ranks(slurm_cluster: LocalCluster) -> None:
+    out = _srun(slurm_cluster, ["--mpi=pmix", "-n", "2", sys.executable, "-c", RANK_SCRIPT])
+    assert _ranks(out) == {0: (2, "n1"), 1: (2, "n1")}, out
+
+
+@pytest.mark.slurm
+def test_up_again_is_idempotent(slurm_cluster: LocalCluster) -> None:
+    pid = slurm_cluster.ctld_pid()
+    assert slurm_cluster.up(nodes=1) is False
+    assert slurm_cluster.ctld_pid() == pid
+    runner = CliRunner()
+    state = ["--state-dir", str(slurm_cluster.state_dir)]
+    result = runner.invoke(COMMANDS[0], ["up", *state])
+    assert result.exit_code == 0, result.output
+    assert "already running" in result.output
+    assert f"export SLURM_CONF={slurm_cluster.slurm_conf}" in result.output
+    status = json.loads(runner.invoke(COMMANDS[0], ["status", "--json", *state]).output)
+    assert status["running"] and status["munge"]
+    assert [n["name"] for n in status["nodes"]] == ["n1"]
+    assert all(d["pid"] for d in status["daemons"])
+
+
+@pytest.mark.slurm
+def test_fail_node_needs_several_nodes(slurm_cluster: LocalCluster) -> None:
+    with pytest.raises(ClusterError, match="single node"):
+        slurm_cluster.fail_node("n1")
+    with pytest.raises(ClusterError, match="unknown node"):
+        slurm_cluster.fail_node("n9")
+
+
+@pytest.mark.slurm
+def test_two_ranks_span_two_nodes(slurm_cluster_nodes) -> None:
+    cluster = slurm_cluster_nodes(2)
+    assert set(cluster.node_states()) == {"n1", "n2"}
+    args = ["--mpi=pmix", "-N", "2", "-n", "2", sys.executable, "-c", RANK_SCRIPT]
+    out = _srun(cluster, args)
+    assert _ranks(out) == {0: (2, "n1"), 1: (2, "n2")}, out
+
+
+@pytest.mark.slurm
+def test_reconfigure_to_three_nodes(slurm_cluster_nodes) -> None:
+    cluster = slurm_cluster_nodes(3)
+    assert cluster.node_states() == {"n1": "idle", "n2": "idle", "n3": "idle"}
+    out = _srun(cluster, ["-N", "3", "hostname"], timeout=60)
+    assert len(out.split()) == 3
+
+
+@pytest.mark.slurm
+def test_fail_node_and_restore(slurm_cluster_nodes, tmp_path: Path) -> None:
+    cluster = slurm_cluster_nodes(2)
+    script = _script(
+        tmp_path / "long.sh",
+        f"srun --mpi=pmix -N 2 -n 2 {sys.executable} -c 'import time; time.sleep(600)'\n",
+    )
+    job = cluster.sbatch(
+        ["-N", "2", "-n", "2", "--requeue", "-o", str(tmp_path / "long.out"), str(script)]
+    )
+    cluster.wait_job(job, ("RUNNING",), timeout=60)
+    deadline = time.monotonic() + 30  # wait until the step's tasks run on n2
+    while len(cluster.node_pids("n2")) < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    victims = cluster.node_pids("n2")
+    assert len(victims) >= 3, victims  # slurmd, slurmstepd, the task
+
+    waited = cluster.fail_node("n2", timeout=90)
+    assert cluster.node_states()["n2"].startswith("down")
+    assert cluster.slurmd_pid("n2") is None
+    assert not any(cl.pid_alive(p) for p in victims)
+    assert waited < 60
+    info = cluster.wait_job(job, ("PENDING", "REQUEUED", "NODE_FAIL"), timeout=60)
+    assert int(info.get("Restarts", "0")) >= 1 or info["JobState"] == "NODE_FAIL", info
+
+    cluster.restore_node("n2", timeout=60)
+    assert cluster.slurmd_pid("n2") is not None
+    assert not cluster.node_states()["n2"].startswith("down")
+    subprocess.run(["scancel", str(job)], env=cluster.slurm_env(), timeout=15, check=True)
+
+
+@pytest.mark.slurm
+def test_up_recovers_from_killed_daemons(slurm_cluster_nodes) -> None:
+    """A crashed session leaves stale pid files (and maybe daemons): up starts clean."""
+    cluster = slurm_cluster_nodes(2)
+    pids = [cluster.ctld_pid(), cluster.slurmd_pid("n1"), cluster.slurmd_pid("n2")]
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while any(cl.pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not cluster.is_running()
+    cluster = slurm_cluster_nodes(2)
+    assert cluster.is_running()
+    assert cluster.node_states() == {"n1": "idle", "n2": "idle"}
