@@ -43,6 +43,8 @@ log = logging.getLogger("hpcckpt")
 _SIGNAL, _TIME, _DEADLINE = 0, 1, 2
 
 END_TIME_ENV = "HPCCKPT_END_TIME"
+#: The wrapper exports the signal it forwards (its --signal), so both sides agree.
+SIGNAL_ENV = "HPCCKPT_SIGNAL"
 #: How often rank 0 asks Slurm again for the job's end time (it can be extended).
 END_TIME_REFRESH = 300.0
 
@@ -67,7 +69,8 @@ class Checkpointer:
     otherwise ``policy`` ("daly", the default, or "young") sets the interval from
     the job's MTBF (``mtbf``, or ``node_mtbf`` divided by the job's node count) and
     the checkpoint cost measured at every save, so it follows the real I/O cost.
-    A stop signal (``signal``, SIGUSR1 by default, and SIGTERM) on any rank, or the
+    A stop signal (``signal``: ``$HPCCKPT_SIGNAL`` from the wrapper, else SIGUSR1;
+    and SIGTERM) on any rank, or the
     job's end time coming close (``end_time``, ``$HPCCKPT_END_TIME`` or Slurm's),
     makes a checkpoint due at once; after it, ``stop_requested`` is true on every rank.
 
@@ -93,7 +96,7 @@ class Checkpointer:
         end_time: float | str | None = None,
         deadline_safety: float = 1.5,
         deadline_margin: float = 20.0,
-        signal: str | int = "USR1",
+        signal: str | int | None = None,
         stop_signals: Iterable[str | int] = ("TERM",),
         keep_last: int | None = 3,
         keep_every: int | None = None,
@@ -136,6 +139,7 @@ class Checkpointer:
         self.store = CheckpointStore(
             self.directory, self.comm, distributed=distributed, tuning=fs_tuning
         )
+        signal = signal if signal is not None else os.environ.get(SIGNAL_ENV, "USR1")
         self._signals = StopSignals([signal, *stop_signals])
         self._attempt = os.environ.get(job_status.ATTEMPT_ENV)
 
