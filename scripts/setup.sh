@@ -52,7 +52,7 @@ fi
 
 if ! "$VPY" -c "import hpcckpt" 2>/dev/null || [ setup.cfg -nt "$VENV/.hpcckpt-installed" ]; then
   log "installing hpcckpt (editable)"
-  "$VPY" -m pip install -q --no-deps --no-build-isolation -e .
+  "$VPY" -m pip install -q --no-deps --no-build-isolation --config-settings editable_mode=compat -e .
   touch "$VENV/.hpcckpt-installed"
 fi
 log "ready: $VENV ($("$VPY" -c 'import h5py, mpi4py; print("h5py", h5py.__version__, "mpi", h5py.get_config().mpi, "mpi4py", mpi4py.__version__)'))"

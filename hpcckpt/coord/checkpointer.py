@@ -65,7 +65,8 @@ class Checkpointer:
 
     ``directory`` defaults to ``$HPCCKPT_DIR`` (set by the ``hpcckpt`` wrapper).
 
-    When: with ``interval`` (seconds) or ``every_steps`` the schedule is fixed;
+    When: with ``interval`` (seconds) or ``every_steps`` N (at steps N-1, 2N-1, ...,
+    i.e. after every N steps of a loop counted from 0) the schedule is fixed;
     otherwise ``policy`` ("daly", the default, or "young") sets the interval from
     the job's MTBF (``mtbf``, or ``node_mtbf`` divided by the job's node count) and
     the checkpoint cost measured at every save, so it follows the real I/O cost.
@@ -148,7 +149,6 @@ class Checkpointer:
         self._request: MPI.Request | None = None
         self._last_save_time = time.monotonic()
         self._last_save_step: int | None = None
-        self._first_step: int | None = None
         self._stop_pending: str | None = None
         self._stop_requested = False
         self._finished = False
@@ -306,8 +306,6 @@ class Checkpointer:
         reduction whose result is used at the next call, so no rank waits for the
         others in the common case and all ranks decide on the same step.
         """
-        if self._first_step is None:
-            self._first_step = step
         decided = np.zeros(3, dtype=np.int32)
         if self._request is not None:
             self._request.Wait()
@@ -327,12 +325,9 @@ class Checkpointer:
             return True
         if decided[_TIME]:
             return True
-        if self.every_steps is not None:
-            since = (
-                self._last_save_step if self._last_save_step is not None else self._first_step - 1
-            )
-            return step - since >= self.every_steps
-        return False
+        # every_steps is aligned to the step numbers (steps N-1, 2N-1, ... for a loop from 0),
+        # so a run resumed after an off-schedule stop checkpoint returns to the same schedule.
+        return self.every_steps is not None and (step + 1) % self.every_steps == 0
 
     def save(self, step: int, state: dict[str, Any]) -> SaveResult:
         """Write a coordinated checkpoint of ``state`` at ``step``; collective.

@@ -61,7 +61,7 @@ def test_crash_then_resume_is_bit_identical(tmp_path, references, n):
 def test_signal_on_one_rank_stops_all_at_one_step(tmp_path, n, signal_rank):
     r = mpirun(n, [APPS / "signal_app.py", tmp_path, signal_rank, 20, 1000])
     assert r.returncode == 0, r.stderr
-    reports = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    reports = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("report-*.json"))]
     assert len(reports) == n
     saved = {tuple(rep["saved"]) for rep in reports}
     assert len(saved) == 1, f"ranks disagree on the checkpoint step: {reports}"

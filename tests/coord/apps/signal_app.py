@@ -36,4 +36,6 @@ for step in range(0 if start is None else start + 1, nsteps):
             break
 else:
     ck.finish()
-print(json.dumps({"rank": rank, "saved": saved, "stop": ck.stop_requested}), flush=True)
+report = {"rank": rank, "saved": saved, "stop": ck.stop_requested}
+with open(os.path.join(directory, f"report-{rank}.json"), "w") as f:  # stdout lines interleave
+    json.dump(report, f)
