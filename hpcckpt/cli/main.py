@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from hpcckpt._version import __version__
-from hpcckpt.cli import cluster, interval, run, store
+from hpcckpt.cli import cluster, interval, report, run, store
 from hpcckpt.job import early_signals
 
 WRAPPER_COMMANDS = {"run", "srun"}
@@ -39,6 +39,6 @@ def cli() -> None:
     """
 
 
-for _module in (run, cluster, interval, store):
+for _module in (run, cluster, interval, store, report):
     for _command in _module.COMMANDS:
         cli.add_command(_command)

@@ -150,6 +150,7 @@ class Checkpointer:
         self._last_save_time = time.monotonic()
         self._last_save_step: int | None = None
         self._stop_pending: str | None = None
+        self._last_step_seen: int | None = None
         self._stop_requested = False
         self._finished = False
         self.last_save: SaveResult | None = None
@@ -306,6 +307,7 @@ class Checkpointer:
         reduction whose result is used at the next call, so no rank waits for the
         others in the common case and all ranks decide on the same step.
         """
+        self._last_step_seen = step
         decided = np.zeros(3, dtype=np.int32)
         if self._request is not None:
             self._request.Wait()
@@ -396,7 +398,7 @@ class Checkpointer:
         self.comm.Barrier()
         self._finished = True
         self._report(job_status.FINISHED, self._last_save_step, "finish() called")
-        self._event("finish", last_step=self._last_save_step)
+        self._event("finish", step=self._last_step_seen, last_step=self._last_save_step)
         self._signals.close()
 
     def close(self) -> None:

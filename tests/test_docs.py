@@ -1,0 +1,70 @@
+"""The documentation: links that resolve, a complete map, and an API reference in sync."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+
+# [text](target) and ![alt](target), not inside `code`; reference-style links are unused.
+_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+_FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
+
+
+def _links(page: Path) -> list[str]:
+    text = _FENCE.sub("", page.read_text())
+    text = re.sub(r"`[^`\n]*`", "", text)
+    return _LINK.findall(text)
+
+
+def _relative(target: str) -> bool:
+    return not re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I) and not target.startswith("#")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_point_to_existing_files(page: Path) -> None:
+    missing = []
+    for target in _links(page):
+        if not _relative(target):
+            continue
+        path = target.split("#", 1)[0]
+        if path and not (page.parent / path).exists():
+            missing.append(target)
+    assert not missing, f"{page.relative_to(ROOT)} links to missing files: {missing}"
+
+
+def test_the_map_lists_every_doc() -> None:
+    linked = {
+        (DOCS / t.split("#", 1)[0]).resolve() for t in _links(DOCS / "index.md") if _relative(t)
+    }
+    unlisted = [
+        p.name for p in DOCS.glob("*.md") if p.name != "index.md" and p.resolve() not in linked
+    ]
+    assert not unlisted, f"docs/index.md does not link to {unlisted}: add them to the map"
+
+
+def test_readme_documentation_section_lists_every_doc() -> None:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Documentation", 1)[1].split("\n## ", 1)[0]
+    unlisted = [p.name for p in DOCS.glob("*.md") if f"docs/{p.name}" not in section]
+    assert not unlisted, f"README.md's Documentation section misses {unlisted}"
+
+
+def test_api_reference_is_up_to_date() -> None:
+    spec = importlib.util.spec_from_file_location("gen_api_doc", ROOT / "scripts/gen_api_doc.py")
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    expected = gen.render()
+    current = (DOCS / "api.md").read_text()
+    assert current == expected, (
+        "docs/api.md is out of date with the docstrings: regenerate it with\n"
+        "    .venv/bin/python scripts/gen_api_doc.py\n"
+        "and commit the result"
+    )
