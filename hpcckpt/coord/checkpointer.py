@@ -21,6 +21,7 @@ from hpcckpt.coord.signals import StopSignals
 from hpcckpt.job import events as job_events
 from hpcckpt.job import slurm
 from hpcckpt.job import status as job_status
+from hpcckpt.job.heartbeat import HeartbeatWriter
 from hpcckpt.policy import (
     CostTracker,
     Deadline,
@@ -164,6 +165,8 @@ class Checkpointer:
         error = self.comm.bcast(error)
         if error:
             raise OSError(error)
+        self._heartbeat = HeartbeatWriter(self.directory, self.rank)
+        self._heartbeat.beat(None, force=True)
         # Every rank has its handlers now: the wrapper may forward signals.
         self.comm.Barrier()
         self._report(job_status.RUNNING)
@@ -308,6 +311,7 @@ class Checkpointer:
         others in the common case and all ranks decide on the same step.
         """
         self._last_step_seen = step
+        self._heartbeat.beat(step)
         decided = np.zeros(3, dtype=np.int32)
         if self._request is not None:
             self._request.Wait()
@@ -342,7 +346,9 @@ class Checkpointer:
         stop = self._stop_pending
         reason = stop or ("steps" if self.policy is None else "interval")
         self._event("checkpoint_begin", step=step, reason=reason)
+        self._heartbeat.beat(step, "save", force=True)
         result = self.store.save(step, state, extra_meta={"reason": reason})
+        self._heartbeat.beat(step, force=True)
         try:
             self.store.prune(**self.retention)
         except CheckpointError as exc:  # raised on every rank alike; the save stands

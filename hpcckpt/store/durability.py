@@ -20,3 +20,9 @@ def durable_rename(src: Path, dst: Path) -> None:
     """Atomically give ``src`` the name ``dst`` and make the new name survive a power loss."""
     os.replace(src, dst)
     fsync_path(dst.parent)
+
+
+def commit(partial: Path, final: Path) -> None:
+    """Make a finished file durable, then give it its final name durably."""
+    fsync_path(partial)
+    durable_rename(partial, final)

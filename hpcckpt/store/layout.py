@@ -20,6 +20,7 @@ SUFFIX = ".h5"
 PARTIAL = ".partial"
 BAD = ".bad"
 _NAME = re.compile(r"^ckpt-(\d{10,})\.h5$")
+_PARTIAL_NAME = re.compile(r"^ckpt-(\d{10,})\.h5\.partial$")
 
 
 def checkpoint_name(step: int) -> str:
@@ -31,6 +32,12 @@ def checkpoint_name(step: int) -> str:
 def step_of(name: str) -> int | None:
     """The step of a committed checkpoint file name, or None for any other name."""
     match = _NAME.match(name)
+    return int(match.group(1)) if match else None
+
+
+def partial_step(name: str) -> int | None:
+    """The step of a ``.partial`` file name, or None for any other name."""
+    match = _PARTIAL_NAME.match(name)
     return int(match.group(1)) if match else None
 
 
@@ -69,7 +76,9 @@ def scan(directory: str | os.PathLike[str]) -> list[Entry]:
 def partials(directory: str | os.PathLike[str]) -> list[Path]:
     root = Path(directory)
     try:
-        return sorted(root / n for n in os.listdir(root) if n.startswith(PREFIX) and n.endswith(PARTIAL))
+        return sorted(
+            root / n for n in os.listdir(root) if n.startswith(PREFIX) and n.endswith(PARTIAL)
+        )
     except FileNotFoundError:
         return []
 

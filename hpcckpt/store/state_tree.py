@@ -1,4 +1,4 @@
-"""Turn a user's state (nested dicts and lists of arrays and scalars) into JSON plus arrays, and back.
+"""Turn a state (nested dicts and lists of arrays and scalars) into JSON plus arrays, and back.
 
 No pickle: every value maps to a JSON node, and every numpy array to a named
 dataset. A value of any other type is a ``TypeError`` that names its key path.
@@ -18,6 +18,10 @@ TAG = "$t"
 
 #: dtype kinds stored as arrays: bool, signed, unsigned, float, complex.
 ARRAY_KINDS = "biufc"
+
+#: Python ints longer than this are stored as hex text: Python (>= 3.11) refuses to
+#: write or parse decimal integers of more than 4300 digits (about 14 000 bits).
+BIG_INT_BITS = 12_000
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,8 @@ def _encode(value: Any, path: str, arrays: dict[str, np.ndarray]) -> Any:
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, int):
+        if value.bit_length() > BIG_INT_BITS:  # JSON decimal text is capped at 4300 digits
+            return {TAG: "int", "hex": format(value, "x")}
         return value
     if isinstance(value, float):
         return value
@@ -73,7 +79,10 @@ def _encode(value: Any, path: str, arrays: dict[str, np.ndarray]) -> Any:
     if isinstance(value, list):
         return [_encode(item, _join(path, str(i)), arrays) for i, item in enumerate(value)]
     if isinstance(value, tuple):
-        return {TAG: "tuple", "v": [_encode(v, _join(path, str(i)), arrays) for i, v in enumerate(value)]}
+        return {
+            TAG: "tuple",
+            "v": [_encode(v, _join(path, str(i)), arrays) for i, v in enumerate(value)],
+        }
     if isinstance(value, (bytes, bytearray)):
         return {TAG: "bytes", "v": base64.b64encode(bytes(value)).decode("ascii")}
     if isinstance(value, complex):
@@ -176,7 +185,9 @@ def decode_into(target: Any, tree: Any, arrays: dict[str, np.ndarray]) -> Any:
     """
     if isinstance(tree, list):
         values = [
-            decode_into(target[i] if isinstance(target, list) and i < len(target) else None, t, arrays)
+            decode_into(
+                target[i] if isinstance(target, list) and i < len(target) else None, t, arrays
+            )
             for i, t in enumerate(tree)
         ]
         if isinstance(target, list):
@@ -195,6 +206,8 @@ def decode_into(target: Any, tree: Any, arrays: dict[str, np.ndarray]) -> Any:
         return tuple(decode_into(None, t, arrays) for t in tree["v"])
     if tag == "bytes":
         return base64.b64decode(tree["v"])
+    if tag == "int":
+        return int(tree["hex"], 16)
     if tag == "complex":
         return complex(*tree["v"])
     if tag == "npscalar":
@@ -223,3 +236,88 @@ def decode_into(target: Any, tree: Any, arrays: dict[str, np.ndarray]) -> Any:
         rs.set_state(state)
         return rs
     raise ValueError(f"unknown node in checkpoint tree: {tag!r}")
+
+
+def lookup(state: Any, path: str) -> Any:
+    """The application's value at an array path (escaped keys and list indices joined by
+    '/'), or None when the state holds nothing there."""
+    node = state
+    for part in path.split("/") if path else []:
+        if isinstance(node, dict):
+            node = node.get(unescape(part))
+        elif isinstance(node, (list, tuple)) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def first_difference(a: Any, b: Any, path: str = "") -> str | None:
+    """The key path where two JSON state trees first differ, or None when they are equal."""
+    if type(a) is not type(b):
+        return path or "<root>"
+    if isinstance(a, dict):
+        if a.get(TAG) == "dict" and b.get(TAG) == "dict":
+            ka, kb = a["v"], b["v"]
+            for key in list(ka) + [k for k in kb if k not in ka]:
+                if key not in ka or key not in kb:
+                    return _join(path, escape(key))
+                if (
+                    where := first_difference(ka[key], kb[key], _join(path, escape(key)))
+                ) is not None:
+                    return where
+            return None
+        return None if a == b else (path or "<root>")
+    if isinstance(a, list):
+        if len(a) != len(b):
+            return path or "<root>"
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            if (where := first_difference(x, y, _join(path, str(i)))) is not None:
+                return where
+        return None
+    return None if a == b else (path or "<root>")
+
+
+def summarize(tree: Any) -> Any:
+    """A plain JSON view of a state tree for people: arrays and blobs become short strings."""
+    if isinstance(tree, list):
+        return [summarize(t) for t in tree]
+    if not isinstance(tree, dict):
+        return tree
+    tag = tree.get(TAG)
+    if tag == "dict":
+        return {k: summarize(v) for k, v in tree["v"].items()}
+    if tag == "tuple":
+        return [summarize(t) for t in tree["v"]]
+    if tag == "array":
+        return f"<array {tree['path']}>"
+    if tag == "bytes":
+        return f"<{len(base64.b64decode(tree['v']))} bytes>"
+    if tag == "complex":
+        return str(complex(*tree["v"]))
+    if tag == "int":
+        return f"<int of {int(tree['hex'], 16).bit_length()} bits, hex {tree['hex'][:12]}...>"
+    if tag == "npscalar":
+        return np.frombuffer(bytes.fromhex(tree["hex"]), dtype=np.dtype(tree["dtype"]))[0].item()
+    if tag == "generator":
+        return f"<numpy Generator {tree['state'].get('bit_generator', '?')}>"
+    if tag == "randomstate":
+        return "<numpy RandomState>"
+    return f"<{tag}>"
+
+
+def scalar_leaves(tree: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """(key path, summarized value) of every value of a state tree that is not an array."""
+    if isinstance(tree, list):
+        for i, sub in enumerate(tree):
+            yield from scalar_leaves(sub, _join(path, str(i)))
+        return
+    tag = tree.get(TAG) if isinstance(tree, dict) else None
+    if tag == "dict":
+        for key, sub in tree["v"].items():
+            yield from scalar_leaves(sub, _join(path, escape(key)))
+    elif tag == "tuple":
+        for i, sub in enumerate(tree["v"]):
+            yield from scalar_leaves(sub, _join(path, str(i)))
+    elif tag != "array":
+        yield path or "<root>", summarize(tree)

@@ -43,11 +43,22 @@ def test_arrays_fill_in_place_including_views_and_fortran_order():
     base = np.arange(24.0).reshape(4, 6)
     view = base[:, ::2]  # non-contiguous
     fort = np.asfortranarray(np.arange(6, dtype=np.int16).reshape(2, 3))
-    state = {"v": view, "f": fort, "z": np.array(3.5), "e": np.zeros((0, 3)), "m": np.array([True, False])}
+    state = {
+        "v": view,
+        "f": fort,
+        "z": np.array(3.5),
+        "e": np.zeros((0, 3)),
+        "m": np.array([True, False]),
+    }
     tree, arrays = roundtrip(state)
     target_base = np.zeros((4, 6))
-    target = {"v": target_base[:, ::2], "f": np.zeros((2, 3), dtype=np.int16, order="F"),
-              "z": np.array(0.0), "e": np.zeros((0, 3)), "m": np.zeros(2, dtype=bool)}
+    target = {
+        "v": target_base[:, ::2],
+        "f": np.zeros((2, 3), dtype=np.int16, order="F"),
+        "z": np.array(0.0),
+        "e": np.zeros((0, 3)),
+        "m": np.zeros(2, dtype=bool),
+    }
     keep = target["f"]
     decode_into(target, tree, arrays)
     assert np.array_equal(target_base[:, ::2], view) and np.all(target_base[:, 1::2] == 0)
@@ -71,7 +82,11 @@ def test_random_generators_resume_the_same_stream():
 
 @pytest.mark.parametrize(
     "value, fragment",
-    [(object(), "state['a/b']: object"), ({1: 2}, "keys must be str"), (np.array(["x"]), "dtype <U1")],
+    [
+        (object(), "state['a/b']: object"),
+        ({1: 2}, "keys must be str"),
+        (np.array(["x"]), "dtype <U1"),
+    ],
 )
 def test_unsupported_values_name_their_key_path(value, fragment):
     with pytest.raises(TypeError, match=fragment.replace("[", r"\[").replace("]", r"\]")):

@@ -1,4 +1,4 @@
-"""The store in one process (MPI.COMM_SELF): commit protocol, discovery, fallback from corruption."""
+"""The store in one process (MPI.COMM_SELF): commit protocol, discovery, fallback."""
 
 from __future__ import annotations
 

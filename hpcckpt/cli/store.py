@@ -1,0 +1,279 @@
+"""``hpcckpt ls | inspect | verify | prune | export``: look after a checkpoint directory.
+
+These commands run in one process, without mpirun: they read checkpoints with plain
+h5py and make no MPI calls. Heavy imports happen inside the commands so that
+``hpcckpt`` itself starts fast.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+_DIR = click.argument(
+    "directory", type=click.Path(exists=True, file_okay=False, path_type=Path), metavar="DIR"
+)
+_JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+
+
+def _emit(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+def _when(t: float | None) -> str:
+    if t is None:
+        return "-"
+    return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+@click.command("ls")
+@_DIR
+@_JSON
+def ls_command(directory: Path, as_json: bool) -> None:
+    """List the checkpoints in DIR, oldest first.
+
+    \b
+    Columns: STEP, TIME written, SIZE on disk, RANKS that wrote it, KIND (every
+    checkpoint is a full one), and STATUS:
+      good     committed, not marked bad, structure sound (ls does not read the
+               data: run 'hpcckpt verify' to check every checksum)
+      bad      marked bad by a restore that found it corrupt (a DIR/ckpt-*.h5.bad
+               sidecar says why), or structurally broken; restore skips it
+      partial  an interrupted save (*.partial); restore ignores it and the next
+               save deletes it
+
+    \b
+    Example:
+      hpcckpt ls $SCRATCH/run1/ckpt
+    """
+    from hpcckpt.store import catalog
+
+    rows = catalog.list_directory(directory)
+    if as_json:
+        _emit(rows)
+        return
+    if not rows:
+        click.echo(f"no checkpoints in {directory}")
+        return
+    click.echo(f"{'STEP':>10}  {'TIME':19}  {'SIZE':>10}  {'RANKS':>5}  KIND  STATUS")
+    for row in rows:
+        step = "-" if row["step"] is None else str(row["step"])
+        ranks = "-" if row["ranks"] is None else str(row["ranks"])
+        line = (
+            f"{step:>10}  {_when(row['time']):19}  {_size(row['size']):>10}  {ranks:>5}  "
+            f"{row['kind']}  {row['status']}"
+        )
+        if row["status"] == "bad" and row["reason"]:
+            line += f"  ({row['reason'][:80]})"
+        click.echo(line)
+
+
+@click.command("inspect")
+@_DIR
+@click.argument("step", type=int, required=False)
+@_JSON
+def inspect_command(directory: Path, step: int | None, as_json: bool) -> None:
+    """Show what the checkpoint of STEP in DIR holds (default: the newest).
+
+    \b
+    Arrays: path, dtype, global shape, layout ("rows": the ranks' arrays stacked
+    along axis 0, so a domain-decomposed field is the global field; "flat": the
+    ranks' elements concatenated), whether it was declared distributed (restorable
+    on another rank count), and each rank's extent [lo, hi) along axis 0.
+    Scalars: the values of rank 0, or one value per rank where ranks differ.
+    Meta: the attributes of /meta (format version, step, time, reason...).
+    Reads structure and scalars only; 'hpcckpt verify' checks the data.
+
+    \b
+    Example:
+      hpcckpt inspect ckpt 1200 --json | jq '.arrays[].shape'
+    """
+    from hpcckpt.store import catalog
+    from hpcckpt.store.errors import CheckpointError
+
+    try:
+        info = catalog.describe(catalog.find(directory, step))
+    except (FileNotFoundError, CheckpointError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        _emit(info)
+        return
+    click.echo(
+        f"{info['file']}: step {info['step']}, written {_when(info['time'])} by "
+        f"{info['nranks']} ranks, format version {info['format_version']}"
+    )
+    click.echo("arrays:")
+    for a in info["arrays"]:
+        dist = ", distributed" if a["distributed"] else ""
+        click.echo(f"  {a['name']}: {a['dtype']}{a['shape']} ({a['layout']}{dist}, {a['bytes']} B)")
+        offs = a["rank_offsets"]
+        extents = ", ".join(
+            f"{k}:[{offs[k]},{offs[k + 1]})" if a["layout"] == "rows" else f"{k}:{s}"
+            for k, s in enumerate(a["rank_shapes"])
+        )
+        click.echo(f"    ranks {extents}")
+    click.echo("scalars:")
+    for key, value in info["scalars"].items():
+        click.echo(f"  {key} = {json.dumps(value, default=str)}")
+    click.echo("meta:")
+    for key, value in info["meta"].items():
+        click.echo(f"  {key} = {value}")
+
+
+@click.command("verify")
+@_DIR
+@click.argument("step", type=int, required=False)
+@click.option("--all", "check_all", is_flag=True, help="Verify every committed checkpoint.")
+@_JSON
+def verify_command(directory: Path, step: int | None, check_all: bool, as_json: bool) -> None:
+    """Check every byte of a checkpoint in DIR against its checksums.
+
+    \b
+    Verifies the checkpoint of STEP, the newest one by default, or all of them with
+    --all: the file's structure, then every rank's state tree and every rank's part
+    of every array against the xxh3-64 checksums written with it. Reads one rank's
+    slice at a time. A checkpoint with a .bad marker counts as bad.
+    Exit status 0 only when everything checked is good, 1 otherwise.
+
+    \b
+    Examples:
+      hpcckpt verify ckpt            # the one a restart would use first
+      hpcckpt verify ckpt --all --json
+    """
+    from hpcckpt.store import catalog, layout
+
+    if check_all and step is not None:
+        raise click.UsageError("give a STEP or --all, not both")
+    if check_all:
+        paths = [e.path for e in reversed(layout.scan(directory))]
+    else:
+        try:
+            paths = [catalog.find(directory, step)]
+        except FileNotFoundError as exc:
+            raise click.ClickException(str(exc)) from None
+    reports = [catalog.verify(p) for p in paths]
+    ok = bool(reports) and all(r["good"] for r in reports)
+    if as_json:
+        _emit({"good": ok, "checkpoints": reports})
+    else:
+        if not reports:
+            click.echo(f"no checkpoints in {directory}")
+        for r in reports:
+            click.echo(f"step {r['step']}: {'good' if r['good'] else 'BAD'}")
+            for problem in r["problems"]:
+                click.echo(f"  {problem}")
+    sys.exit(0 if ok else 1)
+
+
+@click.command("prune")
+@_DIR
+@click.option("--keep-last", type=click.IntRange(min=1), help="Keep the N newest good ones.")
+@click.option("--keep-every", type=click.IntRange(min=1), help="Keep one per K steps.")
+@click.option(
+    "--keep-every-seconds", type=click.FloatRange(min=0, min_open=True), help="Keep one per T s."
+)
+@click.option("--delete-bad", is_flag=True, help="Also delete checkpoints marked bad.")
+@click.option("--dry-run", is_flag=True, help="Only show what would be deleted.")
+@_JSON
+def prune_command(
+    directory: Path,
+    keep_last: int | None,
+    keep_every: int | None,
+    keep_every_seconds: float | None,
+    delete_bad: bool,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Delete old checkpoints in DIR, keeping what the rules ask for.
+
+    \b
+    A checkpoint stays when any rule keeps it:
+      --keep-last N           the N newest good checkpoints
+      --keep-every K          one per window of K steps (the oldest in each)
+      --keep-every-seconds T  one per window of T seconds of checkpoint time
+    The newest good checkpoint is never deleted. Checkpoints marked bad stay for
+    inspection unless --delete-bad. Partial files are left to the next save.
+    Do not prune a directory while its job is saving into it; the Checkpointer
+    prunes by itself (keep_last=3 unless told otherwise).
+
+    \b
+    Example:
+      hpcckpt prune ckpt --keep-last 2 --keep-every 10000 --dry-run
+    """
+    from hpcckpt.store import retention
+
+    if keep_last is None and keep_every is None and keep_every_seconds is None:
+        raise click.UsageError(
+            "give at least one of --keep-last, --keep-every, --keep-every-seconds"
+        )
+    doomed = retention.prune_directory(
+        directory, keep_last, keep_every, keep_every_seconds, delete_bad, dry_run
+    )
+    if as_json:
+        _emit({"dry_run": dry_run, "deleted": [p.name for p in doomed]})
+        return
+    verb = "would delete" if dry_run else "deleted"
+    for p in doomed:
+        click.echo(f"{verb} {p.name}")
+    click.echo(f"{verb} {len(doomed)} checkpoint(s)")
+
+
+@click.command("export")
+@_DIR
+@click.argument("step", type=int)
+@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+@_JSON
+def export_command(directory: Path, step: int, out: Path, as_json: bool) -> None:
+    """Write the checkpoint of STEP in DIR as one flat HDF5 file OUT.
+
+    \b
+    OUT holds the global state, readable without hpcckpt and independent of the
+    rank count:
+      /arrays/<path>             "rows" arrays (e.g. distributed fields) as the
+                                 global array; attribute rank_offsets
+      /arrays/<path>/rank<r>     any other array, one dataset per writing rank
+      /scalars                   attributes <key path> = value (same on all ranks)
+      /scalars/rank<r>           attributes of values that differ between ranks
+      /trees                     each rank's exact state tree (JSON strings)
+    Every array is checked against its checksums on the way. See docs/format.md.
+
+    \b
+    Example:
+      hpcckpt export ckpt 1200 state-1200.h5 && h5ls -r state-1200.h5
+    """
+    from hpcckpt.store import catalog
+    from hpcckpt.store.errors import CheckpointError
+    from hpcckpt.store.export import export_checkpoint
+
+    try:
+        path = export_checkpoint(catalog.find(directory, step), out)
+    except (FileNotFoundError, CheckpointError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        _emit({"step": step, "out": str(path), "bytes": path.stat().st_size})
+    else:
+        click.echo(f"exported step {step} to {path}")
+
+
+COMMANDS: list[click.Command] = [
+    ls_command,
+    inspect_command,
+    verify_command,
+    prune_command,
+    export_command,
+]

@@ -1,0 +1,114 @@
+"""Per-rank heartbeats: how the wrapper tells a hung job from a slow one.
+
+Each rank of a Checkpointer rewrites ``DIR/heartbeat/rank-<r>.json`` at most every
+few seconds (from ``due()``, never more often): its step, the time, and its phase
+(``compute`` or ``save``). The wrapper reads them; a rank whose heartbeat is older
+than the hang timeout has gone silent (a stuck collective, a dead mount).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+HEARTBEAT_DIR = "heartbeat"
+#: Seconds between two heartbeats of one rank (the cost: one tiny file write).
+DEFAULT_PERIOD = 5.0
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    rank: int
+    step: int | None
+    time: float
+    phase: str = "compute"
+
+
+def heartbeat_dir(directory: str | os.PathLike[str]) -> Path:
+    return Path(directory) / HEARTBEAT_DIR
+
+
+def write_heartbeat(directory: str | os.PathLike[str], beat: Heartbeat) -> None:
+    """Replace this rank's heartbeat file atomically."""
+    folder = heartbeat_dir(directory)
+    path = folder / f"rank-{beat.rank}.json"
+    tmp = folder / f".rank-{beat.rank}.json.tmp"
+    try:
+        tmp.write_text(json.dumps(asdict(beat)))
+    except FileNotFoundError:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(asdict(beat)))
+    os.replace(tmp, path)
+
+
+def read_heartbeats(directory: str | os.PathLike[str]) -> dict[int, Heartbeat]:
+    """The latest heartbeat of every rank that wrote one (unreadable files are skipped)."""
+    beats: dict[int, Heartbeat] = {}
+    folder = heartbeat_dir(directory)
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return beats
+    for name in names:
+        if not (name.startswith("rank-") and name.endswith(".json")):
+            continue
+        try:
+            data = json.loads((folder / name).read_text())
+            beat = Heartbeat(
+                int(data["rank"]),
+                data.get("step"),
+                float(data["time"]),
+                str(data.get("phase", "compute")),
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        beats[beat.rank] = beat
+    return beats
+
+
+def clear_heartbeats(directory: str | os.PathLike[str]) -> None:
+    """Forget the heartbeats of an earlier attempt."""
+    folder = heartbeat_dir(directory)
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return
+    for name in names:
+        (folder / name).unlink(missing_ok=True)
+
+
+def silent_ranks(
+    beats: dict[int, Heartbeat], now: float, timeout: float, save_timeout: float | None = None
+) -> list[Heartbeat]:
+    """Heartbeats older than ``timeout`` (``save_timeout`` for a rank in a save), oldest first."""
+    silent = []
+    for beat in beats.values():
+        limit = save_timeout if beat.phase == "save" and save_timeout is not None else timeout
+        if now - beat.time > limit:
+            silent.append(beat)
+    return sorted(silent, key=lambda b: b.time)
+
+
+class HeartbeatWriter:
+    """Rate-limited heartbeat of one rank: ``beat()`` is cheap to call every step."""
+
+    def __init__(
+        self, directory: str | os.PathLike[str], rank: int, period: float = DEFAULT_PERIOD
+    ) -> None:
+        self.directory = Path(directory)
+        self.rank = rank
+        self.period = period
+        self._last = -float("inf")
+
+    def beat(self, step: int | None, phase: str = "compute", force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < self.period:
+            return
+        self._last = now
+        try:
+            write_heartbeat(self.directory, Heartbeat(self.rank, step, time.time(), phase))
+        except OSError:
+            pass  # a heartbeat must never stop the computation

@@ -1,0 +1,141 @@
+"""What a checkpoint directory holds, for people and scripts: list, describe, verify.
+
+One process, plain h5py, no MPI: the ``hpcckpt ls/inspect/verify`` commands run on a
+login node without mpirun. Results are plain dicts, ready for ``--json``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from hpcckpt.store import layout
+from hpcckpt.store.errors import CheckpointError
+from hpcckpt.store.reader import CheckpointReader
+from hpcckpt.store.state_tree import scalar_leaves
+
+GOOD, BAD, PARTIAL = "good", "bad", "partial"
+
+
+def list_directory(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every checkpoint and partial file of ``directory``, oldest step first.
+
+    ``status`` is "good" when the file is committed, not marked bad and its structure
+    is sound (checksums are not read: that is :func:`verify`), "bad" when marked bad
+    or structurally broken, "partial" for an unfinished save.
+    """
+    root = Path(directory)
+    rows = []
+    for e in layout.scan(root):
+        row: dict[str, Any] = {
+            "step": e.step,
+            "file": e.path.name,
+            "size": _size(e.path),
+            "time": None,
+            "ranks": None,
+            "kind": "full",
+            "status": GOOD if e.good_candidate else BAD,
+            "reason": e.bad_reason,
+        }
+        try:
+            with CheckpointReader(e.path) as r:
+                row.update(time=r.time, ranks=r.nranks)
+        except CheckpointError as exc:
+            row.update(status=BAD, reason=row["reason"] or str(exc))
+        rows.append(row)
+    for p in layout.partials(root):
+        step = layout.partial_step(p.name)
+        rows.append(
+            {
+                "step": step,
+                "file": p.name,
+                "size": _size(p),
+                "time": None,
+                "ranks": None,
+                "kind": "full",
+                "status": PARTIAL,
+                "reason": "unfinished save; the next save removes it",
+            }
+        )
+    rows.sort(key=lambda row: (row["step"] if row["step"] is not None else -1, row["file"]))
+    return rows
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
+
+
+def find(directory: str | os.PathLike[str], step: int | None) -> Path:
+    """The checkpoint file of ``step``, or the newest committed one; FileNotFoundError if none."""
+    entries = layout.scan(directory)
+    if step is None:
+        if not entries:
+            raise FileNotFoundError(f"no checkpoint in {directory}")
+        return entries[0].path
+    for e in entries:
+        if e.step == step:
+            return e.path
+    steps = sorted(e.step for e in entries)
+    raise FileNotFoundError(f"no checkpoint of step {step} in {directory} (steps: {steps})")
+
+
+def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Arrays (dtype, shapes, per-rank extents), scalars and metadata of one checkpoint."""
+    with CheckpointReader(path) as r:
+        arrays = []
+        for name, info in r.arrays.items():
+            arrays.append(
+                {
+                    "name": name,
+                    "dtype": str(info.dtype),
+                    "layout": info.layout,
+                    "distributed": info.distributed,
+                    "shape": list(info.shape),
+                    "rank_offsets": list(info.rank_offsets),
+                    "rank_shapes": [list(s) for s in info.rank_shapes],
+                    "bytes": sum(info.rank_bytes(k) for k in range(r.nranks)),
+                }
+            )
+        trees = [dict(scalar_leaves(r.tree(k))) for k in range(r.nranks)]
+        scalars: dict[str, Any] = {}
+        for key in dict.fromkeys(k for t in trees for k in t):
+            values = [t.get(key) for t in trees]
+            same = all(v == values[0] for v in values)
+            scalars[key] = values[0] if same else {f"rank {k}": v for k, v in enumerate(values)}
+        return {
+            "file": Path(path).name,
+            "step": r.step,
+            "nranks": r.nranks,
+            "time": r.time,
+            "format_version": int(r.attrs["format_version"]),
+            "meta": {k: v for k, v in r.attrs.items() if k != "arrays"},
+            "arrays": arrays,
+            "scalars": scalars,
+        }
+
+
+def verify(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read every rank's tree and arrays of one checkpoint and check every checksum."""
+    path = Path(path)
+    marked = layout.read_bad(path) if path.with_name(path.name + layout.BAD).exists() else None
+    problems: list[str] = []
+    nranks = None
+    try:
+        with CheckpointReader(path) as r:
+            nranks = r.nranks
+            problems = r.verify()
+    except CheckpointError as exc:
+        problems = [str(exc)]
+    if marked is not None:
+        problems.append(f"marked bad ({marked})")
+    return {
+        "step": layout.step_of(path.name),
+        "file": path.name,
+        "ranks": nranks,
+        "good": not problems,
+        "problems": problems,
+    }

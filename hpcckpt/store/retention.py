@@ -1,0 +1,122 @@
+"""Retention: which checkpoints to keep, as a pure function, and the deletes that follow.
+
+Rules (all optional; a checkpoint is kept when any rule keeps it):
+
+- ``keep_last=N``: the N newest good checkpoints;
+- ``keep_every=K``: one checkpoint per window of K steps (``step // K``): the oldest
+  good one in each window, so a kept checkpoint stays kept as newer ones arrive;
+- ``keep_every_seconds=T``: the same over windows of T seconds of checkpoint time.
+
+The newest good checkpoint is always kept, whatever the rules. Checkpoints marked
+bad are kept for inspection unless ``delete_bad`` is set. With no rule at all,
+nothing is deleted. "Good" here means committed and not marked bad: pruning does not
+re-read the files (restore and ``hpcckpt verify`` do).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+
+from hpcckpt.store import layout
+
+log = logging.getLogger("hpcckpt.store")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What retention needs to know about one committed checkpoint."""
+
+    step: int
+    time: float  # seconds since the epoch when it was written
+    bad: bool = False
+
+
+def check_rules(
+    keep_last: int | None, keep_every: int | None, keep_every_seconds: float | None
+) -> None:
+    """Raise ValueError for a rule that makes no sense (zero or negative)."""
+    for name, value in (("keep_last", keep_last), ("keep_every", keep_every)):
+        if value is not None and (int(value) != value or value < 1):
+            raise ValueError(f"{name} must be a positive integer, not {value!r}")
+    if keep_every_seconds is not None and not keep_every_seconds > 0:
+        raise ValueError(f"keep_every_seconds must be positive, not {keep_every_seconds!r}")
+
+
+def steps_to_keep(
+    candidates: Iterable[Candidate],
+    keep_last: int | None = None,
+    keep_every: int | None = None,
+    keep_every_seconds: float | None = None,
+    delete_bad: bool = False,
+) -> set[int]:
+    """The steps to keep among ``candidates`` under the rules above."""
+    check_rules(keep_last, keep_every, keep_every_seconds)
+    all_ = sorted(candidates, key=lambda c: c.step)
+    if keep_last is None and keep_every is None and keep_every_seconds is None:
+        return {c.step for c in all_}
+    good = [c for c in all_ if not c.bad]
+    keep = {c.step for c in all_ if c.bad and not delete_bad}
+    if good:
+        keep.add(good[-1].step)
+    if keep_last is not None:
+        keep.update(c.step for c in good[-int(keep_last) :])
+    for width, key in ((keep_every, "step"), (keep_every_seconds, "time")):
+        if width is None:
+            continue
+        seen: set[int] = set()
+        for c in good:  # oldest first: the first one seen in a window is kept
+            window = math.floor(getattr(c, key) / width)
+            if window not in seen:
+                seen.add(window)
+                keep.add(c.step)
+    return keep
+
+
+def checkpoint_time(path: Path) -> float:
+    """When a checkpoint was written: its ``meta`` time attribute, else the file's mtime."""
+    try:
+        with h5py.File(path, "r") as f:
+            return float(f["meta"].attrs["time"])
+    except (OSError, KeyError, ValueError, TypeError):
+        return os.stat(path).st_mtime
+
+
+def candidates(directory: str | os.PathLike[str], need_time: bool = True) -> list[Candidate]:
+    """The committed checkpoints of ``directory`` as retention candidates."""
+    out = []
+    for e in layout.scan(directory):
+        t = checkpoint_time(e.path) if need_time else 0.0
+        out.append(Candidate(e.step, t, not e.good_candidate))
+    return out
+
+
+def prune_directory(
+    directory: str | os.PathLike[str],
+    keep_last: int | None = None,
+    keep_every: int | None = None,
+    keep_every_seconds: float | None = None,
+    delete_bad: bool = False,
+    dry_run: bool = False,
+) -> list[Path]:
+    """Delete the checkpoints the rules do not keep (one process); the paths (to be) deleted.
+
+    A deleted checkpoint's ``.bad`` sidecar goes with it. Never touches ``.partial``
+    files (the next save removes those) or anything that is not a checkpoint.
+    """
+    check_rules(keep_last, keep_every, keep_every_seconds)
+    cands = candidates(directory, need_time=keep_every_seconds is not None)
+    keep = steps_to_keep(cands, keep_last, keep_every, keep_every_seconds, delete_bad)
+    doomed = [Path(directory) / layout.checkpoint_name(c.step) for c in cands if c.step not in keep]
+    if not dry_run:
+        for path in doomed:
+            log.info("retention: deleting %s", path.name)
+            path.unlink(missing_ok=True)
+            path.with_name(path.name + layout.BAD).unlink(missing_ok=True)
+    return sorted(doomed)

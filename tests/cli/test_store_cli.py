@@ -1,0 +1,195 @@
+"""hpcckpt ls / inspect / verify / prune / export, in one process, on real checkpoints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from mpi4py import MPI
+
+from hpcckpt.cli.store import (
+    COMMANDS,
+    export_command,
+    inspect_command,
+    ls_command,
+    prune_command,
+    verify_command,
+)
+from hpcckpt.store import layout
+from hpcckpt.store.store import CheckpointStore
+from tests.mpi_helpers import mpirun
+
+APP = Path(__file__).resolve().parents[1] / "store" / "apps" / "reshard_app.py"
+
+
+def invoke(command, *args):
+    return CliRunner().invoke(command, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.fixture
+def ckdir(tmp_path) -> Path:
+    """Steps 10, 20, 30 written in-process; 30 holds per-rank-looking data of one rank."""
+    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, distributed=["u"])
+    for step in (10, 20, 30):
+        state = {
+            "u": np.arange(12.0).reshape(4, 3) * step,
+            "s": np.array(step, dtype=np.int16),
+            "big": 2**80,
+            "name": "run",
+            "rng": np.random.default_rng(step),
+        }
+        store.save(step, state)
+    (store.directory / (layout.checkpoint_name(40) + layout.PARTIAL)).write_bytes(b"x")
+    return store.directory
+
+
+def flip(path: Path, dataset: str = "state/u") -> None:
+    with h5py.File(path, "r") as f:
+        off = f[dataset].id.get_offset()
+    raw = bytearray(path.read_bytes())
+    raw[off + 3] ^= 0x10
+    path.write_bytes(bytes(raw))
+
+
+def test_all_commands_are_exported_with_teaching_help():
+    assert {c.name for c in COMMANDS} == {"ls", "inspect", "verify", "prune", "export"}
+    for command in COMMANDS:
+        r = invoke(command, "--help")
+        assert r.exit_code == 0 and "Example" in r.output and "--json" in r.output
+
+
+def test_ls_lists_good_bad_and_partial(ckdir):
+    layout.mark_bad(ckdir / layout.checkpoint_name(20), "checksum mismatch (test)")
+    r = invoke(ls_command, ckdir)
+    assert r.exit_code == 0
+    lines = r.output.splitlines()
+    assert lines[0].split() == ["STEP", "TIME", "SIZE", "RANKS", "KIND", "STATUS"]
+    assert "good" in lines[1] and "bad" in lines[2] and "checksum mismatch" in lines[2]
+    assert lines[4].split()[0] == "40" and lines[4].endswith("partial")
+    rows = json.loads(invoke(ls_command, ckdir, "--json").output)
+    assert [(x["step"], x["status"], x["ranks"], x["kind"]) for x in rows] == [
+        (10, "good", 1, "full"),
+        (20, "bad", 1, "full"),
+        (30, "good", 1, "full"),
+        (40, "partial", None, "full"),
+    ]
+    assert all(x["size"] > 0 for x in rows)
+
+
+def test_inspect_shows_arrays_scalars_and_meta(ckdir):
+    info = json.loads(invoke(inspect_command, ckdir, "20", "--json").output)
+    assert info["step"] == 20 and info["nranks"] == 1 and info["format_version"] == 1
+    arrays = {a["name"]: a for a in info["arrays"]}
+    assert arrays["u"]["shape"] == [4, 3] and arrays["u"]["distributed"]
+    assert arrays["u"]["rank_offsets"] == [0, 4] and arrays["s"]["dtype"] == "int16"
+    assert arrays["s"]["layout"] == "flat" and arrays["s"]["rank_shapes"] == [[]]
+    assert info["scalars"]["big"] == 2**80 and info["scalars"]["name"] == "run"
+    assert "Generator" in info["scalars"]["rng"]
+    assert info["meta"]["checksum"] == "xxh3_64"
+    text = invoke(inspect_command, ckdir).output  # newest by default
+    assert "step 30" in text and "u: float64[4, 3]" in text and "0:[0,4)" in text
+
+
+def test_inspect_missing_step_is_a_clear_error(ckdir):
+    r = invoke(inspect_command, ckdir, "99")
+    assert r.exit_code != 0 and "no checkpoint of step 99" in r.output
+
+
+def test_verify_exit_status(ckdir):
+    assert invoke(verify_command, ckdir).exit_code == 0
+    assert invoke(verify_command, ckdir, "--all").exit_code == 0
+    flip(ckdir / layout.checkpoint_name(10))
+    r = invoke(verify_command, ckdir, "--all", "--json")
+    assert r.exit_code == 1
+    report = json.loads(r.output)
+    assert not report["good"]
+    bad = [c for c in report["checkpoints"] if not c["good"]]
+    assert [c["step"] for c in bad] == [10] and "checksum" in bad[0]["problems"][0]
+    assert invoke(verify_command, ckdir, "30").exit_code == 0
+    r = invoke(verify_command, ckdir, "10")
+    assert r.exit_code == 1 and "BAD" in r.output
+    assert invoke(verify_command, ckdir, "10", "--all").exit_code == 2  # usage error
+
+
+def test_verify_counts_marked_checkpoints_as_bad(ckdir):
+    layout.mark_bad(ckdir / layout.checkpoint_name(30), "earlier failure")
+    r = invoke(verify_command, ckdir, "30")
+    assert r.exit_code == 1 and "earlier failure" in r.output
+
+
+def test_prune_dry_run_then_real(ckdir):
+    r = invoke(prune_command, ckdir, "--keep-last", "1", "--dry-run", "--json")
+    assert json.loads(r.output)["deleted"] == [layout.checkpoint_name(s) for s in (10, 20)]
+    assert len(layout.scan(ckdir)) == 3
+    r = invoke(prune_command, ckdir, "--keep-last", "1", "--keep-every", "25")
+    assert r.exit_code == 0 and "deleted 1 checkpoint" in r.output
+    assert [e.step for e in layout.scan(ckdir)] == [30, 10]
+    assert invoke(prune_command, ckdir).exit_code == 2  # a rule is required
+    assert invoke(prune_command, ckdir, "--keep-last", "0").exit_code == 2
+
+
+def test_export_in_process_checkpoint(ckdir, tmp_path):
+    out = tmp_path / "flat.h5"
+    r = invoke(export_command, ckdir, "20", out, "--json")
+    assert r.exit_code == 0 and json.loads(r.output)["step"] == 20
+    with h5py.File(out, "r") as f:
+        assert f.attrs["format"] == "hpcckpt-export" and f.attrs["step"] == 20
+        assert np.array_equal(f["arrays/u"][...], np.arange(12.0).reshape(4, 3) * 20)
+        assert f["arrays/s/rank0"][()] == 20
+        assert f["scalars"].attrs["name"] == "run"
+        assert json.loads(f["scalars"].attrs["big"]) == 2**80
+        tree = json.loads(f["trees"][0])
+        assert tree["v"]["big"] == 2**80
+
+
+def test_export_refuses_a_corrupt_checkpoint_and_leaves_nothing(ckdir, tmp_path):
+    flip(ckdir / layout.checkpoint_name(20))
+    out = tmp_path / "flat.h5"
+    r = invoke(export_command, ckdir, "20", out)
+    assert r.exit_code == 1 and "checksum" in r.output
+    assert not out.exists() and not list(tmp_path.glob("flat.h5*"))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_commands_on_checkpoints_written_by_mpirun(tmp_path, n):
+    d = tmp_path / "ck"
+    r = mpirun(n, [APP, "save", d, 17])
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(invoke(ls_command, d, "--json").output)
+    assert [(x["step"], x["ranks"], x["status"]) for x in rows] == [(7, n, "good")]
+    info = json.loads(invoke(inspect_command, d, "7", "--json").output)
+    u = next(a for a in info["arrays"] if a["name"] == "fields/u")
+    assert u["shape"] == [17, 5] and len(u["rank_shapes"]) == n and u["distributed"]
+    assert u["rank_offsets"][0] == 0 and u["rank_offsets"][-1] == 17
+    assert info["scalars"]["t"] == 1.25
+    assert invoke(verify_command, d, "--all").exit_code == 0
+    out = tmp_path / "flat.h5"
+    assert invoke(export_command, d, "7", out).exit_code == 0
+    expected = (np.arange(17 * 5, dtype=np.float64).reshape(17, 5) * 1.000001) ** 1.5
+    with h5py.File(out, "r") as f:
+        assert f["arrays/fields/u"][...].tobytes() == expected.tobytes()
+        assert f.attrs["nranks"] == n and len(f["trees"]) == n
+        assert np.array_equal(f["arrays/params"][...], np.tile([0.5, 2.0], n))
+    # damage the slice of the last writing rank: verify names that rank
+    path = d / layout.checkpoint_name(7)
+    with h5py.File(path, "r") as f:
+        off = f["state/fields/u"].id.get_offset()
+        last = int(f["state/fields/u"].attrs["rank_offsets"][-2])
+    raw = bytearray(path.read_bytes())
+    raw[off + last * 5 * 8 + 1] ^= 0x01
+    path.write_bytes(bytes(raw))
+    r = invoke(verify_command, d, "7")
+    assert r.exit_code == 1 and f"rank {n - 1}" in r.output
+
+
+def test_inspect_and_export_show_huge_ints_without_decimal_text(tmp_path):
+    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF)
+    store.save(1, {"f": 3**30000})
+    info = json.loads(invoke(inspect_command, store.directory, "--json").output)
+    assert info["scalars"]["f"].startswith("<int of 47549 bits")
+    assert invoke(export_command, store.directory, "1", tmp_path / "x.h5").exit_code == 0

@@ -1,0 +1,115 @@
+"""Structural validation: crafted or damaged metadata is a clear CorruptCheckpoint, never a
+huge allocation, and restore falls back to the previous good checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from hpcckpt.store import layout
+from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
+from hpcckpt.store.reader import CheckpointReader
+from hpcckpt.store.store import CheckpointStore
+
+
+def state(k: float) -> dict:
+    return {"u": np.arange(100.0) * k, "s": np.array(k), "k": k}
+
+
+@pytest.fixture
+def two(tmp_path):
+    """A store with good checkpoints of steps 1 and 2; returns (store, newest path)."""
+    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF)
+    store.save(1, state(1))
+    store.save(2, state(2))
+    return store, store.directory / layout.checkpoint_name(2)
+
+
+def huge_dataset(f):
+    del f["state/u"]
+    d = f.create_dataset("state/u", shape=(10**12,), dtype="f8")  # never written: no storage
+    d.attrs["layout"] = "rows"
+    d.attrs["rank_offsets"] = np.array([0, 10**12])
+    d.attrs["rank_shapes"] = json.dumps([[10**12]])
+
+
+CRAFTED = {
+    "nranks_huge": (lambda f: f["meta"].attrs.__setitem__("nranks", 2**40), "nranks"),
+    "nranks_wrong": (lambda f: f["meta"].attrs.__setitem__("nranks", 2), "checksum table"),
+    "nranks_zero": (lambda f: f["meta"].attrs.__setitem__("nranks", 0), "nranks"),
+    "offsets_huge": (
+        lambda f: f["state/u"].attrs.__setitem__("rank_offsets", np.array([0, 10**15])),
+        "offsets",
+    ),
+    "offsets_negative": (
+        lambda f: f["state/u"].attrs.__setitem__("rank_offsets", np.array([-5, 100])),
+        "offsets",
+    ),
+    "offsets_short": (
+        lambda f: f["state/u"].attrs.__setitem__("rank_offsets", np.array([0])),
+        "offsets",
+    ),
+    "shape_huge": (
+        lambda f: f["state/u"].attrs.__setitem__("rank_shapes", json.dumps([[10**15]])),
+        "shape",
+    ),
+    "shape_negative": (
+        lambda f: f["state/s"].attrs.__setitem__("rank_shapes", json.dumps([[-1, -1]])),
+        "outside",
+    ),
+    "tree_offsets": (
+        lambda f: f["meta/rank_tree"].attrs.__setitem__("offsets", np.array([0, 2**40])),
+        "rank_tree",
+    ),
+    "dataset_huge": (huge_dataset, "claims"),
+    "arrays_not_json": (lambda f: f["meta"].attrs.__setitem__("arrays", "{"), "Expecting"),
+    "array_missing": (lambda f: f.__delitem__("state/u"), "missing"),
+    "layout_unknown": (lambda f: f["state/u"].attrs.__setitem__("layout", "spiral"), "layout"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CRAFTED))
+def test_crafted_metadata_is_corrupt_and_restore_falls_back(two, name):
+    store, newest = two
+    craft, fragment = CRAFTED[name]
+    with h5py.File(newest, "r+") as f:
+        craft(f)
+    with pytest.raises(CorruptCheckpoint, match=fragment):
+        CheckpointReader(newest)
+    target = state(0)
+    got = store.restore(target)
+    assert got.step == 1 and got.skipped[0][0] == 2
+    assert np.array_equal(target["u"], np.arange(100.0)) and target["k"] == 1
+    assert newest.exists() and (newest.parent / (newest.name + layout.BAD)).exists()
+
+
+def test_tree_naming_other_arrays_is_corrupt(two):
+    _, newest = two
+    with h5py.File(newest, "r+") as f:
+        f["meta"].attrs.__setitem__("arrays", json.dumps(["s"]))
+        del f["meta/checksums"]
+        f["meta"].create_dataset("checksums", data=np.zeros((1, 2), dtype=np.uint64))
+    with CheckpointReader(newest) as r, pytest.raises(CorruptCheckpoint, match="checksum"):
+        r.tree(0)
+
+
+def test_newer_format_version_is_an_error_not_a_bad_checkpoint(two):
+    store, newest = two
+    with h5py.File(newest, "r+") as f:
+        f["meta"].attrs.__setitem__("format_version", 99)
+    with pytest.raises(CheckpointError, match="format version 99 is newer"):
+        store.restore(state(0))
+    assert layout.scan(store.directory)[0].good_candidate, "not marked bad: upgrade instead"
+
+
+def test_verify_reports_each_damaged_array(two):
+    _, newest = two
+    with h5py.File(newest, "r+") as f:
+        f["state/u"][5] = -1.0
+    with CheckpointReader(newest) as r:
+        problems = r.verify()
+    assert len(problems) == 1 and "'u'" in problems[0] and "checksum" in problems[0]

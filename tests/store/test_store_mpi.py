@@ -1,0 +1,135 @@
+"""The store under real mpirun: distributed arrays restored on 3 -> 2, 2 -> 3 and 3 -> 1 ranks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from hpcckpt.store import layout
+from hpcckpt.store.errors import CheckpointError
+from hpcckpt.store.reader import CheckpointReader
+from hpcckpt.store.store import CheckpointStore
+from tests.mpi_helpers import mpirun
+
+pytestmark = pytest.mark.mpi
+
+APP = Path(__file__).parent / "apps" / "reshard_app.py"
+ROWS = 17
+
+
+def global_u(rows: int) -> np.ndarray:
+    return (np.arange(rows * 5, dtype=np.float64).reshape(rows, 5) * 1.000001) ** 1.5
+
+
+def run(n: int, *args) -> list[dict]:
+    r = mpirun(n, [APP, *args])
+    assert r.returncode == 0, r.stderr
+    reports = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert len(reports) == n, r.stdout
+    return sorted(reports, key=lambda rep: rep["rank"])
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> dict[int, Path]:
+    """Checkpoints of the same global state written by 2 and by 3 ranks (uneven splits)."""
+    out = {}
+    for n in (2, 3):
+        d = tmp_path_factory.mktemp(f"saved{n}") / "ck"
+        reports = run(n, "save", d, ROWS)
+        assert reports[0]["hi"] - reports[0]["lo"] > reports[-1]["hi"] - reports[-1]["lo"]
+        out[n] = d
+    return out
+
+
+def test_the_file_holds_the_global_array(saved):
+    for n, d in saved.items():
+        with CheckpointReader(d / layout.checkpoint_name(7)) as r:
+            assert r.nranks == n and r.arrays["fields/u"].distributed
+            assert r.verify() == []
+            assert np.array_equal(r.rows("fields/u", 0, ROWS), global_u(ROWS))
+
+
+@pytest.mark.parametrize("saved_n, n", [(3, 2), (2, 3), (3, 3), (2, 2)])
+@pytest.mark.parametrize("how", ["array", "none", "callable"])
+def test_restore_on_another_rank_count_is_bitwise(saved, tmp_path, saved_n, n, how):
+    out = tmp_path / "u.npy"
+    reports = run(n, "restore", saved[saved_n], ROWS, how, out)
+    u = np.load(out)
+    assert u.dtype == np.float64 and u.tobytes() == global_u(ROWS).tobytes()
+    assert np.array_equal(np.load(str(out) + ".w.npy"), np.arange(ROWS, dtype=np.int32))
+    rows = [rep["rows"] for rep in reports]
+    if how == "callable":
+        assert rows == [0] * (n - 1) + [ROWS]
+    elif how == "none" and n == saved_n:  # same count, no hint: the split it was saved with
+        assert rows == [8, 6, 3] if n == 3 else rows == [11, 6]
+    else:
+        assert rows == [len(range(*s)) for s in _even(n)]
+    for rep in reports:
+        assert rep["step"] == 7 and rep["saved_ranks"] == saved_n
+        assert rep["t"] == 1.25 and rep["params"] == [0.5, 2.0] and rep["name"] == "run"
+        assert rep["in_place"] == (how == "array")
+
+
+def _even(n):
+    from hpcckpt.store.resharding import even_split
+
+    return [even_split(ROWS, n, r) for r in range(n)]
+
+
+def test_one_process_reads_a_three_rank_checkpoint(saved):
+    store = CheckpointStore(saved[3], MPI.COMM_SELF, distributed=["fields/u", "fields/w"])
+    state = {"fields": {"u": np.zeros((ROWS, 5)), "w": None}}
+    assert store.restore(state).saved_ranks == 3
+    assert np.array_equal(state["fields"]["u"], global_u(ROWS))
+
+
+def test_wrong_global_size_names_the_array_and_both_counts(saved):
+    store = CheckpointStore(saved[3], MPI.COMM_SELF, distributed=["fields/u"])
+    state = {"fields": {"u": np.zeros((ROWS - 1, 5)), "w": None}}
+    with pytest.raises(CheckpointError, match=r"fields/u.*16 rows.*has 17"):
+        store.restore(state)
+    assert not state["fields"]["u"].any()
+    assert layout.scan(saved[3])[0].good_candidate, "a misfit is not a corrupt checkpoint"
+
+
+@pytest.mark.parametrize("saved_n, n", [(2, 3), (3, 2)])
+def test_per_rank_scalars_on_another_rank_count_fail_on_every_rank_untouched(tmp_path, saved_n, n):
+    run(saved_n, "perrank", tmp_path / "ck")
+    reports = run(n, "tryrestore", tmp_path / "ck", 2 * saved_n)
+    for rep in reports:
+        assert "state['seed'] differs" in rep["error"]
+        assert f"{saved_n} ranks" in rep["error"] and f"this run has {n} ranks" in rep["error"]
+        assert rep["untouched"]
+
+
+def test_per_rank_array_on_another_rank_count_names_it(tmp_path):
+    run(2, "perrank", tmp_path / "ck")
+    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF)  # "u" not declared distributed
+    state = {"u": None, "seed": None, "cfg": {}}
+    with pytest.raises(CheckpointError) as err:
+        store.restore(state)
+    assert "written by 2 ranks" in str(err.value) or "2 ranks" in str(err.value)
+    assert state == {"u": None, "seed": None, "cfg": {}}
+
+
+def test_checkpointer_declares_distributed_and_prunes(tmp_path):
+    d = tmp_path / "ck"
+    run(3, "checkpointer", d)
+    assert [e.step for e in layout.scan(d)] == [30, 25, 20, 5]  # keep_last=2, keep_every=20
+    store = CheckpointStore(d, MPI.COMM_SELF, distributed=["u"])
+    state: dict = {"u": None}
+    assert store.restore(state).step == 30 and state["k"] == 30
+    assert np.array_equal(state["u"], global_u(12))
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("what, error", [("type", "TypeError"), ("names", "CheckpointError")])
+def test_a_failure_on_one_rank_raises_on_every_rank_without_hanging(tmp_path, n, what, error):
+    reports = run(n, "failsave", tmp_path / "ck", what)
+    for rep in reports:
+        assert rep["error"].startswith(error) and f"rank {n - 1}" in rep["error"]
+    assert layout.scan(tmp_path / "ck") == [] and layout.partials(tmp_path / "ck") == []
