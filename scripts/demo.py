@@ -84,7 +84,7 @@ def main() -> int:
         return ref.returncode
     print("  " + ref.stdout.strip())
 
-    say("submitting heat2d with a 1-minute limit; Slurm sends USR1 up to 50 s before the limit, so each run is cut short")
+    say("submitting heat2d with a 1-minute limit and --signal=B:USR1@50: every run is cut short")
     sub = run(
         [
             "sbatch",
