@@ -9,6 +9,8 @@ from collections.abc import Sequence
 
 import pytest
 
+#: Seconds a requeued job stays in PENDING/BeginTime before follow() releases it.
+RELEASE_AFTER = 2.0
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"}
 
 
@@ -39,11 +41,20 @@ def follow(
 ) -> dict[str, str]:
     """Wait for the job to end, releasing requeued runs from their BeginTime wait; final info."""
     deadline = time.monotonic() + timeout
+    held_since: float | None = None
     while time.monotonic() < deadline:
         info = job_info(job, env)
         if info.get("JobState") in FINAL:
             return info
-        if release and info.get("JobState") == "PENDING" and info.get("Reason") == "BeginTime":
+        held = info.get("JobState") == "PENDING" and info.get("Reason") == "BeginTime"
+        if not held:
+            held_since = None
+        elif held_since is None:
+            held_since = time.monotonic()
+        # Not at once: slurmd revokes the job's credential at the requeue with a time
+        # stamp in whole seconds; a restart in the same second is refused ("Job credential
+        # revoked") and the job ends FAILED. Two seconds later it starts normally.
+        if release and held and time.monotonic() - held_since >= RELEASE_AFTER:
             subprocess.run(
                 ["scontrol", "update", f"JobId={job}", "StartTime=now"],
                 env=env,
@@ -53,3 +64,61 @@ def follow(
         time.sleep(1)
     subprocess.run(["scancel", job], env=env, capture_output=True, timeout=30)
     pytest.fail(f"job {job} did not end within {timeout} s (last: {job_info(job, env)})")
+
+
+def wait_for_event(ckpt, predicate, timeout: float = 120, job: str | None = None, env=None):
+    """Poll ``ckpt/events.jsonl`` until an event satisfies ``predicate``; returns it."""
+    from hpcckpt.job.events import read_events
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for ev in read_events(ckpt):
+            if predicate(ev):
+                return ev
+        if job is not None and env is not None and job_info(job, env).get("JobState") in FINAL:
+            break
+        time.sleep(0.3)
+    pytest.fail(f"no matching event in {ckpt}/events.jsonl within {timeout} s")
+
+
+def job_task_pids(job: str, procid: int | None = None) -> list[int]:
+    """Pids of the tasks of ``job`` (SLURM_JOB_ID and SLURM_STEP_ID in their environment)."""
+    import os
+
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            raw = open(f"/proc/{entry}/environ", "rb").read()
+        except OSError:
+            continue
+        env = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+        if env.get(b"SLURM_JOB_ID") != job.encode() or b"SLURM_STEP_ID" not in env:
+            continue
+        if env.get(b"SLURM_STEP_ID") == b"batch" or b"SLURM_PROCID" not in env:
+            continue
+        if procid is not None and env.get(b"SLURM_PROCID") != str(procid).encode():
+            continue
+        found.append(int(entry))
+    return found
+
+
+def follow_chain(first: str, ckpt, env: dict[str, str], timeout: float = 600) -> list[dict]:
+    """Follow a --chain computation job by job (``chain_submitted`` events); each final info."""
+    from hpcckpt.job.events import read_events
+
+    infos = []
+    job = first
+    deadline = time.monotonic() + timeout
+    while True:
+        info = follow(job, env, timeout=max(10.0, deadline - time.monotonic()))
+        infos.append(info)
+        nxt = [
+            e["next_job"]
+            for e in read_events(ckpt)
+            if e.get("event") == "chain_submitted" and e.get("job_id") == job
+        ]
+        if not nxt:
+            return infos
+        job = nxt[-1]

@@ -2,6 +2,7 @@
 
 Both keep the signals recorded by ``hpcckpt.job.early_signals`` (main.py does not release
 them for these two commands): the wrapper adopts them when it installs its own handlers.
+``hpcckpt submit`` (hpcckpt/cli/submit.py) is registered here too.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from typing import Any
 
 import click
 
-from hpcckpt.job import wrapper
+from hpcckpt.job import budget, wrapper
 from hpcckpt.job.status import DIR_ENV
+from hpcckpt.policy import parse_duration
 
 _CONTEXT = {
     # Stop at the first argument that is not ours: `hpcckpt run mpirun -n 4 app` works
@@ -24,66 +26,198 @@ _CONTEXT = {
 }
 
 
-def _signal_option(_ctx: click.Context, _param: click.Parameter, value: str) -> Any:
+def _signal_option(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Any:
+    if value is None:
+        return None
     try:
         return wrapper.parse_signal(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
 
 
+def _duration_option(_ctx: click.Context, _param: click.Parameter, value: Any) -> Any:
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _every_option(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Any:
+    if value is None or value.strip().lower() == "auto":
+        return value
+    _duration_option(_ctx, _param, value)
+    return value
+
+
 def _options(func: Callable[..., Any]) -> Callable[..., Any]:
-    func = click.option(
-        "--requeue-timeout",
-        type=click.FloatRange(min=0.1),
-        default=wrapper.slurm.REQUEUE_TIMEOUT,
-        show_default=True,
-        metavar="SECONDS",
-        help="How long to wait for `scontrol requeue`.",
-    )(func)
-    func = click.option(
-        "--requeue/--no-requeue",
-        default=None,
-        help="After a checkpoint on a stop signal, requeue the job with `scontrol requeue` "
-        "(default: yes inside a Slurm job, i.e. when SLURM_JOB_ID is set).",
-    )(func)
-    func = click.option(
-        "--signal",
-        "stop_signal",
-        default="USR1",
-        show_default=True,
-        callback=_signal_option,
-        metavar="SIG",
-        help="The signal Slurm sends the batch shell (#SBATCH --signal=B:SIG@SECONDS); "
-        "also the signal forwarded to the step. USR1, SIGUSR1 or 10.",
-    )(func)
-    func = click.option(
-        "--ckpt-dir",
-        envvar=DIR_ENV,
-        show_envvar=True,
-        metavar="DIR",
-        help="The checkpoint directory (created 0700 if missing); exported to the step "
-        "as HPCCKPT_DIR.",
-    )(func)
+    # Applied bottom-up: the help lists them in the reverse order of this list.
+    options = [
+        click.option(
+            "--mtbf",
+            metavar="DURATION",
+            help="With --ckpt-every auto: the job's mean time between failures (default: "
+            "a per-node default divided by the node count).",
+        ),
+        click.option(
+            "--ckpt-every",
+            metavar="auto|DURATION",
+            callback=_every_option,
+            help="Send --app-signal periodically: every DURATION, or `auto` = the Young "
+            "interval from the measured cost of the application's checkpoints. Exported "
+            "as HPCCKPT_INTERVAL (whole seconds).",
+        ),
+        click.option(
+            "--restart-timeout",
+            type=click.FloatRange(min=1),
+            default=600.0,
+            show_default=True,
+            metavar="SECONDS",
+            help="Give up watching restart files this long after the signal.",
+        ),
+        click.option(
+            "--keep-sets",
+            type=click.IntRange(min=1),
+            default=2,
+            show_default=True,
+            metavar="N",
+            help="Restart sets kept in DIR/restart-sets/.",
+        ),
+        click.option(
+            "--settle",
+            type=click.FloatRange(min=0),
+            default=2.0,
+            show_default=True,
+            metavar="SECONDS",
+            help="Restart files are complete when all were written after the signal and "
+            "none changed for this long.",
+        ),
+        click.option(
+            "--restart-marker",
+            metavar="FILE",
+            help="Restart files are complete once the application wrote FILE after the "
+            "signal (instead of --settle).",
+        ),
+        click.option(
+            "--restart-files",
+            multiple=True,
+            metavar="GLOB",
+            help="The application's restart files (repeatable): watched after each signal, "
+            "checksummed and kept aside in DIR/restart-sets/; a damaged set is replaced by "
+            "the previous good one at the next start.",
+        ),
+        click.option(
+            "--app-ready",
+            callback=_duration_option,
+            default="5",
+            show_default=True,
+            metavar="DURATION",
+            help="With --app-signal: hold signals until the step has run this long (the "
+            "application must have installed its handler by then).",
+        ),
+        click.option(
+            "--app-signal",
+            callback=_signal_option,
+            metavar="SIG",
+            help="The application does not use the Python API: it writes its own restart "
+            "files when it receives SIG. Stop requests are forwarded as SIG and the "
+            "wrapper decides the outcome itself (docs/wrapper.md).",
+        ),
+        click.option(
+            "--min-progress",
+            callback=_duration_option,
+            default=str(int(budget.DEFAULT_MIN_PROGRESS)),
+            show_default=True,
+            metavar="DURATION",
+            help="A crashed attempt without a checkpoint of its own is restarted only if it "
+            "ran at least this long.",
+        ),
+        click.option(
+            "--max-restarts",
+            type=click.IntRange(min=0),
+            default=budget.DEFAULT_MAX_RESTARTS,
+            show_default=True,
+            metavar="N",
+            help="Restarts after crashes allowed per computation (time-limit and "
+            "preemption stops do not count).",
+        ),
+        click.option(
+            "--chain",
+            is_flag=True,
+            help="Continue by submitting the same batch script again with "
+            "sbatch --dependency=afterany:<this job> instead of scontrol requeue.",
+        ),
+        click.option(
+            "--requeue-timeout",
+            type=click.FloatRange(min=0.1),
+            default=wrapper.slurm.REQUEUE_TIMEOUT,
+            show_default=True,
+            metavar="SECONDS",
+            help="How long to wait for `scontrol requeue` (or sbatch with --chain).",
+        ),
+        click.option(
+            "--requeue/--no-requeue",
+            default=None,
+            help="After a checkpoint on a stop signal (or a crash within the budget), "
+            "requeue the job with `scontrol requeue` (default: yes inside a Slurm job).",
+        ),
+        click.option(
+            "--signal",
+            "stop_signal",
+            default="USR1",
+            show_default=True,
+            callback=_signal_option,
+            metavar="SIG",
+            help="The signal Slurm sends the batch shell (#SBATCH --signal=B:SIG@SECONDS); "
+            "also the signal forwarded to the step. USR1, SIGUSR1 or 10. Use USR2 for "
+            "GPU jobs (NCCL uses USR1).",
+        ),
+        click.option(
+            "--ckpt-dir",
+            envvar=DIR_ENV,
+            show_envvar=True,
+            metavar="DIR",
+            help="The checkpoint directory (created 0700 if missing); exported to the step "
+            "as HPCCKPT_DIR.",
+        ),
+    ]
+    for option in options:
+        func = option(func)
     return func
 
 
-def _launch(
-    command: list[str],
-    ckpt_dir: str | None,
-    stop_signal: Any,
-    requeue: bool | None,
-    requeue_timeout: float,
-) -> None:
+def _launch(command: list[str], opts: dict[str, Any]) -> None:
     try:
-        directory = wrapper.resolve_ckpt_dir(ckpt_dir, os.environ)
+        directory = wrapper.resolve_ckpt_dir(opts["ckpt_dir"], os.environ)
     except wrapper.WrapperError as exc:
         raise click.UsageError(str(exc)) from None
+    if opts["chain"] and opts["requeue"]:
+        raise click.UsageError("--chain and --requeue exclude each other")
+    app_options = ("restart_files", "restart_marker", "ckpt_every")
+    if opts["app_signal"] is None and any(opts[k] for k in app_options):
+        raise click.UsageError(
+            "--restart-files, --restart-marker and --ckpt-every are for applications without "
+            "the Python API: add --app-signal SIG"
+        )
     config = wrapper.WrapperConfig(
         command=command,
         ckpt_dir=directory,
-        stop_signal=stop_signal,
-        requeue=requeue,
-        requeue_timeout=requeue_timeout,
+        stop_signal=opts["stop_signal"],
+        requeue=opts["requeue"],
+        requeue_timeout=opts["requeue_timeout"],
+        chain=opts["chain"],
+        max_restarts=opts["max_restarts"],
+        min_progress=opts["min_progress"],
+        app_signal=opts["app_signal"],
+        app_ready=opts["app_ready"],
+        restart_files=list(opts["restart_files"]),
+        restart_marker=opts["restart_marker"],
+        settle=opts["settle"],
+        keep_sets=opts["keep_sets"],
+        restart_timeout=opts["restart_timeout"],
+        ckpt_every=opts["ckpt_every"],
+        mtbf=opts["mtbf"],
     )
     sys.exit(wrapper.run_wrapper(config))
 
@@ -91,38 +225,27 @@ def _launch(
 @click.command("run", context_settings=_CONTEXT)
 @_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(
-    command: tuple[str, ...],
-    ckpt_dir: str | None,
-    stop_signal: Any,
-    requeue: bool | None,
-    requeue_timeout: float,
-) -> None:
+def run(command: tuple[str, ...], **opts: Any) -> None:
     """Run COMMAND (any launcher) under the checkpoint wrapper.
 
     \b
         hpcckpt run --ckpt-dir ckpt -- mpirun -n 4 python app.py
 
     Stop signals (--signal, TERM, INT) reaching the wrapper are held until the
-    application reports `running`, then forwarded to COMMAND as --signal. When
-    COMMAND ends: finished -> exit 0; stopped after a checkpoint -> requeue inside
-    Slurm (exit 0); anything else -> the step's exit status (128+N if killed by
-    signal N). In a batch script use `exec hpcckpt ...` so Slurm's B: signal
-    reaches the wrapper.
+    application is ready, then forwarded to COMMAND as --signal (or --app-signal).
+    When COMMAND ends: finished -> exit 0; stopped after a checkpoint -> continue
+    the job (scontrol requeue, or --chain) and exit 0; crashed -> continue from the
+    last checkpoint while --max-restarts allows and the attempt made progress,
+    otherwise give up with the step's exit status (128+N if killed by signal N).
+    In a batch script use `exec hpcckpt ...` so Slurm's B: signal reaches the wrapper.
     """
-    _launch(list(command), ckpt_dir, stop_signal, requeue, requeue_timeout)
+    _launch(list(command), opts)
 
 
 @click.command("srun", context_settings=_CONTEXT)
 @_options
 @click.argument("srun_args", nargs=-1, required=True, type=click.UNPROCESSED)
-def srun(
-    srun_args: tuple[str, ...],
-    ckpt_dir: str | None,
-    stop_signal: Any,
-    requeue: bool | None,
-    requeue_timeout: float,
-) -> None:
+def srun(srun_args: tuple[str, ...], **opts: Any) -> None:
     """Run `srun SRUN_ARGS...` under the checkpoint wrapper (inside a batch script).
 
     \b
@@ -133,7 +256,13 @@ def srun(
     forwards the wrapper's USR1 to every task. See `hpcckpt run --help` for the
     outcomes and exit statuses.
     """
-    _launch(wrapper.srun_command(srun_args), ckpt_dir, stop_signal, requeue, requeue_timeout)
+    _launch(wrapper.srun_command(srun_args), opts)
 
 
-COMMANDS: list[click.Command] = [run, srun]
+def _commands() -> list[click.Command]:
+    from hpcckpt.cli import submit
+
+    return [run, srun, *submit.COMMANDS]
+
+
+COMMANDS: list[click.Command] = _commands()

@@ -1,8 +1,12 @@
-"""The event log: one JSON object per line in ``DIR/events.jsonl``.
+"""The event log: one JSON object per line in ``DIR/events.jsonl`` (schema: docs/events.md).
 
 Both the wrapper and the Checkpointer (rank 0 only) append to it. Each line is
 written with a single ``write`` on an ``O_APPEND`` descriptor, so concurrent
 writers on one node never interleave within a line.
+
+Every record carries ``time``, ``event``, ``restart_count`` and, when known, ``job_id``,
+``chain_count``, ``restart`` (the sum of both counts), ``attempt`` (the wrapper's token
+from ``HPCCKPT_ATTEMPT``) and ``nranks`` (``SLURM_NTASKS``); explicit fields win.
 """
 
 from __future__ import annotations
@@ -10,24 +14,39 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 EVENTS_FILE = "events.jsonl"
+CHAIN_COUNT_ENV = "HPCCKPT_CHAIN_COUNT"
+ATTEMPT_ENV = "HPCCKPT_ATTEMPT"
 
 
-def job_context() -> dict[str, Any]:
-    """Slurm identifiers worth stamping on every event (absent outside Slurm)."""
+def _count(value: str | None) -> int | None:
+    value = (value or "").strip()
+    return int(value) if value.isdigit() else None
+
+
+def job_context(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Slurm and wrapper identifiers worth stamping on every event (absent when unknown)."""
+    env = os.environ if environ is None else environ
     ctx: dict[str, Any] = {}
-    job = os.environ.get("SLURM_JOB_ID")
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
     if job:
         ctx["job_id"] = job
-    restarts = os.environ.get("SLURM_RESTART_COUNT")
-    ctx["restart_count"] = int(restarts) if restarts and restarts.isdigit() else 0
-    chain = os.environ.get("HPCCKPT_CHAIN_COUNT")
-    if chain and chain.isdigit():
-        ctx["chain_count"] = int(chain)
+    restarts = _count(env.get("SLURM_RESTART_COUNT")) or 0
+    ctx["restart_count"] = restarts
+    chain = _count(env.get(CHAIN_COUNT_ENV))
+    if chain is not None:
+        ctx["chain_count"] = chain
+    ctx["restart"] = restarts + (chain or 0)
+    attempt = env.get(ATTEMPT_ENV)
+    if attempt:
+        ctx["attempt"] = attempt
+    ntasks = _count(env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS"))
+    if ntasks:
+        ctx["nranks"] = ntasks
     return ctx
 
 
@@ -49,11 +68,13 @@ def read_events(directory: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     """Yield the events in file order, skipping a torn last line from a crash."""
     path = Path(directory) / EVENTS_FILE
     try:
-        text = path.read_text()
+        text = path.read_text(errors="replace")
     except FileNotFoundError:
         return
     for line in text.splitlines():
         try:
-            yield json.loads(line)
+            record = json.loads(line)
         except ValueError:
             continue
+        if isinstance(record, dict):
+            yield record

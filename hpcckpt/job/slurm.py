@@ -5,7 +5,7 @@ shell) with a timeout; a missing, failing or hanging command raises a :class:`Sl
 subclass whose message says what happened and what to do.
 
 The command paths can be overridden for sites that keep Slurm's clients elsewhere and for
-tests: ``HPCCKPT_SCONTROL`` and ``HPCCKPT_SQUEUE``.
+tests: ``HPCCKPT_SCONTROL``, ``HPCCKPT_SQUEUE`` and ``HPCCKPT_SBATCH``.
 """
 
 from __future__ import annotations
@@ -22,11 +22,14 @@ from datetime import datetime
 
 SCONTROL_ENV = "HPCCKPT_SCONTROL"
 SQUEUE_ENV = "HPCCKPT_SQUEUE"
+SBATCH_ENV = "HPCCKPT_SBATCH"
 
 #: ``scontrol requeue`` may wait on a busy slurmctld; submitit uses 60 s as well.
 REQUEUE_TIMEOUT = 60.0
 #: A read-only query should answer quickly; it is never worth waiting a minute for.
 QUERY_TIMEOUT = 15.0
+#: sbatch talks to slurmctld once; as patient as a requeue.
+SUBMIT_TIMEOUT = 60.0
 
 # A job id as scontrol accepts it: 1234, an array task 1234_7, a het component 1234+1.
 _JOB_ID = re.compile(r"^[0-9]+(_[0-9]+)?(\+[0-9]+)?$")
@@ -126,7 +129,9 @@ def check_job_id(value: str) -> str:
     return value
 
 
-def run_command(argv: Sequence[str], *, timeout: float) -> str:
+def run_command(
+    argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None
+) -> str:
     """Run ``argv`` (no shell), return its stdout; raise a :class:`SlurmError` on any trouble.
 
     The command runs in its own session so that, on timeout, the whole process group is
@@ -142,11 +147,12 @@ def run_command(argv: Sequence[str], *, timeout: float) -> str:
             stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,
+            env=None if env is None else dict(env),
         )
     except FileNotFoundError:
         raise SlurmCommandNotFound(
             f"`{argv[0]}` not found: is Slurm's client installed on this node? "
-            f"(set {SCONTROL_ENV} / {SQUEUE_ENV} to the command's full path)"
+            f"(set {SCONTROL_ENV} / {SQUEUE_ENV} / {SBATCH_ENV} to the command's full path)"
         ) from None
     except PermissionError as exc:
         raise SlurmCommandNotFound(f"`{argv[0]}` cannot be executed: {exc}") from None
@@ -252,3 +258,49 @@ def seconds_left(
     if end is None:
         return None
     return end.timestamp() - (time.time() if now is None else now)
+
+
+# `scontrol show job -o` prints KEY=VALUE pairs separated by spaces; a value may contain
+# spaces (Command= shows the script's arguments joined by spaces), so split before
+# every " Key=" rather than at every space.
+_PAIR_START = re.compile(r" (?=[A-Za-z][A-Za-z0-9_:/]*=)")
+
+
+def parse_show_job(text: str) -> dict[str, str]:
+    """``scontrol show job -o`` output (first line) as a dict of strings."""
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    info: dict[str, str] = {}
+    for part in _PAIR_START.split(line):
+        key, sep, value = part.partition("=")
+        if sep and key not in info:
+            info[key] = value.strip()
+    return info
+
+
+def show_job(
+    job: str, *, timeout: float = QUERY_TIMEOUT, environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """``scontrol show job -o JOB`` as a dict (``Command``, ``TimeLimit``, ``NumTasks``...)."""
+    argv = [command_path("scontrol", SCONTROL_ENV, environ), "show", "job", "-o", check_job_id(job)]
+    return parse_show_job(run_command(argv, timeout=timeout))
+
+
+def submit(
+    args: Sequence[str],
+    *,
+    timeout: float = SUBMIT_TIMEOUT,
+    environ: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> str:
+    """``sbatch --parsable ARGS`` (``$HPCCKPT_SBATCH`` or sbatch); returns the new job id.
+
+    ``environ`` is where the command's path is looked up, ``env`` the environment sbatch
+    runs with (what ``--export=ALL`` hands to the new job).
+    """
+    argv = [command_path("sbatch", SBATCH_ENV, environ), "--parsable", *map(str, args)]
+    out = run_command(argv, timeout=timeout, env=env)
+    job = out.strip().splitlines()[-1].split(";")[0].strip() if out.strip() else ""
+    try:
+        return check_job_id(job)
+    except ValueError:
+        raise SlurmError(f"sbatch did not print a job id (output: {out.strip()!r})") from None

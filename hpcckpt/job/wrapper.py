@@ -1,9 +1,15 @@
-"""The job wrapper: start the step, hold and forward stop signals, then finish, requeue or fail.
+"""The job wrapper: start the step, hold and forward stop signals, then finish or continue.
 
 ``hpcckpt srun`` and ``hpcckpt run`` are thin click commands over :class:`Wrapper`.
 The wrapper knows nothing of HDF5: it talks to the application only through the
-environment (``HPCCKPT_DIR``, ``HPCCKPT_ATTEMPT``) and the checkpoint directory
-(``hpcckpt-status.json`` to read, ``events.jsonl`` to append). See ``docs/wrapper.md``.
+environment (``HPCCKPT_DIR``, ``HPCCKPT_ATTEMPT``, ...) and the checkpoint directory
+(``hpcckpt-status.json`` to read, ``events.jsonl`` to append, ``restart-sets/`` for
+applications without the Python API). See ``docs/wrapper.md``.
+
+After the step: finished -> exit 0; stopped after a checkpoint -> continue the job
+(``scontrol requeue``, or ``--chain``: a new job depending on this one); crashed ->
+continue from the last checkpoint if the restart budget allows and the attempt made
+progress (:mod:`hpcckpt.job.budget`), else give up with a message and a non-zero exit.
 
 Process model
 -------------
@@ -13,15 +19,14 @@ processes by process group, so a child in a group of its own could escape the cl
 the end of the job or at a requeue; a launcher in the terminal's foreground group keeps
 job control (stdin, Ctrl-Z) working when run by hand. Slurm's ``B:`` signal goes to the
 batch shell's process only, so the launcher still hears of a stop request only through
-us. Because the child shares our group we never ``killpg`` it; on an unexpected error we
-send SIGTERM to the launcher (srun and mpirun then take their tasks down), SIGKILL after
-a grace period. If the wrapper itself is SIGKILLed, the child gets SIGTERM from the kernel
+us. Because the child shares our group we never ``killpg`` it; to end the step we send
+SIGTERM to the launcher (srun and mpirun then take their tasks down), SIGKILL after a
+grace period. If the wrapper itself is SIGKILLed, the child gets SIGTERM from the kernel
 (``PR_SET_PDEATHSIG``), and inside Slurm proctrack cleans up anyway.
 """
 
 from __future__ import annotations
 
-import enum
 import os
 import secrets
 import select
@@ -29,15 +34,27 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 from hpcckpt import signames
-from hpcckpt.job import early_signals, events, slurm
+from hpcckpt.job import budget, early_signals, events, leadtime, slurm
+from hpcckpt.job.outcome import (
+    EXIT_NO_FINISH,
+    EXIT_OK,
+    Outcome,
+    StepResult,
+    classify,
+    classify_app,
+    crash_exit_code,
+    describe_returncode,
+    signal_name,
+)
 from hpcckpt.job.status import (
     ATTEMPT_ENV,
     DIR_ENV,
@@ -48,8 +65,35 @@ from hpcckpt.job.status import (
     read_status,
 )
 
+__all__ = [
+    "EXIT_CONTINUE_FAILED",
+    "EXIT_INTERNAL",
+    "EXIT_NOT_EXECUTABLE",
+    "EXIT_NOT_FOUND",
+    "EXIT_NO_FINISH",
+    "EXIT_OK",
+    "EXIT_REQUEUE_FAILED",
+    "EXIT_USAGE",
+    "Outcome",
+    "StepResult",
+    "Wrapper",
+    "WrapperConfig",
+    "WrapperError",
+    "classify",
+    "classify_app",
+    "crash_exit_code",
+    "describe_returncode",
+    "parse_signal",
+    "run_wrapper",
+    "signal_name",
+]
+
 #: The stop signal's name (``USR1``) for the application, which may choose to listen to it.
 SIGNAL_ENV = "HPCCKPT_SIGNAL"
+#: ``1`` when the step resumes (a restart set exists, or this is a restart), else ``0``.
+RESTART_ENV = "HPCCKPT_RESTART"
+#: The periodic checkpoint interval in whole seconds (``--ckpt-every``), for the app's flags.
+INTERVAL_ENV = "HPCCKPT_INTERVAL"
 #: Override the ``srun`` that ``hpcckpt srun`` runs (tests; unusual installs).
 SRUN_ENV = "HPCCKPT_SRUN"
 #: Open MPI's MPI-IO component. Its default, ``ompio``, made collective HDF5 writes about
@@ -58,10 +102,9 @@ SRUN_ENV = "HPCCKPT_SRUN"
 MPI_IO_ENV = "OMPI_MCA_io"
 MPI_IO_DEFAULT = "romio321"
 
-EXIT_OK = 0
-EXIT_NO_FINISH = 1  # the step exited 0 but never reported finished
 EXIT_USAGE = 2
-EXIT_REQUEUE_FAILED = 3
+EXIT_CONTINUE_FAILED = 3  # requeue or chain submission failed (the checkpoint is safe)
+EXIT_REQUEUE_FAILED = EXIT_CONTINUE_FAILED
 EXIT_INTERNAL = 70  # the wrapper itself failed (EX_SOFTWARE)
 EXIT_NOT_EXECUTABLE = 126
 EXIT_NOT_FOUND = 127
@@ -76,75 +119,12 @@ class WrapperError(Exception):
     """A configuration problem found before the step starts (exit status 2)."""
 
 
-class Outcome(enum.Enum):
-    """How a step ended, from the wrapper's point of view."""
-
-    FINISHED = "finished"  # the application reported finished: the work is done
-    STOPPED = "stopped"  # it checkpointed on a stop request: resume it later
-    CRASHED = "crashed"  # anything else
-
-
-@dataclass(frozen=True)
-class StepResult:
-    outcome: Outcome
-    returncode: int  # as Popen reports it: negative = killed by that signal
-    status: RunStatus | None  # the last status of *this* attempt, None if none
-    reason: str
-
-
-def describe_returncode(returncode: int) -> str:
-    if returncode < 0:
-        return f"killed by signal SIG{signal_name(-returncode)}"
-    return f"exit status {returncode}"
-
-
-def classify(returncode: int, status: RunStatus | None, attempt: str) -> StepResult:
-    """Decide the outcome from the step's exit status and the last status file.
-
-    The status file is authoritative: ``stopped`` and ``finished`` are written only after
-    the checkpoint (or the work) is complete, so a launcher that exits non-zero afterwards
-    (a rank killed at the time limit, an error in MPI_Finalize) does not undo them. A
-    status carrying another attempt's token is stale and ignored.
-    """
-    own = status if status is not None and status.attempt == attempt else None
-    exited = describe_returncode(returncode)
-    if own is not None and own.state == FINISHED:
-        return StepResult(Outcome.FINISHED, returncode, own, f"reported finished; {exited}")
-    if own is not None and own.state == STOPPED:
-        why = f" ({own.reason})" if own.reason else ""
-        return StepResult(Outcome.STOPPED, returncode, own, f"reported stopped{why}; {exited}")
-    if own is None:
-        reason = f"{exited}; the application never reported running with this attempt's token"
-    else:
-        reason = f"{exited}; last report: running" + (
-            f" at step {own.step}" if own.step is not None else ""
-        )
-    if returncode == 0:
-        reason += " (it exited 0 without reporting finished: did it call finish()?)"
-    return StepResult(Outcome.CRASHED, returncode, own, reason)
-
-
-def crash_exit_code(returncode: int) -> int:
-    """The wrapper's exit status for a crashed step: its status, 128+N for signal N, never 0."""
-    if returncode < 0:
-        return 128 + (-returncode)
-    return returncode if returncode > 0 else EXIT_NO_FINISH
-
-
 def parse_signal(value: str | int) -> signal.Signals:
     """``USR1``, ``SIGUSR1``, ``usr1`` or ``10`` → ``signal.SIGUSR1``; ValueError otherwise."""
     sig = signames.parse_signal(value)
     if sig in _UNCATCHABLE or sig == signal.SIGCHLD:
         raise ValueError(f"{sig.name} cannot serve as the stop signal")
     return sig
-
-
-def signal_name(sig: int) -> str:
-    """``USR1`` for SIGUSR1 (Slurm's spelling); the number if unknown."""
-    try:
-        return signames.short_name(sig)
-    except ValueError:
-        return str(sig)
 
 
 def resolve_ckpt_dir(option: str | os.PathLike[str] | None, environ: Mapping[str, str]) -> Path:
@@ -170,13 +150,25 @@ def prepare_ckpt_dir(path: Path) -> None:
         raise WrapperError(f"the checkpoint directory {path} is not writable by this user")
 
 
-def new_attempt_token(env: slurm.SlurmEnv) -> str:
-    """Fresh per wrapper start: ``<job id or 'local'>.<restart count>.<random>``."""
-    return f"{env.job_id or 'local'}.{env.restart_count}.{secrets.token_hex(6)}"
+def restart_number(env: slurm.SlurmEnv, environ: Mapping[str, str]) -> int:
+    """``SLURM_RESTART_COUNT`` + ``HPCCKPT_CHAIN_COUNT``: how many runs came before."""
+    from hpcckpt.job.chain import chain_count
+
+    return env.restart_count + chain_count(environ)
+
+
+def new_attempt_token(env: slurm.SlurmEnv, restart: int | None = None) -> str:
+    """Fresh per wrapper start: ``<job id or 'local'>.<restart number>.<random>``."""
+    n = env.restart_count if restart is None else restart
+    return f"{env.job_id or 'local'}.{n}.{secrets.token_hex(6)}"
 
 
 def step_environment(
-    base: Mapping[str, str], ckpt_dir: Path, attempt: str, stop_signal: signal.Signals
+    base: Mapping[str, str],
+    ckpt_dir: Path,
+    attempt: str,
+    stop_signal: signal.Signals,
+    extra: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The step's environment: ours plus the contract variables and the MPI-IO default."""
     env = dict(base)
@@ -184,6 +176,7 @@ def step_environment(
     env[ATTEMPT_ENV] = attempt
     env[SIGNAL_ENV] = signal_name(stop_signal)
     env.setdefault(MPI_IO_ENV, MPI_IO_DEFAULT)
+    env.update(extra or {})
     return env
 
 
@@ -198,10 +191,47 @@ class WrapperConfig:
     command: list[str]
     ckpt_dir: Path
     stop_signal: signal.Signals = signal.SIGUSR1
-    requeue: bool | None = None  # None: requeue when inside a Slurm job
+    requeue: bool | None = None  # None: requeue when inside a Slurm job (unless chain)
     requeue_timeout: float = slurm.REQUEUE_TIMEOUT
-    poll_interval: float = 0.25  # status polling while a stop request is held
+    poll_interval: float = 0.25  # status/file polling while something is pending
     environ: Mapping[str, str] | None = None  # default: os.environ
+    # continuing
+    chain: bool = False
+    max_restarts: int = budget.DEFAULT_MAX_RESTARTS
+    min_progress: float = budget.DEFAULT_MIN_PROGRESS
+    # applications without the Python API
+    app_signal: signal.Signals | None = None
+    app_ready: float = 5.0  # seconds after the start before a signal may reach the app
+    restart_files: list[str] = field(default_factory=list)
+    restart_marker: str | None = None
+    settle: float = 2.0
+    keep_sets: int = 2
+    restart_timeout: float = 600.0
+    ckpt_every: str | None = None
+    mtbf: str | None = None
+
+    @property
+    def app_mode(self) -> bool:
+        return self.app_signal is not None
+
+    def check(self) -> None:
+        if not self.app_mode:
+            for name, value in (
+                ("--restart-files", self.restart_files),
+                ("--ckpt-every", self.ckpt_every),
+                ("--restart-marker", self.restart_marker),
+            ):
+                if value:
+                    raise WrapperError(
+                        f"{name} is for applications without the Python API: add --app-signal "
+                        "SIG (the Checkpointer schedules and records its own checkpoints)"
+                    )
+        if self.restart_marker and not self.restart_files:
+            raise WrapperError("--restart-marker needs --restart-files GLOB")
+        if self.chain and self.requeue:
+            raise WrapperError("--chain and --requeue exclude each other: choose one")
+        if self.max_restarts < 0:
+            raise WrapperError("--max-restarts must be 0 or more")
 
 
 def _pdeathsig_setter() -> Callable[[], None] | None:
@@ -249,19 +279,31 @@ class Wrapper:
         self.environ: Mapping[str, str] = os.environ if config.environ is None else config.environ
         self.log_stream = log if log is not None else sys.stderr
         self.slurm_env = slurm.SlurmEnv.from_environ(self.environ)
-        self.attempt = new_attempt_token(self.slurm_env)
+        self.restart = restart_number(self.slurm_env, self.environ)
+        self.attempt = new_attempt_token(self.slurm_env, self.restart)
         self.t0 = process_start_monotonic()
         self.child: subprocess.Popen[bytes] | None = None
+        self.child_started: float | None = None
         self._queue: deque[tuple[int, float | None]] = deque()
         self._wake_r = self._wake_w = -1
         self._old_handlers: dict[int, Any] = {}
         self._old_wakeup = -1
         # Stop-request state: requested -> (held) -> forwarded, at most once per attempt.
         self._requested_at: float | None = None
+        self._requested_wall: float | None = None
         self._requested_name = ""
         self._forwarded_at: float | None = None
         self._held = False
         self._interrupts = 0
+        # Applications without the API: restart files and the periodic signal.
+        self.files: Any = None  # restart_files.RestartFiles when --restart-files is given
+        self.schedule: Any = None  # periodic.PeriodicSchedule when --ckpt-every is given
+        self._pending: Any = None  # restart_files.PendingSet being watched
+        self._set_after_stop = False
+        self._stop_set_registered = False
+        self._stop_cost: float | None = None
+        self._ended_by_wrapper = False
+        self._lead_thread: threading.Thread | None = None
 
     # -- logging -------------------------------------------------------------------------
     def log(self, message: str) -> None:
@@ -270,11 +312,17 @@ class Wrapper:
         except (OSError, ValueError):  # stderr gone: keep running the job regardless
             pass
 
-    def event(self, kind: str, **fields: Any) -> None:
+    def event(self, kind: str, **fields: Any) -> bool:
+        ctx = events.job_context(self.environ)
+        ctx.update(restart=self.restart, attempt=self.attempt)
+        if self.slurm_env.ntasks:
+            ctx["nranks"] = self.slurm_env.ntasks
         try:
-            events.append_event(self.config.ckpt_dir, kind, attempt=self.attempt, **fields)
+            events.append_event(self.config.ckpt_dir, kind, **{**ctx, **fields})
         except OSError as exc:
             self.log(f"warning: cannot append to {events.EVENTS_FILE}: {exc}")
+            return False
+        return True
 
     def elapsed(self, t: float | None = None) -> float:
         return (time.monotonic() if t is None else t) - self.t0
@@ -288,6 +336,11 @@ class Wrapper:
             if sig not in sigs:
                 sigs.append(sig)
         return sigs
+
+    @property
+    def forward_signal(self) -> signal.Signals:
+        """What a stop request becomes for the step: --app-signal, else --signal."""
+        return self.config.app_signal or self.config.stop_signal
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self._queue.append((signum, time.monotonic()))
@@ -334,6 +387,16 @@ class Wrapper:
     def _when(self, t: float | None) -> str:
         return "during start-up" if t is None else f"{self.elapsed(t):.1f} s after start"
 
+    def app_ready(self) -> bool:
+        """May a signal reach the application now? (--app-signal: --app-ready after start)"""
+        if self.child is None or self.child.poll() is not None:
+            return False
+        if self.config.app_mode:
+            assert self.child_started is not None
+            return time.monotonic() - self.child_started >= self.config.app_ready
+        status = self.own_status()
+        return status is not None and status.state == RUNNING
+
     def handle_signal(self, signum: int, t: float | None) -> None:
         name = signal_name(signum)
         when = self._when(t)
@@ -362,16 +425,32 @@ class Wrapper:
         if self._held:
             self.log(
                 f"signal {name} received {when}{note}; a stop request is already held until "
-                "the application reports running"
+                "the application is ready for it"
             )
             self.event("signal", name=name, elapsed=elapsed, forwarded=False, duplicate=True)
             return
         self._requested_at = time.monotonic() if t is None else t
+        self._requested_wall = time.time() - (time.monotonic() - self._requested_at)
         self._requested_name = name
+        self._start_lead_check()
         if self.child is None or self.child.poll() is not None:
             self._held = True
             self.log(f"signal {name} received {when}{note}; held until the step is running")
             self.event("signal", name=name, elapsed=elapsed, forwarded=False, held=True)
+            return
+        if self.config.app_mode:
+            if self.app_ready():
+                self._stop_app(f"signal {name} received {when}{note}")
+                self.event(
+                    "signal", name=name, elapsed=elapsed, forwarded=True, as_signal=self._fwd_name()
+                )
+            else:
+                self._held = True
+                self.log(
+                    f"signal {name} received {when}{note}; held until the application has run "
+                    f"{self.config.app_ready:g} s (--app-ready)"
+                )
+                self.event("signal", name=name, elapsed=elapsed, forwarded=False, held=True)
             return
         status = self.own_status()
         state = status.state if status is not None else None
@@ -395,25 +474,61 @@ class Wrapper:
             self.event("signal", name=name, elapsed=elapsed, forwarded=False, held=True)
 
     def _fwd_name(self) -> str:
-        return signal_name(self.config.stop_signal)
+        return signal_name(self.forward_signal)
 
-    def _forward(self, what: str, subject: str = "") -> None:
+    def _send(self, what: str, subject: str = "", sig: signal.Signals | None = None) -> bool:
+        """Send the step (launcher) ``sig`` (default: the forward signal); log it."""
         assert self.child is not None
-        self._held = False
-        self._forwarded_at = time.monotonic()
-        fwd = self._fwd_name()
+        sig = self.forward_signal if sig is None else sig
+        fwd = signal_name(sig)
         as_ = "" if fwd == self._requested_name else f" as {fwd}"
         subject = f"{subject} " if subject else ""
         try:
-            os.kill(self.child.pid, self.config.stop_signal)
+            os.kill(self.child.pid, sig)
         except ProcessLookupError:
             self.log(f"{what}; the step (pid {self.child.pid}) is already gone")
-            return
+            return False
         self.log(f"{what}; {subject}forwarded{as_} to step (pid {self.child.pid})")
+        return True
+
+    def _forward(self, what: str, subject: str = "") -> None:
+        self._held = False
+        self._forwarded_at = time.monotonic()
+        self._send(what, subject)
+
+    def _stop_app(self, what: str, subject: str = "") -> None:
+        """A stop request for an application without the API (see docs/wrapper.md)."""
+        self._held = False
+        self._forwarded_at = time.monotonic()
+        if self._pending is not None:
+            self._pending.stop = True
+            self.log(
+                f"{what}; a checkpoint of the application is under way (signalled "
+                f"{time.monotonic() - self._pending.signal_mono:.1f} s ago): stopping once "
+                "its restart files are complete"
+            )
+            return
+        if self._send(what, subject) and self.files is not None:
+            self._pending = self.files.begin(stop=True)
 
     def check_held(self) -> None:
-        """While a stop request is held, forward it once the application reports running."""
+        """While a stop request is held, forward it once the application is ready."""
         if not self._held or self.child is None:
+            return
+        if self.config.app_mode:
+            if self.app_ready():
+                held_for = time.monotonic() - (self._requested_at or self.t0)
+                self._stop_app(
+                    f"the application has run {self.config.app_ready:g} s",
+                    f"{self._requested_name} held for {held_for:.1f} s",
+                )
+                self.event(
+                    "signal_forwarded",
+                    name=self._requested_name,
+                    as_signal=self._fwd_name(),
+                    elapsed=round(self.elapsed(), 3),
+                    held_for=round(held_for, 3),
+                )
             return
         status = self.own_status()
         if status is None:
@@ -439,6 +554,185 @@ class Wrapper:
                 f"{self._requested_name} could be forwarded; not forwarding"
             )
 
+    # -- lead time (issue 3) ---------------------------------------------------------------
+    def _start_lead_check(self) -> None:
+        job = self.slurm_env.job_id
+        if job is None or self._lead_thread is not None or self._requested_wall is None:
+            return
+        arrived = self._requested_wall
+        name = signal_name(self.config.stop_signal)
+
+        def check() -> None:
+            try:
+                cost = leadtime.measured_cost(events.read_events(self.config.ckpt_dir))
+                if cost is None:
+                    return
+                end = slurm.end_time(job, environ=self.environ)
+                if end is None:
+                    return
+                result = leadtime.check_lead(cost, end.timestamp() - arrived)
+                if result.too_short:
+                    self.log(leadtime.warning_text(result, name))
+                    self.event(
+                        "lead_time_warning",
+                        lead=round(result.lead, 1),
+                        cost=round(result.cost, 3),
+                        needed=round(result.needed, 1),
+                        suggested_signal=f"B:{name}@{result.suggested}",
+                    )
+            except (slurm.SlurmError, OSError, ValueError) as exc:
+                self.log(f"note: cannot check the signal's lead time: {exc}")
+
+        self._lead_thread = threading.Thread(target=check, name="hpcckpt-lead", daemon=True)
+        self._lead_thread.start()
+
+    # -- applications without the API: periodic checkpoints, restart files ---------------
+    def _tick_app(self) -> None:
+        """One pass of the app-mode bookkeeping (periodic signal, watching restart files)."""
+        if self.files is not None and self._pending is not None:
+            pending = self._pending
+            if self.files.poll(pending):
+                self._pending = None
+                self._on_files_complete(pending)
+            elif time.monotonic() - pending.signal_mono > self.config.restart_timeout:
+                self._pending = None
+                self.log(
+                    f"warning: the restart files were not complete {self.config.restart_timeout:g}"
+                    " s after the signal (--restart-timeout); not registering them"
+                )
+                self.event("restart_timeout", stop=pending.stop)
+        if (
+            self.schedule is not None
+            and self._pending is None
+            and self._forwarded_at is None
+            and not self._held
+            and self.app_ready()
+            and self.schedule.due(time.monotonic())
+        ):
+            assert self.child is not None
+            interval = self.schedule.interval()
+            try:
+                os.kill(self.child.pid, self.forward_signal)
+            except ProcessLookupError:
+                return
+            self.log(
+                f"periodic checkpoint: sent {self._fwd_name()} to step (pid {self.child.pid}) "
+                f"{self.elapsed():.1f} s after start (every {interval:.0f} s, "
+                f"{self.schedule.describe()})"
+            )
+            self.event("checkpoint_request", signal=self._fwd_name(), interval=round(interval, 3))
+            if self.files is not None:
+                self._pending = self.files.begin(stop=False)
+            else:
+                self.schedule.checkpointed(time.monotonic(), None)
+
+    def _on_files_complete(self, pending: Any) -> None:
+        cost = self.files.cost(pending)
+        if self.schedule is not None:
+            self.schedule.checkpointed(time.monotonic(), cost)
+        if pending.stop:
+            self._set_after_stop = True
+            self._stop_cost = cost
+            self.log(f"restart files complete {cost:.1f} s after the stop signal; ending the step")
+            self._end_step()
+            return
+        self._register(cost, stop=False)
+
+    def _register(self, cost: float | None, stop: bool) -> bool:
+        try:
+            got = self.files.register(attempt=self.attempt, seconds=cost)
+        except OSError as exc:
+            self.log(f"warning: cannot keep the restart files aside: {exc}")
+            self.event("restart_set_failed", error=str(exc), stop=stop)
+            return False
+        secs = "" if cost is None else f" written in {cost:.1f} s,"
+        self.log(
+            f"restart set {got.number}:{secs} {len(got.files)} file(s), {got.bytes} bytes, "
+            f"checksummed and kept in {got.path}"
+        )
+        self.event(
+            "restart_set",
+            set=got.number,
+            files=len(got.files),
+            bytes=got.bytes,
+            seconds=None if cost is None else round(cost, 6),
+            stop=stop,
+        )
+        return True
+
+    def _finish_pending(self) -> None:
+        """The step exited while its restart files were watched: give them time to settle."""
+        if self.files is None or self._pending is None:
+            return
+        pending, self._pending = self._pending, None
+        deadline = time.monotonic() + self.config.settle * 2 + 1.0
+        while time.monotonic() < deadline:
+            if self.files.poll(pending):
+                cost = self.files.cost(pending)
+                if pending.stop:
+                    self._set_after_stop = True
+                    self._stop_cost = cost
+                else:
+                    self._register(cost, stop=False)
+                return
+            time.sleep(min(self.config.poll_interval, 0.1))
+
+    def _end_step(self) -> None:
+        """The stop checkpoint is complete and the step still runs: end it (TERM, KILL)."""
+        self._ended_by_wrapper = True
+        self._terminate_child(reason="its restart files are complete", log_it=False)
+
+    def prepare_app(self) -> dict[str, str]:
+        """Set up app mode; returns the extra environment for the step."""
+        cfg = self.config
+        extra: dict[str, str] = {}
+        resuming = self.restart > 0
+        if cfg.restart_files:
+            from hpcckpt.job.restart_files import RestartFiles
+
+            self.files = RestartFiles(
+                cfg.restart_files,
+                cfg.ckpt_dir,
+                marker=cfg.restart_marker,
+                settle=cfg.settle,
+                keep=cfg.keep_sets,
+            )
+            try:
+                number, wrong = self.files.ensure_good()
+            except OSError as exc:
+                raise WrapperError(f"cannot check the restart files: {exc}") from None
+            for problem in wrong:
+                self.log(f"restart files: {problem}")
+            if number is not None:
+                resuming = True
+                restored = bool(wrong)
+                self.log(
+                    f"restart files: set {number} is good"
+                    + ("; copied it back over the damaged live files" if restored else "")
+                )
+                self.event("restart_files_checked", set=number, restored=restored, problems=wrong)
+        if cfg.ckpt_every:
+            from hpcckpt.job.periodic import PeriodicSchedule
+
+            try:
+                history = list(events.read_events(cfg.ckpt_dir))
+            except OSError:
+                history = []
+            try:
+                self.schedule = PeriodicSchedule(
+                    cfg.ckpt_every,
+                    start=time.monotonic(),
+                    nodes=self.slurm_env.num_nodes,
+                    mtbf=cfg.mtbf,
+                    history=history,
+                )
+            except ValueError as exc:
+                raise WrapperError(f"--ckpt-every {cfg.ckpt_every}: {exc}") from None
+            extra[INTERVAL_ENV] = str(max(1, round(self.schedule.interval())))
+        extra[RESTART_ENV] = "1" if resuming else "0"
+        return extra
+
+    # -- ending the step -------------------------------------------------------------------
     def _kill_child(self, sig: signal.Signals) -> None:
         if self.child is None:
             return
@@ -447,12 +741,15 @@ class Wrapper:
         except ProcessLookupError:
             pass
 
-    def _terminate_child(self) -> None:
-        """Take the step down on the wrapper's own failure: TERM, then KILL after a grace."""
+    def _terminate_child(self, reason: str = "", log_it: bool = True) -> None:
+        """Take the step down: SIGTERM to the launcher, SIGKILL after a grace."""
         child = self.child
         if child is None or child.poll() is not None:
             return
-        self.log(f"taking the step (pid {child.pid}) down: SIGTERM, SIGKILL after {KILL_GRACE:g} s")
+        why = f" ({reason})" if reason else ""
+        self.log(
+            f"taking the step (pid {child.pid}) down{why}: SIGTERM, SIGKILL after {KILL_GRACE:g} s"
+        )
         self._kill_child(signal.SIGTERM)
         try:
             child.wait(timeout=KILL_GRACE)
@@ -461,11 +758,11 @@ class Wrapper:
             child.wait()
 
     # -- the run -------------------------------------------------------------------------
-    def start_child(self) -> int | None:
+    def start_child(self, extra: Mapping[str, str] | None = None) -> int | None:
         """Start the step; returns an exit status if it could not be started."""
         cmd = self.config.command
         env = step_environment(
-            self.environ, self.config.ckpt_dir, self.attempt, self.config.stop_signal
+            self.environ, self.config.ckpt_dir, self.attempt, self.forward_signal, extra
         )
         try:
             self.child = subprocess.Popen(cmd, env=env, preexec_fn=_pdeathsig_setter())
@@ -478,6 +775,7 @@ class Wrapper:
         except OSError as exc:
             self.log(f"cannot start the step {cmd[0]}: {exc}")
             return EXIT_NOT_EXECUTABLE
+        self.child_started = time.monotonic()
         self.log(
             f"started step (pid {self.child.pid}) {self.elapsed():.2f} s after start: "
             f"{shlex.join(cmd)}"
@@ -492,10 +790,15 @@ class Wrapper:
             while self._queue:
                 self.handle_signal(*self._queue.popleft())
             self.check_held()
+            if self.config.app_mode:
+                self._tick_app()
             rc = self.child.poll()
             if rc is not None:
                 return rc
-            timeout = self.config.poll_interval if self._held else 1.0
+            busy = self._held or self._pending is not None
+            timeout = self.config.poll_interval if busy else 1.0
+            if self.schedule is not None:
+                timeout = min(timeout, max(0.05, self.schedule.next_at() - time.monotonic()))
             try:
                 select.select([self._wake_r], [], [], timeout)
             except InterruptedError:  # pragma: no cover - PEP 475 retries for us
@@ -518,41 +821,71 @@ class Wrapper:
         finally:
             self.restore_handlers()
 
+    @property
+    def continuation(self) -> str | None:
+        """How this job continues: "chain", "requeue", or None (outside Slurm / disabled)."""
+        if not self.slurm_env.in_job:
+            return None
+        if self.config.chain:
+            return "chain"
+        requeue = True if self.config.requeue is None else self.config.requeue
+        return "requeue" if requeue else None
+
     def _run(self) -> int:
         cfg = self.config
+        cfg.check()
         prepare_ckpt_dir(cfg.ckpt_dir)
-        requeue = self.slurm_env.in_job if cfg.requeue is None else cfg.requeue
         where = f"Slurm job {self.slurm_env.job_id}" if self.slurm_env.in_job else "outside Slurm"
+        cont = self.continuation or "off"
+        mode = f"; application signal {self._fwd_name()}" if cfg.app_mode else ""
         self.log(
-            f"attempt {self.attempt} ({where}, restart {self.slurm_env.restart_count}); "
-            f"checkpoints in {cfg.ckpt_dir}; stop signal {self._fwd_name()}; "
-            f"requeue {'on' if requeue else 'off'}"
+            f"attempt {self.attempt} ({where}, restart {self.restart}); "
+            f"checkpoints in {cfg.ckpt_dir}; stop signal {signal_name(cfg.stop_signal)}{mode}; "
+            f"continue by {cont}"
         )
         self.event(
             "wrapper_start",
             command=list(cfg.command),
-            signal=self._fwd_name(),
-            requeue=requeue,
+            signal=signal_name(cfg.stop_signal),
+            app_signal=signal_name(cfg.app_signal) if cfg.app_signal else None,
+            requeue=self.continuation == "requeue",
+            chain=self.continuation == "chain",
+            max_restarts=cfg.max_restarts,
             pid=os.getpid(),
         )
-        failed = self.start_child()
+        extra = self.prepare_app() if cfg.app_mode else {}
+        failed = self.start_child(extra)
         if failed is not None:
             self.event("crashed", exit_code=failed, reason="the step could not be started")
             return failed
         rc = self.wait_child()
-        code = self.finish(rc, requeue)
+        code = self.finish(rc)
         while self._queue:  # e.g. Slurm's TERM while scontrol requeue ran
             signum, t = self._queue.popleft()
             self.log(f"signal {signal_name(signum)} received {self._when(t)}; step already ended")
+        if self._lead_thread is not None:
+            self._lead_thread.join(timeout=2.0)
         return code
 
-    def finish(self, rc: int, requeue: bool) -> int:
+    def _result(self, rc: int) -> StepResult:
+        if not self.config.app_mode:
+            return classify(rc, read_status(self.config.ckpt_dir), self.attempt)
+        self._finish_pending()
+        return classify_app(
+            rc,
+            stop_sent=self._forwarded_at is not None,
+            watching_files=self.files is not None,
+            set_after_stop=self._set_after_stop,
+            ended_by_wrapper=self._ended_by_wrapper,
+        )
+
+    def finish(self, rc: int) -> int:
         if self._held:
             self.log(
                 f"the held {self._requested_name} was never forwarded: the step exited "
-                "before reporting running"
+                "before the application was ready for it"
             )
-        result = classify(rc, read_status(self.config.ckpt_dir), self.attempt)
+        result = self._result(rc)
         st = result.status
         step = st.step if st is not None else None
         self.event(
@@ -569,27 +902,87 @@ class Wrapper:
             self.event("finished", step=step)
             return EXIT_OK
         if result.outcome is Outcome.STOPPED:
-            if rc != 0:
+            if self.files is not None and self._set_after_stop and not self._stop_set_registered:
+                self._stop_set_registered = True
+                self._register(self._stop_cost, stop=True)
+            if rc != 0 and not self._ended_by_wrapper:
                 self.log(
                     f"note: the step ended with {describe_returncode(rc)} after reporting "
                     "stopped; the checkpoint was complete before that"
                 )
-            return self.after_stop(step, requeue)
-        self.log(f"step crashed: {result.reason}")
-        code = crash_exit_code(rc)
-        self.event("crashed", exit_code=rc, reason=result.reason, step=step, wrapper_exit=code)
-        return code
+            return self.after_stop(step)
+        return self.after_crash(result, step)
 
-    def after_stop(self, step: int | None, requeue: bool) -> int:
+    def after_crash(self, result: StepResult, step: int | None) -> int:
+        rc = result.returncode
+        code = crash_exit_code(rc)
+        self.log(f"step crashed: {result.reason}")
+        self.event("crashed", exit_code=rc, reason=result.reason, step=step, wrapper_exit=code)
+        how = self.continuation
+        if how is None:
+            if self.slurm_env.in_job:
+                self.log(
+                    "not continuing: requeue disabled (--no-requeue); submit the batch script "
+                    f"again to resume from the last checkpoint in {self.config.ckpt_dir}"
+                )
+            return code
+        runtime = time.monotonic() - (self.child_started or self.t0)
+        try:
+            log = list(events.read_events(self.config.ckpt_dir))
+        except OSError:
+            log = None
+        decision = budget.decide_after_crash(
+            log,
+            attempt=self.attempt,
+            restart=self.restart,
+            runtime=runtime,
+            max_restarts=self.config.max_restarts,
+            min_progress=self.config.min_progress,
+        )
+        if not decision.restart:
+            self.log(decision.message)
+            self.log(
+                f"job {self.slurm_env.job_id}: restart {self.restart} of this computation, "
+                f"{decision.used} after crashes (--max-restarts {self.config.max_restarts}); "
+                f"the last good checkpoint stays in {self.config.ckpt_dir}. What to do: read "
+                "the application's errors above, fix the cause, then submit the same batch "
+                "script again (it resumes from that checkpoint with a fresh restart budget)"
+            )
+            self.event(
+                "give_up",
+                reason=decision.message,
+                crash_restarts=decision.used,
+                max_restarts=self.config.max_restarts,
+                progress=decision.progress,
+                wrapper_exit=code,
+            )
+            return code
+        self.log(decision.message)
+        cont = self.continue_job("crash", step)
+        return EXIT_OK if cont == EXIT_OK else cont
+
+    def after_stop(self, step: int | None) -> int:
         at_step = f" at step {step}" if step is not None else ""
-        job = self.slurm_env.job_id
-        if not requeue or job is None:
-            why = "outside Slurm" if job is None else "requeue disabled (--no-requeue)"
+        how = self.continuation
+        if how is None:
+            why = "requeue disabled (--no-requeue)" if self.slurm_env.in_job else "outside Slurm"
             self.log(f"stopped{at_step} after checkpoint; run again to resume ({why})")
             self.event("stopped", step=step, requeued=False, reason=why)
             return EXIT_OK
-        self.log(f"stopped{at_step} after checkpoint; requeueing job {job} (scontrol requeue)")
-        self.event("requeue", job_id=job, step=step)
+        self.log(f"stopped{at_step} after checkpoint")
+        return self.continue_job("stop", step)
+
+    def continue_job(self, cause: str, step: int | None) -> int:
+        """Requeue this job or submit the next link of the chain; 0 or EXIT_CONTINUE_FAILED."""
+        job = self.slurm_env.job_id
+        assert job is not None
+        at_step = f" at step {step}" if step is not None else ""
+        if self.continuation == "chain":
+            return self._chain(job, cause, step, at_step)
+        self.log(f"requeueing job {job} (scontrol requeue)")
+        if not self.event("requeue", job_id=job, step=step, cause=cause) and cause == "crash":
+            self.log("not requeueing after a crash: the restart could not be counted in the log")
+            return EXIT_CONTINUE_FAILED
         try:
             slurm.requeue(job, timeout=self.config.requeue_timeout, environ=self.environ)
         except (slurm.SlurmError, ValueError) as exc:
@@ -597,14 +990,44 @@ class Wrapper:
             self.log(
                 f"the checkpoint{at_step} is safe in {self.config.ckpt_dir}: resubmit the same "
                 "batch script (sbatch) to resume; make sure it has #SBATCH --requeue and that "
-                f"scontrol works on the compute nodes (or set {slurm.SCONTROL_ENV})"
+                f"scontrol works on the compute nodes (or set {slurm.SCONTROL_ENV}), or use "
+                "--chain"
             )
-            self.event("requeue_failed", job_id=job, error=str(exc))
-            return EXIT_REQUEUE_FAILED
+            self.event("requeue_failed", job_id=job, error=str(exc), cause=cause)
+            return EXIT_CONTINUE_FAILED
         self.log(
             f"job {job} requeued; Slurm ends this run now and starts it again "
             "(it may wait about two minutes in PENDING/BeginTime)"
         )
+        return EXIT_OK
+
+    def _chain(self, job: str, cause: str, step: int | None, at_step: str) -> int:
+        from hpcckpt.job import chain
+
+        self.log(f"submitting the next job of the chain (sbatch --dependency=afterany:{job})")
+        if not self.event("chain", job_id=job, step=step, cause=cause) and cause == "crash":
+            self.log("not chaining after a crash: the restart could not be counted in the log")
+            return EXIT_CONTINUE_FAILED
+        try:
+            new, spec, count = chain.submit_next(
+                job,
+                self.environ,
+                ckpt_dir=str(self.config.ckpt_dir),
+                timeout=self.config.requeue_timeout,
+            )
+        except (chain.ChainError, slurm.SlurmError, ValueError, OSError) as exc:
+            self.log(f"chain failed: {exc}")
+            self.log(
+                f"the checkpoint{at_step} is safe in {self.config.ckpt_dir}: submit the same "
+                "batch script again (with the same HPCCKPT_DIR) to resume"
+            )
+            self.event("chain_failed", job_id=job, error=str(exc), cause=cause)
+            return EXIT_CONTINUE_FAILED
+        self.log(
+            f"submitted job {new} (chain link {count}): "
+            f"{shlex.join([spec.script, *spec.script_args])}; it starts when job {job} has ended"
+        )
+        self.event("chain_submitted", job_id=job, next_job=new, chain_next=count, cause=cause)
         return EXIT_OK
 
 
