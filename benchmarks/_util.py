@@ -1,0 +1,106 @@
+"""Helpers shared by the benchmark scripts: timing, durable raw I/O, cache dropping.
+
+Everything here is plain Python; the MPI parts take a communicator as argument so
+that ``run.py`` (no MPI) can import the module too.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+MiB = 1 << 20
+GiB = 1 << 30
+CHUNK = 64 * MiB  # one os.write / readinto call of the raw reference
+
+
+def parse_size(text: str) -> int:
+    """Bytes from "64M", "512MiB", "2G", "4096" (binary units)."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    units = {"K": 1 << 10, "M": MiB, "G": GiB, "T": 1 << 40}
+    if t and t[-1] in units:
+        return int(float(t[:-1]) * units[t[-1]])
+    return int(t)
+
+
+def size_label(nbytes: int) -> str:
+    for unit, scale in (("G", GiB), ("M", MiB), ("K", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return str(nbytes)
+
+
+def drop_caches() -> str | None:
+    """sync, then ask the kernel to drop the page cache; None on success, else why not."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as fh:
+            fh.write("3\n")
+    except OSError as exc:
+        return f"cannot write /proc/sys/vm/drop_caches ({exc.strerror or exc})"
+    return None
+
+
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_raw(path: Path, buf: memoryview, chunk: int = CHUNK, sync: bool = True) -> None:
+    """Large sequential writes of ``buf`` into a new file, then fsync (the physical limit)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        off = 0
+        while off < len(buf):
+            off += os.write(fd, buf[off : off + chunk])
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_raw(path: Path, buf: memoryview, chunk: int = CHUNK) -> int:
+    """Read a file into ``buf`` with large sequential reads; the number of bytes read."""
+    with open(path, "rb", buffering=0) as fh:
+        off = 0
+        while off < len(buf):
+            got = fh.readinto(buf[off : off + chunk])
+            if not got:
+                break
+            off += got
+    return off
+
+
+def timed(comm, fn) -> float:
+    """Run ``fn`` on every rank between barriers; the slowest rank's seconds."""
+    comm.Barrier()
+    t0 = time.perf_counter()
+    fn()
+    dt = time.perf_counter() - t0
+    return comm.allreduce(dt, op=_max(comm))
+
+
+def _max(comm):
+    from mpi4py import MPI
+
+    return MPI.MAX
+
+
+def median(values: list[float]) -> float:
+    s = sorted(values)
+    n = len(s)
+    if n == 0:
+        return float("nan")
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def rotate(items: list, k: int) -> list:
+    """``items`` rotated left by ``k`` (round-robin: no method always runs first)."""
+    if not items:
+        return items
+    k %= len(items)
+    return items[k:] + items[:k]

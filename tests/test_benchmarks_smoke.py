@@ -1,0 +1,98 @@
+"""A tiny run of the benchmark harness (a few MiB) so that it cannot rot unnoticed.
+
+Numbers are not checked (a 2 MiB run says nothing about speed): only that every
+script runs under mpirun end to end and writes the JSON the docs are built from.
+The page cache is left alone (--no-drop-caches): other tests run at the same time.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.mpi_helpers import ROOT, mpi_env, mpirun
+
+BENCH = ROOT / "benchmarks"
+pytestmark = pytest.mark.mpi
+
+
+def _run(argv: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, *argv], env=mpi_env(), capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def test_run_py_writes_table_and_json(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = _run(
+        [
+            str(BENCH / "run.py"),
+            "--sizes",
+            "2M",
+            "--reps",
+            "1",
+            "--json",
+            str(out),
+            "--dir",
+            str(tmp_path / "scratch"),
+            "--no-torch",
+            "--no-drop-caches",
+        ]
+    )
+    assert "x limit" in proc.stdout and "Goals:" in proc.stdout
+    doc = json.loads(out.read_text())
+    rows = {(r["io"], r["method"]): r for r in doc["summary"]["rows"]}
+    for method in ("limit_write", "limit_read", "dd", "hpcckpt_save", "hpcckpt_restore"):
+        assert rows[("ompio", method)]["seconds_median"] > 0, method
+    for method in ("gather_npsave", "fpr_npsave", "h5py_collective"):
+        assert "hpcckpt_speedup" in rows[("ompio", method)], method
+    for method in ("hpcckpt_save", "h5py_collective"):
+        assert rows[("romio321", method)]["seconds_median"] > 0, method
+    torch_row = rows[("ompio", "torch_dcp")]
+    assert "seconds_median" in torch_row or torch_row["notes"], torch_row
+    assert {c["method"] for c in doc["summary"]["io_comparison"]} >= {"hpcckpt_save"}
+    assert doc["machine"]["cores"] >= 1
+    assert not (tmp_path / "scratch").exists(), "the scratch directory is left behind"
+
+
+def test_bench_due_reports_microseconds(tmp_path: Path) -> None:
+    out = tmp_path / "due.json"
+    proc = mpirun(2, [str(BENCH / "bench_due.py"), "--calls", "300", "--json", str(out)])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert set(doc["results"]) >= {"bare Iallreduce+Wait", "every_steps=10**9"}
+    for name, r in doc["results"].items():
+        assert r["median_us"] > 0, name
+        assert not r.get("fired"), f"due() fired in {name}"
+
+
+def test_writer_experiments_run(tmp_path: Path) -> None:
+    out = tmp_path / "exp.json"
+    _run(
+        [
+            str(BENCH / "experiments" / "run_experiments.py"),
+            "--sizes",
+            "1M",
+            "--reps",
+            "1",
+            "--io",
+            "ompio",
+            "--variants",
+            "hpcckpt (base)|collective|align 1M",
+            "--no-drop-caches",
+            "--dir",
+            str(tmp_path / "scratch"),
+            "--json",
+            str(out),
+        ]
+    )
+    rows = json.loads(out.read_text())["rows"]
+    names = {r["variant"] for r in rows}
+    assert names == {"limit", "raw shared", "hpcckpt (base)", "collective", "align 1M"}
+    assert all(r["ratio_to_limit"]["median"] > 0 for r in rows)
