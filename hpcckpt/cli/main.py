@@ -11,17 +11,10 @@ from hpcckpt.job import early_signals
 WRAPPER_COMMANDS = {"run", "srun"}
 
 
-class _Group(click.Group):
-    def invoke(self, ctx: click.Context) -> object:
-        name = ctx.protected_args[0] if ctx.protected_args else None
-        if name not in WRAPPER_COMMANDS:
-            early_signals.release()
-        return super().invoke(ctx)
-
-
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hpcckpt")
-def cli() -> None:
+@click.pass_context
+def cli(ctx: click.Context) -> None:
     """Checkpoint/restart for long MPI jobs on Slurm.
 
     \b
@@ -37,6 +30,9 @@ def cli() -> None:
     Choose an interval:    hpcckpt interval --mtbf 12h --cost 5m
     Try it locally:        hpcckpt cluster up
     """
+    # Only the wrapper keeps the signals recorded since start-up; others get defaults back.
+    if ctx.invoked_subcommand not in WRAPPER_COMMANDS:
+        early_signals.release()
 
 
 for _module in (run, cluster, interval, store, report):
