@@ -14,7 +14,7 @@ from hpcckpt._version import __version__
 if TYPE_CHECKING:
     from hpcckpt.coord.checkpointer import Checkpointer
 
-__all__ = ["Checkpointer", "__version__"]
+__all__ = ["CheckpointRejected", "Checkpointer", "PoisonedState", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -22,4 +22,8 @@ def __getattr__(name: str) -> Any:
         from hpcckpt.coord.checkpointer import Checkpointer
 
         return Checkpointer
+    if name in ("PoisonedState", "CheckpointRejected"):  # the poisoned-state guard
+        from hpcckpt.coord import validate
+
+        return getattr(validate, name)
     raise AttributeError(f"module 'hpcckpt' has no attribute {name!r}")

@@ -15,7 +15,10 @@ from tests.slurm_helpers import follow, sbatch
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
 
-HEAT = ["--nx", "64", "--ny", "64", "--steps", "300", "--sleep", "0.1"]
+# 45 s of work against a 1-minute limit: USR1@55 arrives 5-35 s in (the controller checks
+# about every 30 s), so the first run is always cut short and requeued.
+HEAT = ["--nx", "64", "--ny", "64", "--steps", "450"]
+SLOW = ["--sleep", "0.1"]
 
 
 def test_time_limit_signal_checkpoint_requeue_resume(slurm_cluster, tmp_path):
@@ -34,6 +37,7 @@ def test_time_limit_signal_checkpoint_requeue_resume(slurm_cluster, tmp_path):
             f"--export=ALL,HPCCKPT_DIR={ckpt}",
             EXAMPLES / "heat2d.sbatch",
             *HEAT,
+            *SLOW,
             "--out",
             out,
         ],

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from hpcckpt.job import budget, wrapper
+from hpcckpt.job import budget, verbosity, wrapper
 from hpcckpt.job.status import DIR_ENV
 from hpcckpt.policy import parse_duration
 
@@ -54,6 +54,58 @@ def _every_option(_ctx: click.Context, _param: click.Parameter, value: str | Non
 def _options(func: Callable[..., Any]) -> Callable[..., Any]:
     # Applied bottom-up: the help lists them in the reverse order of this list.
     options = [
+        # how much the job log says (hpcckpt/job/verbosity.py)
+        click.option(
+            "--verbose",
+            "verbosity",
+            flag_value=verbosity.VERBOSE,
+            help="Say more: the step's hpcckpt environment, and every rank's log lines "
+            "(exported to the step as HPCCKPT_LOG_LEVEL=verbose).",
+        ),
+        click.option(
+            "--quiet",
+            "verbosity",
+            flag_value=verbosity.QUIET,
+            help="Say only warnings and the decisions that need you (crash, give-up, a "
+            "failed requeue); also for the application's ranks (HPCCKPT_LOG_LEVEL=quiet).",
+        ),
+        # node failures (issue 11; hpcckpt/job/relaunch.py, docs/wrapper.md "Node failures")
+        click.option(
+            "--spare-nodes",
+            type=click.IntRange(min=0),
+            default=0,
+            show_default=True,
+            metavar="K",
+            help="`hpcckpt srun` in a job of N nodes submitted with --no-kill: run the step "
+            "on N-K nodes and, when one of them fails, relaunch it on the healthy nodes "
+            "from the last good checkpoint without leaving the allocation; requeue when "
+            "no spare is left.",
+        ),
+        # hang detection (issue 10; hpcckpt/job/hang.py, docs/hang-and-poison.md)
+        click.option(
+            "--progress-file",
+            "progress_files",
+            multiple=True,
+            metavar="GLOB",
+            help="With --hang-timeout, for applications without the Python API: a change "
+            "of any matching file (size or modification time; e.g. the application's log) "
+            "counts as the step's heartbeat (repeatable).",
+        ),
+        click.option(
+            "--hang-save-timeout",
+            callback=_duration_option,
+            metavar="DURATION",
+            help="The allowance of a rank inside a checkpoint save or restore (default: 4x "
+            "--hang-timeout, or 3x the slowest measured checkpoint plus --hang-timeout).",
+        ),
+        click.option(
+            "--hang-timeout",
+            callback=_duration_option,
+            metavar="DURATION",
+            help="Treat a step as crashed when a rank's heartbeat (written from due() at "
+            "most every 5 s) is older than DURATION: kill it and continue from the last "
+            "good checkpoint within --max-restarts. Must exceed the longest step.",
+        ),
         click.option(
             "--mtbf",
             metavar="DURATION",
@@ -218,6 +270,11 @@ def _launch(command: list[str], opts: dict[str, Any]) -> None:
         restart_timeout=opts["restart_timeout"],
         ckpt_every=opts["ckpt_every"],
         mtbf=opts["mtbf"],
+        spare_nodes=opts["spare_nodes"],  # issue 11
+        hang_timeout=opts["hang_timeout"],
+        hang_save_timeout=opts["hang_save_timeout"],
+        progress_files=list(opts["progress_files"]),
+        verbosity=opts["verbosity"] if opts["verbosity"] is not None else verbosity.NORMAL,
     )
     sys.exit(wrapper.run_wrapper(config))
 

@@ -48,12 +48,16 @@ def ls_command(directory: Path, as_json: bool) -> None:
     """List the checkpoints in DIR, oldest first.
 
     \b
-    Columns: STEP, TIME written, SIZE on disk, RANKS that wrote it, KIND (every
-    checkpoint is a full one), and STATUS:
+    Columns: STEP, TIME written, SIZE on disk, RANKS that wrote it, KIND ("full",
+    or "incremental": only the blocks changed since the previous checkpoint),
+    BASE (the step of the full checkpoint an incremental one is built on), DIRTY
+    (the fraction of the state's blocks the save wrote), WRITTEN (the array bytes
+    it wrote, all ranks), and STATUS:
       good     committed, not marked bad, structure sound (ls does not read the
                data: run 'hpcckpt verify' to check every checksum)
       bad      marked bad by a restore that found it corrupt (a DIR/ckpt-*.h5.bad
-               sidecar says why), or structurally broken; restore skips it
+               sidecar says why), or structurally broken, or incremental with a
+               file of its chain missing or bad; restore skips it
       partial  an interrupted save (*.partial); restore ignores it and the next
                save deletes it
 
@@ -70,15 +74,21 @@ def ls_command(directory: Path, as_json: bool) -> None:
     if not rows:
         click.echo(f"no checkpoints in {directory}")
         return
-    click.echo(f"{'STEP':>10}  {'TIME':19}  {'SIZE':>10}  {'RANKS':>5}  KIND  STATUS")
+    click.echo(
+        f"{'STEP':>10}  {'TIME':19}  {'SIZE':>10}  {'RANKS':>5}  {'KIND':11}  {'BASE':>10}  "
+        f"{'DIRTY':>6}  {'WRITTEN':>10}  STATUS"
+    )
     for row in rows:
         step = "-" if row["step"] is None else str(row["step"])
         ranks = "-" if row["ranks"] is None else str(row["ranks"])
+        base = "-" if row["base"] is None else str(row["base"])
+        dirty = "-" if row["dirty"] is None else f"{100 * row['dirty']:.1f}%"
         line = (
             f"{step:>10}  {_when(row['time']):19}  {_size(row['size']):>10}  {ranks:>5}  "
-            f"{row['kind']}  {row['status']}"
+            f"{row['kind'] or '-':11}  {base:>10}  {dirty:>6}  {_size(row['written']):>10}  "
+            f"{row['status']}"
         )
-        if row["status"] == "bad" and row["reason"]:
+        if row["status"] in ("bad", "rejected") and row["reason"]:
             line += f"  ({row['reason'][:80]})"
         click.echo(line)
 
@@ -117,6 +127,8 @@ def inspect_command(directory: Path, step: int | None, as_json: bool) -> None:
         f"{info['file']}: step {info['step']}, written {_when(info['time'])} by "
         f"{info['nranks']} ranks, format version {info['format_version']}"
     )
+    if info["chain"]:
+        click.echo(f"incremental: built on {', '.join(info['chain'])}")
     click.echo("arrays:")
     for a in info["arrays"]:
         dist = ", distributed" if a["distributed"] else ""
@@ -147,7 +159,9 @@ def verify_command(directory: Path, step: int | None, check_all: bool, as_json: 
     Verifies the checkpoint of STEP, the newest one by default, or all of them with
     --all: the file's structure, then every rank's state tree and every rank's part
     of every array against the xxh3-64 checksums written with it. Reads one rank's
-    slice at a time. A checkpoint with a .bad marker counts as bad.
+    slice at a time. A checkpoint with a .bad marker counts as bad. An incremental
+    checkpoint is checked with every block it depends on: its base and deltas must
+    be present, unmarked, and every block read from them must match its hash.
     Exit status 0 only when everything checked is good, 1 otherwise.
 
     \b
@@ -155,6 +169,7 @@ def verify_command(directory: Path, step: int | None, check_all: bool, as_json: 
       hpcckpt verify ckpt            # the one a restart would use first
       hpcckpt verify ckpt --all --json
     """
+    from hpcckpt.cli.progress import progress
     from hpcckpt.store import catalog, layout
 
     if check_all and step is not None:
@@ -166,7 +181,7 @@ def verify_command(directory: Path, step: int | None, check_all: bool, as_json: 
             paths = [catalog.find(directory, step)]
         except FileNotFoundError as exc:
             raise click.ClickException(str(exc)) from None
-    reports = [catalog.verify(p) for p in paths]
+    reports = [catalog.verify(p) for p in progress(paths, "verifying", length=len(paths))]
     ok = bool(reports) and all(r["good"] for r in reports)
     if as_json:
         _emit({"good": ok, "checkpoints": reports})
@@ -174,7 +189,8 @@ def verify_command(directory: Path, step: int | None, check_all: bool, as_json: 
         if not reports:
             click.echo(f"no checkpoints in {directory}")
         for r in reports:
-            click.echo(f"step {r['step']}: {'good' if r['good'] else 'BAD'}")
+            built = f" (incremental on {', '.join(r['chain'])})" if r["chain"] else ""
+            click.echo(f"step {r['step']}: {'good' if r['good'] else 'BAD'}{built}")
             for problem in r["problems"]:
                 click.echo(f"  {problem}")
     sys.exit(0 if ok else 1)
@@ -207,7 +223,8 @@ def prune_command(
       --keep-every K          one per window of K steps (the oldest in each)
       --keep-every-seconds T  one per window of T seconds of checkpoint time
     The newest good checkpoint is never deleted. Checkpoints marked bad stay for
-    inspection unless --delete-bad. Partial files are left to the next save.
+    inspection unless --delete-bad. The base and deltas a kept incremental
+    checkpoint is built on are always kept with it. Partial files are left to the next save.
     Do not prune a directory while its job is saving into it; the Checkpointer
     prunes by itself (keep_last=3 unless told otherwise).
 
@@ -250,7 +267,9 @@ def export_command(directory: Path, step: int, out: Path, as_json: bool) -> None
       /scalars                   attributes <key path> = value (same on all ranks)
       /scalars/rank<r>           attributes of values that differ between ranks
       /trees                     each rank's exact state tree (JSON strings)
-    Every array is checked against its checksums on the way. See docs/format.md.
+    Every array is checked against its checksums on the way. An incremental
+    checkpoint is materialized from its chain (base plus deltas) into the same flat
+    file a full checkpoint would give. See docs/format.md.
 
     \b
     Example:

@@ -18,8 +18,10 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcckpt.coord.signals import StopSignals
+from hpcckpt.coord.validate import Validator, make_validator
+from hpcckpt.coord.validate import guard as _validate_guard
 from hpcckpt.job import events as job_events
-from hpcckpt.job import slurm
+from hpcckpt.job import slurm, verbosity
 from hpcckpt.job import status as job_status
 from hpcckpt.job.heartbeat import HeartbeatWriter
 from hpcckpt.policy import (
@@ -33,7 +35,9 @@ from hpcckpt.policy import (
     parse_end_time,
 )
 from hpcckpt.policy.durations import format_duration
+from hpcckpt.store import faults, safety
 from hpcckpt.store.filesystem import TuningOptions
+from hpcckpt.store.lock import DirectoryLock, DirectoryLocked
 from hpcckpt.store.resharding import Split
 from hpcckpt.store.retention import check_rules
 from hpcckpt.store.store import CheckpointError, CheckpointStore, SaveResult
@@ -51,13 +55,23 @@ END_TIME_REFRESH = 300.0
 
 
 def _configure_logging(rank: int) -> None:
-    """One stderr handler with a rank prefix; ranks other than 0 log warnings only."""
+    """One stderr handler with a rank prefix: rank 0's info lines, every rank's warnings.
+
+    ``HPCCKPT_LOG_LEVEL`` (set by the wrapper's --quiet/--verbose): quiet keeps warnings
+    only; verbose shows every rank's lines and the debug details.
+    """
     if log.handlers:
         return
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter(f"hpcckpt[{rank}] %(message)s"))
     log.addHandler(handler)
-    log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    level = verbosity.level_from_env()
+    if level == verbosity.QUIET:
+        log.setLevel(logging.WARNING)
+    elif level == verbosity.VERBOSE:
+        log.setLevel(logging.DEBUG)
+    else:
+        log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     log.propagate = False
 
 
@@ -82,6 +96,24 @@ class Checkpointer:
     ``distributed`` are split along axis 0 across ranks and can be restored on
     another rank count; ``fs_tuning`` overrides the Lustre/GPFS tuning. See
     docs/format.md and docs/filesystems.md.
+
+    Incremental saves (on by default, ``incremental=True``): only the blocks of
+    ``block_size`` bytes (default 1 MiB) changed since the previous checkpoint are
+    written; a full checkpoint follows ``max_chain`` incremental ones (8) or once the
+    incrementals since the last full one pass ``max_chain_fraction`` (0.5) of its
+    bytes. Retention keeps whatever a kept checkpoint is built on.
+
+    Safety (docs/reliability.md): rank 0 locks the directory (``DIR/hpcckpt.lock``) until
+    ``finish()``/``close()``/exit, so a second job on it fails with DirectoryLocked naming
+    the owner. Checkpoints are 0600 in a 0700 directory; ``share_group=True`` makes them
+    0640/0750. A save that fails (e.g. ENOSPC) raises CheckpointError on every rank, or
+    with ``on_save_error="warn"`` is logged and the run goes on.
+
+    Poisoned state (docs/hang-and-poison.md): before every save each rank checks its state,
+    ``validate="finite"`` (default: no NaN/Inf in float/complex arrays and float scalars),
+    a callable ``validate(state) -> bool | str`` or None. If any rank rejects, nothing is
+    committed, the state is kept as ``ckpt-<step>.h5.rejected``, an event ``rejected``
+    names the ranks and arrays, and PoisonedState is raised on every rank.
     """
 
     def __init__(
@@ -105,6 +137,13 @@ class Checkpointer:
         keep_every_seconds: float | None = None,
         distributed: Iterable[str] | Mapping[str, Split | None] = (),
         fs_tuning: TuningOptions | None = None,
+        on_save_error: str = "raise",
+        share_group: bool = False,
+        incremental: bool = True,
+        block_size: int | None = None,
+        max_chain: int = 8,
+        max_chain_fraction: float = 0.5,
+        validate: str | Validator | None = "finite",
     ) -> None:
         directory = directory if directory is not None else os.environ.get(job_status.DIR_ENV)
         if not directory:
@@ -133,13 +172,26 @@ class Checkpointer:
         self.deadline = Deadline(end, safety=deadline_safety, margin=deadline_margin)
         self._end_time_checked = time.monotonic()
         check_rules(keep_last, keep_every, keep_every_seconds)
+        if on_save_error not in ("raise", "warn"):
+            raise ValueError(f"on_save_error must be 'raise' or 'warn', not {on_save_error!r}")
+        self.on_save_error = on_save_error
+        #: The poisoned-state guard run before every save (coord/validate.py).
+        self.validator = make_validator(validate)
         self.retention = {
             "keep_last": keep_last,
             "keep_every": keep_every,
             "keep_every_seconds": keep_every_seconds,
         }
         self.store = CheckpointStore(
-            self.directory, self.comm, distributed=distributed, tuning=fs_tuning
+            self.directory,
+            self.comm,
+            distributed=distributed,
+            tuning=fs_tuning,
+            share_group=share_group,
+            incremental=incremental,
+            max_chain=max_chain,
+            max_chain_fraction=max_chain_fraction,
+            **({} if block_size is None else {"block_size": block_size}),
         )
         signal = signal if signal is not None else os.environ.get(SIGNAL_ENV, "USR1")
         self._signals = StopSignals([signal, *stop_signals])
@@ -157,14 +209,18 @@ class Checkpointer:
         self.last_save: SaveResult | None = None
 
         error = None
+        self._lock: DirectoryLock | None = None  # rank 0: one job per directory
         if self.rank == 0:
             try:
-                self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+                safety.make_directory(self.directory, self.store.dir_mode)
+                self._lock = DirectoryLock(self.directory, mode=self.store.file_mode).acquire()
+            except DirectoryLocked as exc:
+                error = ("locked", str(exc))
             except OSError as exc:
-                error = f"cannot create checkpoint directory {self.directory}: {exc}"
+                error = ("os", f"cannot create checkpoint directory {self.directory}: {exc}")
         error = self.comm.bcast(error)
         if error:
-            raise OSError(error)
+            raise DirectoryLocked(error[1]) if error[0] == "locked" else OSError(error[1])
         self._heartbeat = HeartbeatWriter(self.directory, self.rank)
         self._heartbeat.beat(None, force=True)
         # Every rank has its handlers now: the wrapper may forward signals.
@@ -289,7 +345,9 @@ class Checkpointer:
         if self._initial_cost is None:
             nbytes = sum(a.nbytes for a in _arrays_in(state))
             self._initial_cost = initial_cost_estimate(self.comm.allreduce(nbytes))
+        self._heartbeat.beat(None, "restore", force=True)  # hang watch: I/O allowance
         result = self.store.restore(state)
+        self._heartbeat.beat(None, force=True)  # back to compute
         self._drain()
         self._last_save_time = time.monotonic()
         if result is None:
@@ -335,19 +393,27 @@ class Checkpointer:
         # so a run resumed after an off-schedule stop checkpoint returns to the same schedule.
         return self.every_steps is not None and (step + 1) % self.every_steps == 0
 
-    def save(self, step: int, state: dict[str, Any]) -> SaveResult:
+    def save(self, step: int, state: dict[str, Any]) -> SaveResult | None:
         """Write a coordinated checkpoint of ``state`` at ``step``; collective.
 
         Returns once the checkpoint is committed: written by every rank, durable and
         renamed into place. After a save triggered by a stop signal, ``stop_requested``
-        becomes true.
+        becomes true. A failed save (a full disk...) raises CheckpointError on every rank,
+        or with ``on_save_error="warn"`` returns None and the run goes on.
         """
         self._drain()
         stop = self._stop_pending
         reason = stop or ("steps" if self.policy is None else "interval")
         self._event("checkpoint_begin", step=step, reason=reason)
         self._heartbeat.beat(step, "save", force=True)
-        result = self.store.save(step, state, extra_meta={"reason": reason})
+        _validate_guard(self, step, state)  # raises PoisonedState on every rank
+        try:
+            result = self.store.save(step, state, extra_meta={"reason": reason})
+        except CheckpointError as exc:  # on every rank alike
+            if self._save_failed(step, stop, reason, exc):
+                raise
+            return None
+        faults.fault_point("checkpointer.saved")
         self._heartbeat.beat(step, force=True)
         try:
             self.store.prune(**self.retention)
@@ -358,6 +424,8 @@ class Checkpointer:
         self._last_save_step = step
         self.costs.add(result.seconds)
         self._refresh_end_time()
+        if not stop and self.comm.allreduce(self._signals.received is not None, op=MPI.LOR):
+            stop = "signal"  # it came during this save: the save just committed is the stop one
         interval = self.interval
         mib = result.bytes_written / 2**20
         rate = result.bytes_written / result.seconds / 1e6 if result.seconds > 0 else float("inf")
@@ -384,6 +452,8 @@ class Checkpointer:
             step=step,
             seconds=round(result.seconds, 6),
             bytes=result.bytes_written,
+            save_kind=result.kind,  # "full" or "incremental"
+            dirty=round(result.dirty_fraction, 6),
             reason=reason,
             path=result.path.name,
             next_interval=interval,
@@ -406,11 +476,37 @@ class Checkpointer:
         self._report(job_status.FINISHED, self._last_save_step, "finish() called")
         self._event("finish", step=self._last_step_seen, last_step=self._last_save_step)
         self._signals.close()
+        self._release_lock()
 
     def close(self) -> None:
-        """Release signal handlers and the pending reduction (also done by ``finish``)."""
+        """Release signal handlers, the pending reduction and the directory lock (also done
+        by ``finish``)."""
         self._drain()
         self._signals.close()
+        self._release_lock()
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def _save_failed(self, step: int, stop: str | None, reason: str, exc: Exception) -> bool:
+        """After a failed save (the previous checkpoints are intact): whether to raise.
+
+        ``on_save_error="warn"`` logs, records a ``checkpoint_failed`` event and lets the
+        run go on (the next save is due one interval later); a stop request still stops.
+        """
+        self._heartbeat.beat(step, force=True)
+        self._event("checkpoint_failed", step=step, reason=reason, error=str(exc)[:2000])
+        if self.on_save_error == "raise":
+            return True
+        log.warning("checkpoint of step %d failed; going on (on_save_error='warn'): %s", step, exc)
+        self._last_save_time = time.monotonic()
+        if stop:
+            self._stop_requested = True
+            self._report(job_status.STOPPED, self._last_save_step, f"{stop}; checkpoint failed")
+            self._event("stop", step=step, reason=stop, checkpoint_failed=True)
+        return False
 
     def __enter__(self) -> Checkpointer:
         return self

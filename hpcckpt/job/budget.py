@@ -6,9 +6,11 @@ A crashed attempt is continued (requeued or chained) only when both hold:
   computation. They are counted in ``DIR/events.jsonl``: every ``requeue``/``chain``
   event with ``cause: "crash"`` since the last ``wrapper_start`` whose restart number
   (``SLURM_RESTART_COUNT`` + ``HPCCKPT_CHAIN_COUNT``) was 0, i.e. since the computation
-  was submitted by hand. Continuations after a time-limit or preemption stop do not
-  count: a long computation may need any number of those. If the log cannot be read,
-  the restart number itself is used (every earlier restart counts as a crash).
+  was submitted by hand (and, since issue 11, every ``relaunch`` on spare nodes and
+  every requeue with ``cause: "node_failure"``). Continuations after a time-limit or
+  preemption stop do not count: a long computation may need any number of those. If
+  the log cannot be read, the restart number itself is used (every earlier restart
+  counts as a crash).
 - **progress**: the attempt wrote a checkpoint of its own (a ``checkpoint`` or
   ``restart_set`` event carrying its attempt token), or it ran for at least
   ``min_progress`` seconds. An application that fails before its first checkpoint every
@@ -30,6 +32,8 @@ DEFAULT_MIN_PROGRESS = 300.0  # seconds
 PROGRESS_EVENTS = ("checkpoint", "restart_set")
 CONTINUE_EVENTS = ("requeue", "chain")
 CRASH_CAUSE = "crash"
+#: Issue 11: a relaunch on spare nodes and a requeue after a node failure count too.
+FAILURE_CAUSES = (CRASH_CAUSE, "node_failure")
 
 
 def restart_number(event: Mapping[str, Any]) -> int:
@@ -53,6 +57,8 @@ def crash_restarts_used(events: Iterable[Mapping[str, Any]]) -> int:
             used = 0
         elif kind in CONTINUE_EVENTS and ev.get("cause") == CRASH_CAUSE:
             used += 1
+        elif kind in (*CONTINUE_EVENTS, "relaunch") and ev.get("cause") in FAILURE_CAUSES:
+            used += 1  # issue 11: node failures
     return used
 
 

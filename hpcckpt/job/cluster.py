@@ -903,8 +903,28 @@ class LocalCluster:
             if self.ctld_pid() is None:
                 raise ClusterError("the cluster is not running; start it with `hpcckpt cluster up`")
             if self.slurmd_pid(name) is None:
+                self._clear_stale_step_files(name)
                 self._start_slurmd(name)
         return self.wait_responding(timeout, [name])
+
+    def _clear_stale_step_files(self, name: str) -> None:
+        """What a reboot would clear: PMIx sockets and directories of the killed steps.
+
+        A SIGKILLed slurmstepd leaves ``spool/<node>/stepd.slurm.pmix.<job>.<step>``
+        and ``pmix.<job>.<step>/`` behind; a requeued job keeps its id, so its next step 0
+        on this node failed with "Cannot bind() UNIX socket ... Address already in use" and
+        "Cannot create directory .../pmix.<job>.0/: File exists" (seen here).
+        """
+        if self._stepd_pids(name):
+            return
+        spool, tmp = self.state_dir / "spool" / name, self.state_dir / f"tmp-{name}"
+        stale = [*spool.glob("stepd.slurm.pmix.*"), *spool.glob("pmix.*"), *spool.glob(f"{name}_*")]
+        for path in [*stale, *tmp.glob("spmix_appdir_*")]:
+            with contextlib.suppress(OSError):
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
 
     def _check_node(self, name: str) -> None:
         nodes = self.nodes()

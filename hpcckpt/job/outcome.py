@@ -29,6 +29,7 @@ class Outcome(enum.Enum):
     FINISHED = "finished"  # the work is done
     STOPPED = "stopped"  # it checkpointed on a stop request: continue later
     CRASHED = "crashed"  # anything else
+    POISONED = "poisoned"  # crashed after rejecting its state (job/poison.py): no restart
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpcckpt.job import report_nodes
 from hpcckpt.job.events import EVENTS_FILE
 
 __all__ = [
@@ -75,6 +76,8 @@ _KNOWN = {
     "checkpoint",
     "stop",
     "finish",
+    "node_failure",  # issue 11: hpcckpt/job/report_nodes.py
+    "relaunch",
 }
 #: Outcomes after which the job was not meant to run again by itself.
 FINISHED, STOPPED, CRASHED, UNKNOWN = "finished", "stopped", "crashed", "unknown"
@@ -294,6 +297,8 @@ def _segments(att: Attempt, next_start: float | None) -> tuple[list[Segment], di
             if outcome is None:
                 if kind == "finished" or said == FINISHED:
                     outcome = FINISHED
+                elif kind == "requeue" and ev.get("cause") == "node_failure":  # issue 11
+                    outcome = CRASHED
                 elif kind in ("stopped", "requeue", "requeue_failed") or said == STOPPED:
                     outcome = STOPPED
                 else:
@@ -496,6 +501,7 @@ def analyze(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "efficiency": efficiency,
         "failures": fail,
         "interval": _interval_analysis(attempts, checkpoints["mean_seconds"], mtbf, run),
+        "node_failures": report_nodes.analyze_node_failures(events, rows, t0),  # issue 11
     }
 
 
@@ -644,6 +650,7 @@ def format_report(report: Mapping[str, Any]) -> str:
             f"{_dur(a['duration']):>9} {_dur(a['wait_before']):>8}  {steps:<13} "
             f"{a['checkpoints']:>5} {_dur(lost) if lost else '0':>8}  {outcome}"
         )
+    lines.extend(report_nodes.format_lines(report))  # issue 11: which node, when, the cost
     lines.append("")
     lines.append("Checkpoints")
     if ck["count"]:

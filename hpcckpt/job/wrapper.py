@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hpcckpt import signames
-from hpcckpt.job import budget, early_signals, events, leadtime, slurm
+from hpcckpt.job import budget, early_signals, events, hang, leadtime, poison, slurm, verbosity
 from hpcckpt.job.outcome import (
     EXIT_NO_FINISH,
     EXIT_OK,
@@ -209,6 +209,14 @@ class WrapperConfig:
     restart_timeout: float = 600.0
     ckpt_every: str | None = None
     mtbf: str | None = None
+    # hang detection (job/hang.py)
+    hang_timeout: float | None = None
+    hang_save_timeout: float | None = None
+    progress_files: list[str] = field(default_factory=list)
+    # node failures (job/relaunch.py): step on N-K nodes, relaunch on the K spares
+    spare_nodes: int = 0
+    # how much to say: verbosity.QUIET, NORMAL or VERBOSE (--quiet / --verbose)
+    verbosity: int = verbosity.NORMAL
 
     @property
     def app_mode(self) -> bool:
@@ -271,6 +279,10 @@ def process_start_monotonic() -> float:
     return now - age if 0 <= age < 86400 * 365 else now
 
 
+#: Levels of :meth:`Wrapper.log` lines: shown even with --quiet, or only with --verbose.
+WARN, DETAIL = verbosity.QUIET, verbosity.VERBOSE
+
+
 class Wrapper:
     """One wrapper run: ``Wrapper(config).run()`` returns the process exit status."""
 
@@ -278,6 +290,7 @@ class Wrapper:
         self.config = config
         self.environ: Mapping[str, str] = os.environ if config.environ is None else config.environ
         self.log_stream = log if log is not None else sys.stderr
+        self.verbosity = config.verbosity
         self.slurm_env = slurm.SlurmEnv.from_environ(self.environ)
         self.restart = restart_number(self.slurm_env, self.environ)
         self.attempt = new_attempt_token(self.slurm_env, self.restart)
@@ -304,9 +317,15 @@ class Wrapper:
         self._stop_cost: float | None = None
         self._ended_by_wrapper = False
         self._lead_thread: threading.Thread | None = None
+        self.hang: hang.HangWatch | None = None  # --hang-timeout (job/hang.py)
+        self.node_failures: Any = None  # relaunch.NodeFailures (issue 11)
 
     # -- logging -------------------------------------------------------------------------
-    def log(self, message: str) -> None:
+    def log(self, message: str, level: int = verbosity.NORMAL) -> None:
+        """One line on stderr; ``level`` WARN lines show even with --quiet, DETAIL only with
+        --verbose."""
+        if level > self.verbosity:
+            return
         try:
             print(f"hpcckpt: {message}", file=self.log_stream, flush=True)
         except (OSError, ValueError):  # stderr gone: keep running the job regardless
@@ -320,7 +339,7 @@ class Wrapper:
         try:
             events.append_event(self.config.ckpt_dir, kind, **{**ctx, **fields})
         except OSError as exc:
-            self.log(f"warning: cannot append to {events.EVENTS_FILE}: {exc}")
+            self.log(f"warning: cannot append to {events.EVENTS_FILE}: {exc}", WARN)
             return False
         return True
 
@@ -572,7 +591,7 @@ class Wrapper:
                     return
                 result = leadtime.check_lead(cost, end.timestamp() - arrived)
                 if result.too_short:
-                    self.log(leadtime.warning_text(result, name))
+                    self.log(leadtime.warning_text(result, name), WARN)
                     self.event(
                         "lead_time_warning",
                         lead=round(result.lead, 1),
@@ -642,7 +661,7 @@ class Wrapper:
         try:
             got = self.files.register(attempt=self.attempt, seconds=cost)
         except OSError as exc:
-            self.log(f"warning: cannot keep the restart files aside: {exc}")
+            self.log(f"warning: cannot keep the restart files aside: {exc}", WARN)
             self.event("restart_set_failed", error=str(exc), stop=stop)
             return False
         secs = "" if cost is None else f" written in {cost:.1f} s,"
@@ -764,16 +783,25 @@ class Wrapper:
         env = step_environment(
             self.environ, self.config.ckpt_dir, self.attempt, self.forward_signal, extra
         )
+        if self.verbosity != verbosity.NORMAL:
+            env[verbosity.LOG_LEVEL_ENV] = verbosity.level_name(self.verbosity)
+        self.log(
+            "step environment: "
+            + " ".join(
+                f"{k}={env[k]}" for k in sorted(env) if k.startswith(("HPCCKPT_", "OMPI_MCA_io"))
+            ),
+            DETAIL,
+        )
         try:
             self.child = subprocess.Popen(cmd, env=env, preexec_fn=_pdeathsig_setter())
         except FileNotFoundError:
-            self.log(f"cannot start the step: command not found: {cmd[0]}")
+            self.log(f"cannot start the step: command not found: {cmd[0]}", WARN)
             return EXIT_NOT_FOUND
         except PermissionError as exc:
-            self.log(f"cannot start the step: {cmd[0]} is not executable ({exc})")
+            self.log(f"cannot start the step: {cmd[0]} is not executable ({exc})", WARN)
             return EXIT_NOT_EXECUTABLE
         except OSError as exc:
-            self.log(f"cannot start the step {cmd[0]}: {exc}")
+            self.log(f"cannot start the step {cmd[0]}: {exc}", WARN)
             return EXIT_NOT_EXECUTABLE
         self.child_started = time.monotonic()
         self.log(
@@ -792,6 +820,9 @@ class Wrapper:
             self.check_held()
             if self.config.app_mode:
                 self._tick_app()
+            hang.tick(self)  # --hang-timeout: a silent step is taken down
+            if self.node_failures is not None:
+                self.node_failures.tick()  # issue 11: a stop signal may mean a node failed
             rc = self.child.poll()
             if rc is not None:
                 return rc
@@ -810,10 +841,10 @@ class Wrapper:
         try:
             return self._run()
         except WrapperError as exc:
-            self.log(f"error: {exc}")
+            self.log(f"error: {exc}", WARN)
             return EXIT_USAGE
         except BaseException as exc:
-            self.log(f"internal error: {exc!r}")
+            self.log(f"internal error: {exc!r}", WARN)
             self._terminate_child()
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
@@ -852,14 +883,24 @@ class Wrapper:
             chain=self.continuation == "chain",
             max_restarts=cfg.max_restarts,
             pid=os.getpid(),
+            nodes=self.environ.get("SLURM_JOB_NODELIST"),  # issue 11: which node failed
         )
+        from hpcckpt.job import relaunch  # issue 11: node failures, --spare-nodes
+
+        node_failures = self.node_failures = relaunch.NodeFailures(self)
+        try:
+            node_failures.before_start()
+        except relaunch.RelaunchError as exc:
+            raise WrapperError(str(exc)) from None
         extra = self.prepare_app() if cfg.app_mode else {}
+        self.hang = hang.start_watch(self)  # clears the heartbeats of earlier attempts
         failed = self.start_child(extra)
         if failed is not None:
             self.event("crashed", exit_code=failed, reason="the step could not be started")
             return failed
         rc = self.wait_child()
-        code = self.finish(rc)
+        rc, code = node_failures.after_step(rc, extra)  # None: no node failure to handle
+        code = self.finish(rc) if code is None else code
         while self._queue:  # e.g. Slurm's TERM while scontrol requeue ran
             signum, t = self._queue.popleft()
             self.log(f"signal {signal_name(signum)} received {self._when(t)}; step already ended")
@@ -885,7 +926,7 @@ class Wrapper:
                 f"the held {self._requested_name} was never forwarded: the step exited "
                 "before the application was ready for it"
             )
-        result = self._result(rc)
+        result = poison.check(self, hang.adjust(self, self._result(rc)))  # issue 10
         st = result.status
         step = st.step if st is not None else None
         self.event(
@@ -911,12 +952,14 @@ class Wrapper:
                     "stopped; the checkpoint was complete before that"
                 )
             return self.after_stop(step)
+        if result.outcome is Outcome.POISONED:  # rejected state: never requeue into it
+            return poison.after_poison(self, result, step)
         return self.after_crash(result, step)
 
     def after_crash(self, result: StepResult, step: int | None) -> int:
         rc = result.returncode
         code = crash_exit_code(rc)
-        self.log(f"step crashed: {result.reason}")
+        self.log(f"step crashed: {result.reason}", WARN)
         self.event("crashed", exit_code=rc, reason=result.reason, step=step, wrapper_exit=code)
         how = self.continuation
         if how is None:
@@ -940,13 +983,14 @@ class Wrapper:
             min_progress=self.config.min_progress,
         )
         if not decision.restart:
-            self.log(decision.message)
+            self.log(decision.message, WARN)
             self.log(
                 f"job {self.slurm_env.job_id}: restart {self.restart} of this computation, "
                 f"{decision.used} after crashes (--max-restarts {self.config.max_restarts}); "
                 f"the last good checkpoint stays in {self.config.ckpt_dir}. What to do: read "
                 "the application's errors above, fix the cause, then submit the same batch "
-                "script again (it resumes from that checkpoint with a fresh restart budget)"
+                "script again (it resumes from that checkpoint with a fresh restart budget)",
+                WARN,
             )
             self.event(
                 "give_up",
@@ -981,12 +1025,14 @@ class Wrapper:
             return self._chain(job, cause, step, at_step)
         self.log(f"requeueing job {job} (scontrol requeue)")
         if not self.event("requeue", job_id=job, step=step, cause=cause) and cause == "crash":
-            self.log("not requeueing after a crash: the restart could not be counted in the log")
+            self.log(
+                "not requeueing after a crash: the restart could not be counted in the log", WARN
+            )
             return EXIT_CONTINUE_FAILED
         try:
             slurm.requeue(job, timeout=self.config.requeue_timeout, environ=self.environ)
         except (slurm.SlurmError, ValueError) as exc:
-            self.log(f"requeue failed: {exc}")
+            self.log(f"requeue failed: {exc}", WARN)
             self.log(
                 f"the checkpoint{at_step} is safe in {self.config.ckpt_dir}: resubmit the same "
                 "batch script (sbatch) to resume; make sure it has #SBATCH --requeue and that "
@@ -1006,7 +1052,9 @@ class Wrapper:
 
         self.log(f"submitting the next job of the chain (sbatch --dependency=afterany:{job})")
         if not self.event("chain", job_id=job, step=step, cause=cause) and cause == "crash":
-            self.log("not chaining after a crash: the restart could not be counted in the log")
+            self.log(
+                "not chaining after a crash: the restart could not be counted in the log", WARN
+            )
             return EXIT_CONTINUE_FAILED
         try:
             new, spec, count = chain.submit_next(
@@ -1016,7 +1064,7 @@ class Wrapper:
                 timeout=self.config.requeue_timeout,
             )
         except (chain.ChainError, slurm.SlurmError, ValueError, OSError) as exc:
-            self.log(f"chain failed: {exc}")
+            self.log(f"chain failed: {exc}", WARN)
             self.log(
                 f"the checkpoint{at_step} is safe in {self.config.ckpt_dir}: submit the same "
                 "batch script again (with the same HPCCKPT_DIR) to resume"

@@ -16,6 +16,7 @@ from hpcckpt.store.reader import CheckpointReader
 from hpcckpt.store.state_tree import scalar_leaves
 
 GOOD, BAD, PARTIAL = "good", "bad", "partial"
+REJECTED = "rejected"  # kept aside by the poisoned-state guard, never restored
 
 
 def list_directory(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -23,7 +24,11 @@ def list_directory(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
     ``status`` is "good" when the file is committed, not marked bad and its structure
     is sound (checksums are not read: that is :func:`verify`), "bad" when marked bad
-    or structurally broken, "partial" for an unfinished save.
+    or structurally broken, "partial" for an unfinished save. An incremental
+    checkpoint is "bad" too when a file of its chain is missing, marked bad or
+    replaced. ``kind`` is "full" or "incremental"; ``base`` the step of the full
+    checkpoint an incremental one is built on; ``written`` the array bytes the save
+    wrote (all ranks) and ``dirty`` the fraction of the state's blocks among them.
     """
     root = Path(directory)
     rows = []
@@ -35,12 +40,18 @@ def list_directory(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
             "time": None,
             "ranks": None,
             "kind": "full",
+            "base": None,
+            "written": None,
+            "dirty": None,
             "status": GOOD if e.good_candidate else BAD,
             "reason": e.bad_reason,
         }
         try:
-            with CheckpointReader(e.path) as r:
-                row.update(time=r.time, ranks=r.nranks)
+            with CheckpointReader(e.path, resolve_chain=False) as r:
+                row.update(time=r.time, ranks=r.nranks, kind=r.kind)
+                row.update(_chain_columns(r))
+            with CheckpointReader(e.path):  # the chain: present, unmarked, the same files
+                pass
         except CheckpointError as exc:
             row.update(status=BAD, reason=row["reason"] or str(exc))
         rows.append(row)
@@ -53,13 +64,53 @@ def list_directory(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
                 "size": _size(p),
                 "time": None,
                 "ranks": None,
-                "kind": "full",
+                "kind": None,
+                "base": None,
+                "written": None,
+                "dirty": None,
                 "status": PARTIAL,
                 "reason": "unfinished save; the next save removes it",
             }
         )
+    rows.extend(_rejected_rows(root))  # the poisoned-state guard (coord/validate.py)
     rows.sort(key=lambda row: (row["step"] if row["step"] is not None else -1, row["file"]))
     return rows
+
+
+def _rejected_rows(root: Path) -> list[dict[str, Any]]:
+    """Checkpoints kept aside as ``ckpt-<step>.h5.rejected``: their state failed the check."""
+    from hpcckpt.coord import validate  # numpy only; no MPI
+
+    rows = []
+    for p in validate.rejected_files(root):
+        info = validate.read_rejected_info(p)
+        problems = info.get("problems") or {}
+        reason = "; ".join(f"rank {r}: {m}" for r, m in problems.items()) or "state rejected"
+        rows.append(
+            {
+                "step": validate.rejected_step(p.name),
+                "file": p.name,
+                "size": _size(p),
+                "time": info.get("time"),
+                "ranks": None,
+                "kind": "full",
+                "base": None,
+                "written": None,
+                "dirty": None,
+                "status": REJECTED,
+                "reason": reason,
+            }
+        )
+    return rows
+
+
+def _chain_columns(r: CheckpointReader) -> dict[str, Any]:
+    total, dirty = r.attrs.get("total_blocks"), r.attrs.get("dirty_blocks")
+    return {
+        "base": r.chain_refs[0][1] if r.chain_refs else None,
+        "written": r.attrs.get("data_bytes"),
+        "dirty": round(dirty / total, 6) if total and dirty is not None else None,
+    }
 
 
 def _size(path: Path) -> int | None:
@@ -112,6 +163,8 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
             "nranks": r.nranks,
             "time": r.time,
             "format_version": int(r.attrs["format_version"]),
+            "kind": r.kind,
+            "chain": [part.path.name for part in r.chain[:-1]],
             "meta": {k: v for k, v in r.attrs.items() if k != "arrays"},
             "arrays": arrays,
             "scalars": scalars,
@@ -119,14 +172,20 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def verify(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read every rank's tree and arrays of one checkpoint and check every checksum."""
+    """Read every rank's tree and arrays of one checkpoint and check every checksum.
+
+    For an incremental checkpoint, every block it is made of is read from the file of
+    its chain that holds it and checked: a bad base or delta makes it bad.
+    """
     path = Path(path)
     marked = layout.read_bad(path) if path.with_name(path.name + layout.BAD).exists() else None
     problems: list[str] = []
-    nranks = None
+    nranks = kind = None
+    chain: list[str] = []
     try:
         with CheckpointReader(path) as r:
-            nranks = r.nranks
+            nranks, kind = r.nranks, r.kind
+            chain = [part.path.name for part in r.chain[:-1]]
             problems = r.verify()
     except CheckpointError as exc:
         problems = [str(exc)]
@@ -136,6 +195,8 @@ def verify(path: str | os.PathLike[str]) -> dict[str, Any]:
         "step": layout.step_of(path.name),
         "file": path.name,
         "ranks": nranks,
+        "kind": kind,
+        "chain": chain,  # the base and deltas an incremental checkpoint is built on
         "good": not problems,
         "problems": problems,
     }

@@ -14,7 +14,13 @@ by :mod:`hpcckpt.store.reader`:
   ``time``, ``checksum``, ``arrays`` (JSON list of array paths, the checksum columns);
   dataset ``rank_tree`` (uint8: every rank's JSON state tree, concatenated,
   ``offsets`` attribute); dataset ``checksums`` (uint64, nranks x (arrays + 1):
-  xxh3-64 of each rank's bytes of each array, last column its tree).
+  xxh3-64 of each rank's block hashes of each array, last column of its tree);
+  dataset ``block_hashes`` (uint64: every rank's xxh3-64 of each block of each array).
+
+An *incremental* file (``kind="incremental"``, format version 2) replaces
+``/state/<path>`` by ``/delta/<path>`` (the changed blocks of all ranks, concatenated)
+and ``/delta_index/<path>`` ((rank, block, start) of each), and names in ``chain`` the
+base and deltas it is built on. See docs/format.md.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +39,19 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcckpt._version import __version__
-from hpcckpt.store import integrity
+from hpcckpt.store import blocks, integrity, layout
+from hpcckpt.store.blocks import ChainPolicy, ChainState
 from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
-from hpcckpt.store.reader import FORMAT, FORMAT_VERSION, dataset_name
+from hpcckpt.store.faults import fault_point
+from hpcckpt.store.reader import (
+    FORMAT,
+    FORMAT_VERSION,
+    FULL,
+    INCREMENTAL,
+    dataset_name,
+    delta_name,
+    index_name,
+)
 from hpcckpt.store.state_tree import ArraySpec
 
 __all__ = [
@@ -43,9 +60,23 @@ __all__ = [
     "ArrayLayout",
     "CheckpointError",
     "CorruptCheckpoint",
+    "Written",
     "plan_layouts",
     "write_file",
 ]
+
+
+@dataclass(frozen=True)
+class Written:
+    """What one rank's ``write_file`` did."""
+
+    bytes: int  # this rank's bytes written (array data and tree)
+    kind: str  # "full" or "incremental"
+    dirty_blocks: int  # blocks written, over all ranks (all of them for a full file)
+    total_blocks: int  # blocks of the state, over all ranks
+    data_bytes: int  # array bytes written, over all ranks
+    hash_seconds: float  # this rank's time hashing its blocks
+    state: ChainState  # what the next save compares against, once this file is committed
 
 
 @dataclass(frozen=True)
@@ -128,23 +159,74 @@ def write_file(
     distributed: Collection[str] = (),
     hints: dict[str, str] | None = None,
     alignment: tuple[int, int] | None = None,
-) -> int:
-    """Collectively write one checkpoint file at ``path``; returns this rank's bytes written.
+    block_size: int = blocks.DEFAULT_BLOCK_SIZE,
+    parent: ChainState | None = None,
+    policy: ChainPolicy | None = None,
+) -> Written:
+    """Collectively write one checkpoint file at ``path``; returns what this rank wrote.
 
     ``hints`` are MPI-IO hints (an ``MPI.Info``) and ``alignment`` the HDF5
     (threshold, interval) in bytes, both from :mod:`hpcckpt.store.filesystem`.
-    Raises CheckpointError on every rank alike when the ranks' states do not fit one
-    layout. The caller makes the file durable and commits it.
+    Every rank hashes its arrays' blocks (one pass over the state); with a ``parent``
+    (the last committed checkpoint, the same on every rank) and the ``policy``
+    allowing it, only the blocks whose hash changed are written (an incremental
+    file), else everything. Raises CheckpointError on every rank alike when the
+    ranks' states do not fit one layout. The caller makes the file durable and
+    commits it.
     """
     rank, size = comm.Get_rank(), comm.Get_size()
+    policy = policy or ChainPolicy()
     tree_bytes = json.dumps(tree, separators=(",", ":"), allow_nan=True).encode()
     specs = [ArraySpec(p, a.dtype.str, tuple(a.shape)) for p, a in arrays.items()]
-    gathered = comm.allgather((specs, len(tree_bytes)))
+    t_hash = time.perf_counter()
+    hashes = {p: blocks.block_hashes(a, block_size) for p, a in arrays.items()}
+    hash_seconds = time.perf_counter() - t_hash
+    mine = {p: (a.dtype.str, tuple(a.shape), p in distributed) for p, a in arrays.items()}
+    name = layout.checkpoint_name(step)
+    dirty: dict[str, np.ndarray] | None = None
+    if (
+        policy.incremental
+        and parent is not None
+        and parent.fits(size, block_size, mine)
+        and name not in parent.names  # never overwrite a file the delta needs
+    ):
+        dirty = {p: np.nonzero(h != parent.hashes[p])[0] for p, h in hashes.items()}
+    counts = {}  # path -> (blocks, dirty blocks, dirty elements)
+    for p, a in arrays.items():
+        nb = hashes[p].size
+        d = dirty[p] if dirty is not None else np.arange(nb)
+        counts[p] = (
+            nb,
+            d.size,
+            blocks.dirty_elems(d, blocks.block_elems(a.itemsize, block_size), a.size),
+        )
+    gathered = comm.allgather((specs, len(tree_bytes), dirty is not None, counts))
     layouts = plan_layouts([g[0] for g in gathered], distributed)
     tree_offsets = np.concatenate([[0], np.cumsum([g[1] for g in gathered])]).astype(np.int64)
+    state_bytes = sum(
+        int(np.prod(lay.global_shape, dtype=np.int64)) * lay.dtype.itemsize for lay in layouts
+    )
+    delta_bytes = sum(g[3][lay.path][2] * lay.dtype.itemsize for g in gathered for lay in layouts)
+    incremental = (
+        parent is not None
+        and all(g[2] for g in gathered)
+        and len(parent.chain) <= policy.max_chain
+        and parent.chain_bytes + delta_bytes <= policy.max_chain_fraction * state_bytes
+    )
+    kind = INCREMENTAL if incremental else FULL
+    # The block hash table: rank-major segments, one per (rank, array).
+    nblk = [g[3][lay.path][0] for g in gathered for lay in layouts]
+    hash_offsets = np.concatenate([[0], np.cumsum(nblk, dtype=np.int64)]).astype(np.int64)
+    total_blocks = int(hash_offsets[-1])
+    if incremental:
+        dirty_blocks = sum(g[3][lay.path][1] for g in gathered for lay in layouts)
+        data_bytes = delta_bytes
+    else:
+        dirty_blocks, data_bytes = total_blocks, state_bytes
 
-    sums = [integrity.checksum(arrays[lay.path]) for lay in layouts]
+    sums = [blocks.hashes_checksum(hashes[lay.path]) for lay in layouts]
     sums = np.array(sums + [integrity.checksum(tree_bytes)], dtype=np.uint64)
+    when, uid = comm.bcast((time.time(), uuid.uuid4().hex) if rank == 0 else None)
     options: dict[str, Any] = {}
     info = MPI.INFO_NULL
     if hints:
@@ -162,10 +244,29 @@ def write_file(
             meta.attrs["format_version"] = FORMAT_VERSION
             meta.attrs["step"] = step
             meta.attrs["nranks"] = size
-            meta.attrs["time"] = comm.bcast(time.time() if rank == 0 else None)
+            meta.attrs["time"] = when
             meta.attrs["checksum"] = integrity.ALGORITHM
             meta.attrs["hpcckpt_version"] = __version__
             meta.attrs["arrays"] = json.dumps([lay.path for lay in layouts])
+            meta.attrs["kind"] = kind
+            meta.attrs["uid"] = uid
+            meta.attrs["block_size"] = block_size
+            meta.attrs["state_bytes"] = state_bytes
+            meta.attrs["data_bytes"] = data_bytes
+            meta.attrs["total_blocks"] = total_blocks
+            meta.attrs["dirty_blocks"] = dirty_blocks
+            if incremental:
+                assert parent is not None
+                for key, (ref_name, ref_step, ref_uid) in (
+                    ("parent", parent.chain[-1]),
+                    ("base", parent.chain[0]),
+                ):
+                    meta.attrs[key] = ref_name
+                    meta.attrs[f"{key}_step"] = ref_step
+                    meta.attrs[f"{key}_uid"] = ref_uid
+                meta.attrs["chain"] = json.dumps([list(ref) for ref in parent.chain])
+                meta.attrs["chain_length"] = len(parent.chain)
+                meta.attrs["chain_bytes"] = parent.chain_bytes + delta_bytes
             for key, value in (extra_meta or {}).items():
                 meta.attrs[key] = value
             rt = meta.create_dataset(
@@ -175,37 +276,137 @@ def write_file(
             cs = meta.create_dataset(
                 "checksums", shape=(size, len(layouts) + 1), dtype=np.uint64, fill_time="never"
             )
+            bh = meta.create_dataset(
+                "block_hashes", shape=(total_blocks,), dtype=np.uint64, fill_time="never"
+            )
+            bh.attrs["offsets"] = hash_offsets
             dsets = []
             for lay in layouts:
-                d = f.create_dataset(
-                    dataset_name(lay.path),
-                    shape=lay.global_shape,
-                    dtype=lay.dtype,
-                    fill_time="never",
-                )
+                ix = None
+                if incremental:
+                    elems = sum(g[3][lay.path][2] for g in gathered)
+                    d = f.create_dataset(
+                        delta_name(lay.path), shape=(elems,), dtype=lay.dtype, fill_time="never"
+                    )
+                    d.attrs["shape"] = json.dumps([int(x) for x in lay.global_shape])
+                    d.attrs["block_elems"] = blocks.block_elems(lay.dtype.itemsize, block_size)
+                    ix = f.create_dataset(
+                        index_name(lay.path),
+                        shape=(sum(g[3][lay.path][1] for g in gathered), 3),
+                        dtype=np.int64,
+                        fill_time="never",
+                    )
+                else:
+                    d = f.create_dataset(
+                        dataset_name(lay.path),
+                        shape=lay.global_shape,
+                        dtype=lay.dtype,
+                        fill_time="never",
+                    )
                 d.attrs["layout"] = lay.layout
                 d.attrs["rank_offsets"] = np.asarray(lay.offsets, dtype=np.int64)
                 d.attrs["rank_shapes"] = json.dumps([list(s) for s in lay.shapes])
                 d.attrs["distributed"] = lay.distributed
-                dsets.append(d)
+                dsets.append((d, ix))
 
             lo, hi = int(tree_offsets[rank]), int(tree_offsets[rank + 1])
             if hi > lo:
                 rt[lo:hi] = np.frombuffer(tree_bytes, dtype=np.uint8)
             cs[rank] = sums
-            for lay, d in zip(layouts, dsets, strict=True):
+            lo, hi = (
+                int(hash_offsets[rank * len(layouts)]),
+                int(hash_offsets[(rank + 1) * len(layouts)]),
+            )
+            if hi > lo:
+                bh[lo:hi] = np.concatenate([hashes[lay.path] for lay in layouts])
+            for lay, (d, ix) in zip(layouts, dsets, strict=True):
+                if incremental:
+                    assert dirty is not None and ix is not None
+                    written += _write_delta(
+                        d,
+                        ix,
+                        arrays[lay.path],
+                        dirty[lay.path],
+                        block_size,
+                        [g[3][lay.path] for g in gathered],
+                        rank,
+                    )
+                    fault_point("write.data")  # tests: die between two arrays
+                    continue
                 lo, hi = lay.offsets[rank], lay.offsets[rank + 1]
                 if hi == lo:
                     continue
                 data = np.ascontiguousarray(arrays[lay.path])
-                d[lo:hi] = data if lay.layout == "rows" else data.reshape(-1)
+                write_pieces(d, lo, data if lay.layout == "rows" else data.reshape(-1))
                 written += data.nbytes
+                fault_point("write.data")  # tests: die between two arrays
             f.flush()
     finally:
         if info != MPI.INFO_NULL:
             info.Free()
-    return written + len(tree_bytes)
+    if incremental:
+        assert parent is not None
+        chain = (*parent.chain, (name, step, uid))
+        chain_bytes = parent.chain_bytes + delta_bytes
+    else:
+        chain, chain_bytes = ((name, step, uid),), 0
+    state = ChainState(step, uid, block_size, size, mine, hashes, chain, chain_bytes, state_bytes)
+    return Written(
+        written + len(tree_bytes),
+        kind,
+        int(dirty_blocks),
+        total_blocks,
+        int(data_bytes),
+        hash_seconds,
+        state,
+    )
+
+
+def _write_delta(
+    d: h5py.Dataset,
+    ix: h5py.Dataset,
+    array: np.ndarray,
+    dirty: np.ndarray,
+    block_size: int,
+    counts: list[tuple[int, int, int]],
+    rank: int,
+) -> int:
+    """Write this rank's changed blocks of one array and their index rows; bytes written.
+
+    ``counts`` is every rank's (blocks, dirty blocks, dirty elements) of the array:
+    rank r's blocks follow those of ranks 0..r-1 in both datasets.
+    """
+    if dirty.size == 0:
+        return 0
+    elems = blocks.block_elems(array.dtype.itemsize, block_size)
+    first = sum(c[2] for c in counts[:rank])
+    row = sum(c[1] for c in counts[:rank])
+    sizes = np.minimum(elems, array.size - dirty.astype(np.int64) * elems)
+    starts = first + np.cumsum(sizes) - sizes
+    ix[row : row + dirty.size] = np.column_stack(
+        [np.full(dirty.size, rank, dtype=np.int64), dirty.astype(np.int64), starts]
+    )
+    flat = np.ascontiguousarray(array).reshape(-1)
+    pos = first
+    for b0, b1 in blocks.runs(dirty):
+        e0, e1 = b0 * elems, min(b1 * elems, array.size)
+        d[pos : pos + e1 - e0] = flat[e0:e1]
+        pos += e1 - e0
+    return (pos - first) * array.dtype.itemsize
 
 
 def file_bytes(path: Path) -> int:
     return os.stat(path).st_size
+
+
+#: Largest single write handed to HDF5: its mpio driver (1.10) refuses one of 2 GiB or more.
+WRITE_PIECE_BYTES = 1 << 30
+
+
+def write_pieces(d: h5py.Dataset, lo: int, data: np.ndarray) -> None:
+    """Write ``data`` into ``d`` from index ``lo`` along axis 0, in pieces under 2 GiB."""
+    row_bytes = max(1, data.nbytes // max(1, data.shape[0]))
+    rows = max(1, WRITE_PIECE_BYTES // row_bytes)
+    for start in range(0, data.shape[0], rows):
+        piece = data[start : start + rows]
+        d[lo + start : lo + start + piece.shape[0]] = piece

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from hpcckpt.store.faults import fault_point
+
 
 def fsync_path(path: str | os.PathLike[str]) -> None:
     """fsync a file or directory by path."""
@@ -25,4 +27,5 @@ def durable_rename(src: Path, dst: Path) -> None:
 def commit(partial: Path, final: Path) -> None:
     """Make a finished file durable, then give it its final name durably."""
     fsync_path(partial)
+    fault_point("commit.fsynced")
     durable_rename(partial, final)

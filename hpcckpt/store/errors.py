@@ -8,4 +8,12 @@ class CheckpointError(Exception):
 
 
 class CorruptCheckpoint(CheckpointError):
-    """A checkpoint file failed a structural or checksum check."""
+    """A checkpoint file failed a structural or checksum check.
+
+    ``culprit`` is the file actually at fault when it is not the checkpoint being
+    read: a file of an incremental checkpoint's chain (its base or a delta).
+    """
+
+    def __init__(self, message: str, culprit: object = None) -> None:
+        super().__init__(message)
+        self.culprit = culprit

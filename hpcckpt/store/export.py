@@ -15,6 +15,9 @@ number of ranks (layout in docs/format.md, "Export files"):
   ``step``, ``nranks``, ``time``.
 
 Every array is verified against its checksums while copying, one rank's slice at a time.
+An incremental checkpoint is materialized: each rank's arrays are assembled from its
+chain (the full base and the changed blocks of each delta), so the export is the same
+flat file a full checkpoint of that step would give.
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ def _write(source: str | os.PathLike[str], tmp: Path) -> None:
         f.attrs["step"] = r.step
         f.attrs["nranks"] = r.nranks
         f.attrs["time"] = r.time
+        f.attrs["kind"] = r.kind
+        f.attrs["chain"] = json.dumps([part.path.name for part in r.chain])
         trees = [r.tree(rank) for rank in range(r.nranks)]
         f.create_dataset(
             "trees",

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcckpt.store.safety import write_private
+
 PREFIX = "ckpt-"
 SUFFIX = ".h5"
 PARTIAL = ".partial"
@@ -87,7 +89,7 @@ def mark_bad(path: Path, reason: str) -> None:
     """Record that a checkpoint failed verification; keeps the data for inspection."""
     sidecar = path.with_name(path.name + BAD)
     tmp = sidecar.with_name(sidecar.name + ".tmp")
-    tmp.write_text(json.dumps({"reason": reason, "time": time.time()}) + "\n")
+    write_private(tmp, json.dumps({"reason": reason, "time": time.time()}) + "\n")  # no links
     os.replace(tmp, sidecar)
 
 

@@ -6,6 +6,13 @@ without mpirun. Every attribute that sizes a read (rank offsets, rank shapes, th
 number of ranks) is checked against the dataset shapes and the file size first, so
 a crafted or damaged file raises :class:`CorruptCheckpoint` instead of allocating
 huge buffers; every byte handed back has passed its xxh3-64 checksum.
+
+Format version 2 adds incremental checkpoints: a file of kind "incremental" holds
+only the blocks that changed since its parent, and names the files of its chain
+(a full base, then deltas). Opening it opens its chain too, checks that every file
+is present, not marked bad and the very file it was written against (by uid), and
+:meth:`CheckpointReader.rank_array` assembles a rank's array from the newest copy of
+each block in the chain, verifying every block against its hash.
 """
 
 from __future__ import annotations
@@ -19,12 +26,14 @@ from typing import Any
 import h5py
 import numpy as np
 
-from hpcckpt.store import integrity
+from hpcckpt.store import blocks, integrity, layout, safety
 from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
 from hpcckpt.store.state_tree import ARRAY_KINDS, array_paths
 
 FORMAT = "hpcckpt"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Kinds of checkpoint files (format version 2): a full one, or the changed blocks only.
+FULL, INCREMENTAL = "full", "incremental"
 #: More ranks than this in a file is taken as damage, not as a real run.
 MAX_RANKS = 1 << 24
 _MAX_DIM = 1 << 62
@@ -33,6 +42,16 @@ _MAX_DIM = 1 << 62
 def dataset_name(path: str) -> str:
     """The HDF5 dataset of an array path (``state/<escaped keys joined by '/'>``)."""
     return "state/" + path
+
+
+def delta_name(path: str) -> str:
+    """The dataset of an array's changed blocks in an incremental file."""
+    return "delta/" + path
+
+
+def index_name(path: str) -> str:
+    """The (rank, block, start) index of an array's changed blocks in an incremental file."""
+    return "delta_index/" + path
 
 
 @dataclass(frozen=True)
@@ -53,7 +72,19 @@ class ArrayInfo:
         return self.shape[1:]
 
     def rank_bytes(self, rank: int) -> int:
-        return int(np.prod(self.rank_shapes[rank], dtype=np.int64)) * self.dtype.itemsize
+        return self.rank_elems(rank) * self.dtype.itemsize
+
+    def rank_elems(self, rank: int) -> int:
+        return int(np.prod(self.rank_shapes[rank], dtype=np.int64))
+
+    def same_layout(self, other: ArrayInfo) -> bool:
+        return (self.dtype, self.layout, self.shape, self.rank_offsets, self.rank_shapes) == (
+            other.dtype,
+            other.layout,
+            other.shape,
+            other.rank_offsets,
+            other.rank_shapes,
+        )
 
 
 def _plain(value: Any) -> Any:
@@ -77,8 +108,10 @@ def _int(value: Any, what: str, lo: int = 0, hi: int = _MAX_DIM) -> int:
 class CheckpointReader:
     """An open, structurally validated checkpoint file. Use as a context manager."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, resolve_chain: bool = True) -> None:
         self.path = Path(path)
+        self._members: list[CheckpointReader] = []
+        safety.check_regular_file(self.path)  # no links, FIFOs or devices
         try:
             self._file_size = os.stat(self.path).st_size
             self._f = h5py.File(self.path, "r")
@@ -86,10 +119,17 @@ class CheckpointReader:
             raise CorruptCheckpoint(f"{self.path.name}: unreadable ({exc})") from exc
         try:
             self._validate()
+            if resolve_chain and self.kind == INCREMENTAL:
+                self._open_chain()
+        except CorruptCheckpoint as exc:
+            self.close()
+            if exc.culprit is None and not str(exc).startswith(self.path.name):
+                raise CorruptCheckpoint(f"{self.path.name}: {exc}") from exc  # name the file
+            raise
         except CheckpointError:
             self.close()
             raise
-        except (OSError, KeyError, ValueError, TypeError, IndexError, RecursionError) as exc:
+        except safety.DAMAGE_ERRORS as exc:  # what h5py raises on damaged metadata
             self.close()
             raise CorruptCheckpoint(
                 f"{self.path.name}: unreadable ({type(exc).__name__}: {exc})"
@@ -97,7 +137,7 @@ class CheckpointReader:
 
     # -- structure -----------------------------------------------------------------------
     def _corrupt(self, why: str) -> CorruptCheckpoint:
-        return CorruptCheckpoint(f"{self.path.name}: {why}")
+        return CorruptCheckpoint(f"{self.path.name}: {why}", culprit=self.path)
 
     def _dataset(self, name: str) -> h5py.Dataset:
         """A dataset whose stored bytes match its shape and fit in the file (no filters)."""
@@ -118,6 +158,7 @@ class CheckpointReader:
         return d
 
     def _validate(self) -> None:
+        safety.check_global_heaps(self._f, self.path, self._file_size)  # HDF5 can hang on them
         meta = self._f.get("meta")
         if not isinstance(meta, h5py.Group):
             raise self._corrupt("not an hpcckpt checkpoint (no /meta group)")
@@ -152,9 +193,137 @@ class CheckpointReader:
             raise self._corrupt(f"meta/rank_tree is {rt.dtype}{list(rt.shape)}, expected uint8[n]")
         self._tree_offsets = self._offsets(rt.attrs.get("offsets"), n, rt.shape[0], "rank_tree")
 
+        self.format_version = version
+        self.kind = FULL
+        self.uid: str | None = None
+        self.block_size = 0
+        self.chain_refs: list[tuple[str, int, str]] = []  # (name, step, uid), base first
+        if version >= 2:
+            self.kind = self.attrs.get("kind")
+            if self.kind not in (FULL, INCREMENTAL):
+                raise self._corrupt(f"meta.attrs['kind'] is {self.kind!r}, not full/incremental")
+            self.uid = str(self.attrs.get("uid") or "")
+            if not self.uid:
+                raise self._corrupt("meta.attrs['uid'] is missing")
+            self.block_size = _int(self.attrs.get("block_size"), "block_size", 16, 1 << 40)
         self.arrays: dict[str, ArrayInfo] = {}
         for column, name in enumerate(names):
             self.arrays[name] = self._array_info(name, column, n)
+        self._delta: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        if version >= 2:
+            self._hash_table(n, names)
+            if self.kind == INCREMENTAL:
+                for name in names:
+                    self._delta[name] = self._delta_index(name, n)
+                self.chain_refs = self._chain_refs()
+
+    def _hash_table(self, n: int, names: list[str]) -> None:
+        """``meta/block_hashes``: every rank's block hashes of every array, rank-major."""
+        d = self._dataset("meta/block_hashes")
+        if d.ndim != 1 or d.dtype != np.uint64:
+            raise self._corrupt(f"meta/block_hashes is {d.dtype}{list(d.shape)}, not uint64[n]")
+        offs = self._offsets(d.attrs.get("offsets"), n * len(names), d.shape[0], "block_hashes")
+        for r in range(n):
+            for name in names:
+                info = self.arrays[name]
+                k = r * len(names) + info.column
+                elems = blocks.block_elems(info.dtype.itemsize, self.block_size)
+                want = blocks.nblocks(info.rank_elems(r), elems)
+                if offs[k + 1] - offs[k] != want:
+                    raise self._corrupt(
+                        f"meta/block_hashes holds {offs[k + 1] - offs[k]} hashes for array "
+                        f"{name!r} of rank {r}, which has {want} blocks"
+                    )
+        self._hash_offsets = offs
+        self._hashes = np.asarray(d[...], dtype=np.uint64)
+
+    def _delta_index(self, name: str, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(blocks, starts, rank pointers) of an array's changed blocks, validated."""
+        info = self.arrays[name]
+        extent = self._f[delta_name(name)].shape[0]
+        idx = self._dataset(index_name(name))
+        if idx.dtype.kind not in "iu" or idx.ndim != 2 or idx.shape[1] != 3:
+            raise self._corrupt(
+                f"{index_name(name)} is {idx.dtype}{list(idx.shape)}, not int[k, 3]"
+            )
+        entries = np.asarray(idx[...], dtype=np.int64).reshape(-1, 3)
+        ranks, blks, starts = entries[:, 0], entries[:, 1], entries[:, 2]
+        elems = blocks.block_elems(info.dtype.itemsize, self.block_size)
+        counts = np.array([info.rank_elems(r) for r in range(n)], dtype=np.int64)
+        bad = np.any((ranks < 0) | (ranks >= n))
+        if not bad and entries.size:
+            bad = np.any((blks < 0) | (blks >= -(-counts[ranks] // elems)))
+            dr, db = np.diff(ranks), np.diff(blks)
+            bad = bad or np.any((dr < 0) | ((dr == 0) & (db <= 0)))
+        if not bad:
+            sizes = np.minimum(elems, counts[ranks] - blks * elems)
+            ends = np.cumsum(sizes)
+            bad = not (
+                np.array_equal(starts, ends - sizes) and int(ends[-1] if ends.size else 0) == extent
+            )
+        if bad:
+            raise self._corrupt(
+                f"{index_name(name)}: entries must be (rank, block, start) in order, each block "
+                f"inside its rank's array, packed from 0 to the {extent} elements of the deltas"
+            )
+        return blks, starts, np.searchsorted(ranks, np.arange(n + 1))
+
+    def _chain_refs(self) -> list[tuple[str, int, str]]:
+        try:
+            raw = json.loads(self.attrs.get("chain", "null"))
+        except (TypeError, ValueError):
+            raw = None
+        if not isinstance(raw, list) or not raw:
+            raise self._corrupt("meta.attrs['chain'] must list the base and deltas it needs")
+        refs = []
+        for item in raw:
+            if not (isinstance(item, list) and len(item) == 3 and isinstance(item[2], str)):
+                raise self._corrupt(f"meta.attrs['chain'] has an entry {item!r:.80}")
+            step = _int(item[1], "a step of meta.attrs['chain']")
+            if not isinstance(item[0], str) or layout.step_of(item[0]) != step:
+                raise self._corrupt(f"meta.attrs['chain'] names {item[0]!r} for step {step}")
+            refs.append((item[0], step, item[2]))
+        if len({s for _, s, _ in refs} | {self.step}) != len(refs) + 1:
+            raise self._corrupt("meta.attrs['chain'] names a step twice")
+        return refs
+
+    def _open_chain(self) -> None:
+        """Open and check the base and deltas this incremental checkpoint is built on."""
+        for k, (name, step, uid) in enumerate(self.chain_refs):
+            path = self.path.with_name(name)
+            what = f"{self.path.name} needs {name} (step {step}) of its chain"
+            if not os.path.lexists(path):
+                raise CorruptCheckpoint(f"{what}, which is missing", culprit=path)
+            if os.path.lexists(path.with_name(name + layout.BAD)):
+                reason = layout.read_bad(path)
+                raise CorruptCheckpoint(f"{what}, which is marked bad ({reason})", culprit=path)
+            member = CheckpointReader(path, resolve_chain=False)
+            self._members.append(member)
+            if member.uid != uid:
+                raise CorruptCheckpoint(
+                    f"{what}, but {name} is now another checkpoint of that step (uid "
+                    f"{member.uid}, not {uid}): the chain is broken",
+                    culprit=self.path,
+                )
+            kind = FULL if k == 0 else INCREMENTAL
+            same = (
+                member.kind == kind
+                and member.nranks == self.nranks
+                and member.block_size == self.block_size
+                and list(member.arrays) == list(self.arrays)
+                and all(member.arrays[a].same_layout(self.arrays[a]) for a in self.arrays)
+            )
+            if not same:
+                raise CorruptCheckpoint(
+                    f"{what}, but {name} is not a {kind} checkpoint with the same ranks, block "
+                    "size and arrays",
+                    culprit=self.path,
+                )
+
+    @property
+    def chain(self) -> list[CheckpointReader]:
+        """The files this checkpoint is made of: the full base first, itself last."""
+        return [*self._members, self]
 
     def _offsets(self, raw: Any, n: int, extent: int, what: str) -> tuple[int, ...]:
         offs = np.asarray(raw if raw is not None else [])
@@ -169,38 +338,49 @@ class CheckpointReader:
         return tuple(int(x) for x in offs)
 
     def _array_info(self, name: str, column: int, n: int) -> ArrayInfo:
-        d = self._dataset(dataset_name(name))
+        incremental = self.kind == INCREMENTAL
+        d = self._dataset(delta_name(name) if incremental else dataset_name(name))
         what = f"array {name!r}"
         if d.dtype.kind not in ARRAY_KINDS or d.dtype.fields is not None:
             raise self._corrupt(f"{what} has dtype {d.dtype}, not a numeric or bool dtype")
+        shape = tuple(d.shape)
+        if incremental:  # the deltas are 1-D; the array's global shape is an attribute
+            dims = json.loads(_plain(d.attrs.get("shape", "null")))
+            if not isinstance(dims, list) or d.ndim != 1:
+                raise self._corrupt(f"{what}: delta dataset without a 'shape' list")
+            shape = tuple(_int(x, f"{what}: shape") for x in dims)
         layout = _plain(d.attrs.get("layout"))
-        if layout not in ("rows", "flat") or d.ndim < 1 or (layout == "flat" and d.ndim != 1):
-            raise self._corrupt(f"{what}: layout {layout!r} does not fit shape {d.shape}")
-        offs = self._offsets(d.attrs.get("rank_offsets"), n, d.shape[0], what)
+        if (
+            layout not in ("rows", "flat")
+            or len(shape) < 1
+            or (layout == "flat" and len(shape) != 1)
+        ):
+            raise self._corrupt(f"{what}: layout {layout!r} does not fit shape {shape}")
+        offs = self._offsets(d.attrs.get("rank_offsets"), n, shape[0], what)
         shapes = json.loads(_plain(d.attrs.get("rank_shapes", "null")))
         if not isinstance(shapes, list) or len(shapes) != n:
             raise self._corrupt(f"{what}: rank_shapes must list {n} shapes")
         rank_shapes = []
-        for r, shape in enumerate(shapes):
-            if not isinstance(shape, list):
+        for r, listed in enumerate(shapes):
+            if not isinstance(listed, list):
                 raise self._corrupt(f"{what}: rank_shapes[{r}] is not a list")
-            dims = tuple(_int(x, f"{what}: rank_shapes[{r}]") for x in shape)
+            dims = tuple(_int(x, f"{what}: rank_shapes[{r}]") for x in listed)
             extent = offs[r + 1] - offs[r]
             if layout == "rows":
-                ok = len(dims) == d.ndim and dims[0] == extent and dims[1:] == d.shape[1:]
+                ok = len(dims) == len(shape) and dims[0] == extent and dims[1:] == shape[1:]
             else:
                 ok = int(np.prod(dims, dtype=object)) == extent
             if not ok:
                 raise self._corrupt(
                     f"{what}: rank {r}'s shape {list(dims)} does not match its extent "
-                    f"[{offs[r]}, {offs[r + 1]}) of the {layout} dataset {list(d.shape)}"
+                    f"[{offs[r]}, {offs[r + 1]}) of the {layout} dataset {list(shape)}"
                 )
             rank_shapes.append(dims)
         distributed = bool(_plain(d.attrs.get("distributed", False)))
         if distributed and layout != "rows":
             raise self._corrupt(f"{what} is marked distributed but its layout is {layout}")
         return ArrayInfo(
-            name, column, d.dtype, layout, tuple(d.shape), offs, tuple(rank_shapes), distributed
+            name, column, d.dtype, layout, shape, offs, tuple(rank_shapes), distributed
         )
 
     # -- data ----------------------------------------------------------------------------
@@ -216,6 +396,7 @@ class CheckpointReader:
         """Rank ``rank``'s state tree, verified, whose arrays are exactly this file's arrays."""
         try:
             tree = json.loads(self.tree_bytes(rank))
+            safety.check_tree(tree)  # only the node types hpcckpt writes
             paths = list(array_paths(tree))
         except (ValueError, RecursionError, AttributeError, TypeError, KeyError) as exc:
             raise self._corrupt(f"rank {rank}'s state tree is not valid ({exc})") from exc
@@ -239,6 +420,10 @@ class CheckpointReader:
         offs = info.rank_offsets
         owners = [r for r in range(self.nranks) if offs[r] < hi and offs[r + 1] > lo]
         start, stop = offs[owners[0]], offs[owners[-1] + 1]
+        if self.format_version >= 2:
+            parts = [self.rank_array(name, r) for r in owners]
+            data = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            return data[lo - start : hi - start]
         data = self._dataset(dataset_name(name))[start:stop]
         for r in owners:
             part = data[offs[r] - start : offs[r + 1] - start]
@@ -249,6 +434,8 @@ class CheckpointReader:
     def rank_array(self, name: str, rank: int) -> np.ndarray:
         """The array ``name`` exactly as rank ``rank`` saved it, verified."""
         info = self.arrays[name]
+        if self.format_version >= 2:
+            return self._materialize(name, rank).reshape(info.rank_shapes[rank])
         lo, hi = info.rank_offsets[rank], info.rank_offsets[rank + 1]
         if info.layout == "rows":
             return self.rows(name, lo, hi).reshape(info.rank_shapes[rank])
@@ -256,6 +443,74 @@ class CheckpointReader:
         if integrity.checksum(raw) != int(self.checksums[rank, info.column]):
             raise self._corrupt(f"array {name!r} of rank {rank} fails its checksum")
         return raw.reshape(info.rank_shapes[rank])
+
+    # -- blocks (format version 2) -------------------------------------------------------
+    def block_hashes(self, name: str, rank: int) -> np.ndarray:
+        """Rank ``rank``'s block hashes of array ``name`` in this file, checksum verified."""
+        info = self.arrays[name]
+        k = rank * len(self.arrays) + info.column
+        h = self._hashes[self._hash_offsets[k] : self._hash_offsets[k + 1]]
+        if blocks.hashes_checksum(h) != int(self.checksums[rank, info.column]):
+            raise self._corrupt(
+                f"the block hashes of array {name!r} of rank {rank} fail their checksum"
+            )
+        return h
+
+    def delta_blocks(self, name: str, rank: int) -> tuple[np.ndarray, np.ndarray]:
+        """(block indices, element starts in the deltas) of rank ``rank``'s changed blocks."""
+        blks, starts, ptr = self._delta[name]
+        return blks[ptr[rank] : ptr[rank + 1]], starts[ptr[rank] : ptr[rank + 1]]
+
+    def _read_rank_into(self, name: str, rank: int, out: np.ndarray) -> None:
+        """Rank ``rank``'s elements of a full file's array into the 1-D ``out`` (unverified)."""
+        info = self.arrays[name]
+        lo, hi = info.rank_offsets[rank], info.rank_offsets[rank + 1]
+        d = self._dataset(dataset_name(name))
+        dest = out.reshape(info.rank_shapes[rank]) if info.layout == "rows" else out
+        d.read_direct(dest, np.s_[lo:hi])
+
+    def _materialize(self, name: str, rank: int) -> np.ndarray:
+        """Rank ``rank``'s array (1-D) from the newest copy of each block in the chain, verified."""
+        info = self.arrays[name]
+        count = info.rank_elems(rank)
+        elems = blocks.block_elems(info.dtype.itemsize, self.block_size)
+        want = self.block_hashes(name, rank)
+        out = np.empty(count, dtype=info.dtype)
+        if count == 0:
+            return out
+        chain = self.chain
+        owner = np.zeros(want.size, dtype=np.int64)  # which file of the chain holds the block
+        where = np.zeros(want.size, dtype=np.int64)
+        for k, part in enumerate(chain[1:], start=1):
+            blks, starts = part.delta_blocks(name, rank)
+            owner[blks] = k
+            where[blks] = starts
+        try:
+            if np.any(owner == 0):
+                chain[0]._read_rank_into(name, rank, out)
+            for k, part in enumerate(chain[1:], start=1):
+                d = part._dataset(delta_name(name))
+                for b0, b1 in blocks.runs(np.nonzero(owner == k)[0]):
+                    e0, e1 = b0 * elems, min(b1 * elems, count)
+                    p0 = int(where[b0])
+                    d.read_direct(out, np.s_[p0 : p0 + e1 - e0], np.s_[e0:e1])
+        except (OSError, ValueError) as exc:
+            raise self._corrupt(f"array {name!r} of rank {rank}: unreadable ({exc})") from exc
+        got = blocks.block_hashes(out, self.block_size)
+        wrong = np.nonzero(got != want)[0]
+        if wrong.size:
+            j = int(wrong[0])
+            part = chain[int(owner[j])]
+            if int(part.block_hashes(name, rank)[j]) != int(got[j]):
+                raise part._corrupt(
+                    f"array {name!r} of rank {rank}, block {j}, fails its checksum"
+                    + ("" if part is self else f" (needed by {self.path.name})")
+                )
+            raise self._corrupt(
+                f"array {name!r} of rank {rank}, block {j}: the chain's copy (in "
+                f"{part.path.name}) does not match this checkpoint's hash"
+            )
+        return out
 
     def verify(self) -> list[str]:
         """Check every rank's tree and arrays; the problems found (empty when good).
@@ -284,6 +539,8 @@ class CheckpointReader:
         return len(set(info.rank_shapes)) == 1 and bool(np.all(col == col[0]))
 
     def close(self) -> None:
+        for member in self._members:
+            member.close()
         f = getattr(self, "_f", None)
         if f is not None and f.id.valid:
             f.close()

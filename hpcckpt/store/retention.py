@@ -11,10 +11,15 @@ The newest good checkpoint is always kept, whatever the rules. Checkpoints marke
 bad are kept for inspection unless ``delete_bad`` is set. With no rule at all,
 nothing is deleted. "Good" here means committed and not marked bad: pruning does not
 re-read the files (restore and ``hpcckpt verify`` do).
+
+Incremental checkpoints: one is good only when every file of its chain (its base and
+the deltas before it) is present and good, and whatever a kept checkpoint is built on
+is kept with it, so pruning never breaks a retained checkpoint.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -25,6 +30,7 @@ from pathlib import Path
 import h5py
 
 from hpcckpt.store import layout
+from hpcckpt.store.faults import fault_point
 
 log = logging.getLogger("hpcckpt.store")
 
@@ -36,6 +42,8 @@ class Candidate:
     step: int
     time: float  # seconds since the epoch when it was written
     bad: bool = False
+    #: Steps of the base and deltas an incremental checkpoint is built on (its chain).
+    needs: tuple[int, ...] = ()
 
 
 def check_rules(
@@ -61,8 +69,13 @@ def steps_to_keep(
     all_ = sorted(candidates, key=lambda c: c.step)
     if keep_last is None and keep_every is None and keep_every_seconds is None:
         return {c.step for c in all_}
-    good = [c for c in all_ if not c.bad]
-    keep = {c.step for c in all_ if c.bad and not delete_bad}
+    # An incremental checkpoint is good only when every file of its chain is.
+    sound: set[int] = set()
+    for c in all_:  # chains point to older steps
+        if not c.bad and all(n in sound for n in c.needs):
+            sound.add(c.step)
+    good = [c for c in all_ if c.step in sound]
+    keep = {c.step for c in all_ if c.step not in sound and not delete_bad}
     if good:
         keep.add(good[-1].step)
     if keep_last is not None:
@@ -76,6 +89,10 @@ def steps_to_keep(
             if window not in seen:
                 seen.add(window)
                 keep.add(c.step)
+    present = {c.step for c in all_}
+    for c in all_:  # whatever a kept checkpoint is built on stays too
+        if c.step in keep:
+            keep.update(n for n in c.needs if n in present)
     return keep
 
 
@@ -88,12 +105,39 @@ def checkpoint_time(path: Path) -> float:
         return os.stat(path).st_mtime
 
 
+def checkpoint_chain(path: Path) -> tuple[str | None, list[tuple[str, int, str]]]:
+    """(uid, chain) of a checkpoint: its own uid and the (name, step, uid) of the files an
+    incremental checkpoint is built on; (None, []) for a full one of format version 1."""
+    try:
+        with h5py.File(path, "r") as f:
+            attrs = f["meta"].attrs
+            uid = attrs.get("uid")
+            raw = attrs.get("chain")
+            uid = uid.decode() if isinstance(uid, bytes) else uid
+            raw = raw.decode() if isinstance(raw, bytes) else raw
+            chain = [(str(n), int(s), str(u)) for n, s, u in json.loads(raw)] if raw else []
+            return (None if uid is None else str(uid)), chain
+    except (OSError, KeyError, ValueError, TypeError):
+        return None, []
+
+
 def candidates(directory: str | os.PathLike[str], need_time: bool = True) -> list[Candidate]:
-    """The committed checkpoints of ``directory`` as retention candidates."""
+    """The committed checkpoints of ``directory`` as retention candidates.
+
+    An incremental checkpoint whose chain names a file that is now another checkpoint
+    of that step (another uid) counts as bad: it cannot be restored.
+    """
+    entries = layout.scan(directory)
+    uids, chains = {}, {}
+    for e in entries:
+        uids[e.step], chains[e.step] = checkpoint_chain(e.path)
     out = []
-    for e in layout.scan(directory):
+    for e in entries:
         t = checkpoint_time(e.path) if need_time else 0.0
-        out.append(Candidate(e.step, t, not e.good_candidate))
+        chain = chains[e.step]
+        replaced = any(s in uids and uids[s] != u for _, s, u in chain)
+        needs = tuple(s for _, s, _ in chain)
+        out.append(Candidate(e.step, t, not e.good_candidate or replaced, needs))
     return out
 
 
@@ -115,8 +159,9 @@ def prune_directory(
     keep = steps_to_keep(cands, keep_last, keep_every, keep_every_seconds, delete_bad)
     doomed = [Path(directory) / layout.checkpoint_name(c.step) for c in cands if c.step not in keep]
     if not dry_run:
-        for path in doomed:
+        for path in sorted(doomed, reverse=True):  # deltas before the files they are built on
             log.info("retention: deleting %s", path.name)
             path.unlink(missing_ok=True)
+            fault_point("prune.deleting")  # tests: die between two deletions
             path.with_name(path.name + layout.BAD).unlink(missing_ok=True)
     return sorted(doomed)

@@ -13,6 +13,12 @@ Commit protocol of one save (all ranks take part; see docs/format.md):
 
 Only step 5 makes the checkpoint visible, so a crash at any moment leaves either
 the previous set of checkpoints or the previous set plus this complete one.
+
+Saves are incremental by default: each rank hashes its arrays' blocks while saving
+and remembers the hashes of the last committed (or restored) checkpoint; the next
+save writes only the blocks whose hash changed, into a file that names the files it
+is built on (its chain). The chain is bounded (``max_chain``, ``max_chain_fraction``):
+past either bound, or when the layout changed, the save is a full checkpoint.
 """
 
 from __future__ import annotations
@@ -27,8 +33,9 @@ from typing import Any
 
 from mpi4py import MPI
 
-from hpcckpt.store import durability, filesystem, layout, retention
-from hpcckpt.store.checkpoint_file import write_file
+from hpcckpt.store import blocks, durability, faults, filesystem, layout, retention, safety
+from hpcckpt.store.blocks import ChainPolicy, ChainState
+from hpcckpt.store.checkpoint_file import Written, write_file
 from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
 from hpcckpt.store.reader import CheckpointReader
 from hpcckpt.store.resharding import Split, common_tree, even_split, resolve_ranges
@@ -51,6 +58,14 @@ class SaveResult:
     path: Path
     bytes_written: int  # summed over ranks
     seconds: float  # wall time of the slowest rank, commit included
+    kind: str = "full"  # or "incremental": only the changed blocks were written
+    dirty_blocks: int = 0  # blocks written, over all ranks
+    total_blocks: int = 0  # blocks of the whole state, over all ranks
+
+    @property
+    def dirty_fraction(self) -> float:
+        """Fraction of the state's blocks this save wrote (1.0 for a full checkpoint)."""
+        return self.dirty_blocks / self.total_blocks if self.total_blocks else 1.0
 
 
 @dataclass(frozen=True)
@@ -74,6 +89,12 @@ class CheckpointStore:
     None). A distributed array is stored as the global array and can be restored on
     any number of ranks. ``tuning`` adjusts the file-system tuning
     (:class:`hpcckpt.store.filesystem.TuningOptions`).
+
+    ``incremental`` (default True) writes only the blocks of ``block_size`` bytes
+    that changed since the previous checkpoint; a full checkpoint is written after
+    ``max_chain`` incremental ones, or once the incrementals since the last full one
+    would hold more than ``max_chain_fraction`` of a full one's bytes
+    (:class:`hpcckpt.store.blocks.ChainPolicy`, docs/format.md).
     """
 
     def __init__(
@@ -83,8 +104,18 @@ class CheckpointStore:
         *,
         distributed: Iterable[str] | Mapping[str, Split | None] = (),
         tuning: filesystem.TuningOptions | None = None,
+        share_group: bool = False,
+        incremental: bool = True,
+        block_size: int = blocks.DEFAULT_BLOCK_SIZE,
+        max_chain: int = 8,
+        max_chain_fraction: float = 0.5,
     ) -> None:
+        self.block_size = blocks.check_block_size(block_size)
+        self.chain_policy = ChainPolicy(bool(incremental), max_chain, max_chain_fraction)
+        #: This rank's hashes of the last committed or restored checkpoint (None: next is full).
+        self.last: ChainState | None = None
         self.directory = Path(directory).absolute()
+        self.file_mode, self.dir_mode = safety.modes(share_group)  # 0600/0700, group: 0640/0750
         self.comm = comm
         self.rank = comm.Get_rank()
         self.nranks = comm.Get_size()
@@ -139,23 +170,27 @@ class CheckpointStore:
         except (TypeError, ValueError) as exc:
             error = exc
         self._agree(error, f"encoding the state of step {step}", TypeError)
+        faults.fault_point("save.begin", step)
         state_bytes = self.comm.allreduce(sum(a.nbytes for a in arrays.values()), op=MPI.SUM)
 
         if self.rank == 0:
             try:
-                self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+                safety.make_directory(self.directory, self.dir_mode)
                 for leftover in layout.partials(self.directory):
                     log.info("removing leftover %s from an interrupted save", leftover.name)
-                    leftover.unlink(missing_ok=True)
+                    safety.remove_leftover(leftover)  # a link is unlinked, never followed
+                safety.check_free_space(self.directory, state_bytes)  # ENOSPC before HDF5 sees it
             except OSError as exc:
                 error = exc
         self._agree(error, f"preparing checkpoint directory {self.directory}")
+        faults.fault_point("save.prepared")
         if self.tuning is None:
             self.tuning = self._tune(state_bytes)
 
-        nbytes = 0
+        parent = self._parent()
+        written: Written | None = None
         try:
-            nbytes = write_file(
+            written = write_file(
                 partial,
                 self.comm,
                 step,
@@ -165,9 +200,14 @@ class CheckpointStore:
                 distributed=self.distributed,
                 hints=self.tuning.hints,
                 alignment=self.tuning.alignment,
+                block_size=self.block_size,
+                parent=parent,
+                policy=self.chain_policy,
             )
         except Exception as exc:  # every rank must reach the agreement below
             error = exc
+        faults.fault_point("write.closed")
+        error = safety.explain_write_error(error, self.directory, state_bytes)  # ENOSPC
         try:
             self._agree(error, f"writing checkpoint of step {step}")
         except CheckpointError:
@@ -177,13 +217,62 @@ class CheckpointStore:
 
         if self.rank == 0:
             try:
+                safety.set_mode(partial, self.file_mode)  # MPI-IO created it with the umask
                 durability.commit(partial, final)
+                faults.fault_point("commit.renamed")
             except OSError as exc:
                 error = exc
         self._agree(error, f"committing checkpoint of step {step}")
-        total = self.comm.allreduce(nbytes, op=MPI.SUM)
+        assert written is not None
+        self.last = written.state
+        total = self.comm.allreduce(written.bytes, op=MPI.SUM)
         seconds = self.comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-        return SaveResult(step, final, total, seconds)
+        return SaveResult(
+            step,
+            final,
+            total,
+            seconds,
+            written.kind,
+            written.dirty_blocks,
+            written.total_blocks,
+        )
+
+    def _parent(self) -> ChainState | None:
+        """The checkpoint the next save may be a delta of: the last one, if its chain is intact.
+
+        Rank 0 checks that every file of the chain is still there and not marked bad
+        (someone may have moved or pruned them); every rank gets the same answer.
+        """
+        if not self.chain_policy.incremental:
+            return None
+        ok = None
+        if self.rank == 0:
+            ok = self.last is not None and all(
+                (self.directory / name).is_file()
+                and not (self.directory / (name + layout.BAD)).exists()
+                for name, _, _ in self.last.chain
+            )
+        return self.last if self.comm.bcast(ok) else None
+
+    def _chain_state(self, reader: CheckpointReader) -> ChainState | None:
+        """This rank's memory of a restored checkpoint, from the hashes stored in its file."""
+        if reader.format_version < 2 or reader.nranks != self.nranks:
+            return None
+        specs, hashes = {}, {}
+        for name, info in reader.arrays.items():
+            specs[name] = (info.dtype.str, tuple(info.rank_shapes[self.rank]), info.distributed)
+            hashes[name] = reader.block_hashes(name, self.rank).copy()
+        return ChainState(
+            reader.step,
+            str(reader.uid),
+            reader.block_size,
+            reader.nranks,
+            specs,
+            hashes,
+            (*reader.chain_refs, (reader.path.name, reader.step, str(reader.uid))),
+            int(reader.attrs.get("chain_bytes", 0)),
+            int(reader.attrs.get("state_bytes", 0)),
+        )
 
     # -- retention -------------------------------------------------------------------------
     def prune(
@@ -218,16 +307,23 @@ class CheckpointStore:
         """Committed checkpoints as rank 0 sees them, newest first (same list on every rank)."""
         return self.comm.bcast(layout.scan(self.directory) if self.rank == 0 else None)
 
-    def _gather(self, problem: str | None, fatal: str | None, payload: Any = None) -> list[Any]:
-        """Every rank's (problem, fatal, payload); raises _Fatal / CorruptCheckpoint alike."""
-        outcome = self.comm.allgather((problem, fatal, payload))
-        fatals = [f for _, f, _ in outcome if f]
+    def _gather(
+        self, problem: str | None, fatal: str | None, payload: Any = None, culprit: Any = None
+    ) -> list[Any]:
+        """Every rank's (problem, fatal, payload); raises _Fatal / CorruptCheckpoint alike.
+
+        The CorruptCheckpoint's ``culprit`` lists the files the ranks found at fault
+        (members of an incremental checkpoint's chain); empty when it is the checkpoint.
+        """
+        outcome = self.comm.allgather((problem, fatal, payload, culprit and str(culprit)))
+        fatals = [f for _, f, _, _ in outcome if f]
         if fatals:
             raise _Fatal(fatals[0])
-        problems = [p for p, _, _ in outcome if p]
+        problems = [p for p, _, _, _ in outcome if p]
         if problems:
-            raise CorruptCheckpoint("; ".join(dict.fromkeys(problems[:4])))
-        return [p for _, _, p in outcome]
+            culprits = list(dict.fromkeys(c for p, _, _, c in outcome if p and c))
+            raise CorruptCheckpoint("; ".join(dict.fromkeys(problems[:4])), culprit=culprits)
+        return [p for _, _, p, _ in outcome]
 
     def _request(self, reader: CheckpointReader, name: str, state: Any) -> tuple[Any, ...]:
         """The rows this rank asks for of distributed array ``name`` (see resharding)."""
@@ -244,10 +340,12 @@ class CheckpointStore:
             return ("range", offs[self.rank], offs[self.rank + 1])
         return ("range", *even_split(rows, self.nranks, self.rank))
 
-    def _load(self, entry: layout.Entry, state: dict[str, Any]) -> tuple[Any, dict, int]:
+    def _load(
+        self, entry: layout.Entry, state: dict[str, Any]
+    ) -> tuple[Any, dict, int, ChainState | None]:
         """Read and verify this rank's tree and arrays of ``entry``; collective."""
         reader = None
-        problem = fatal = None
+        problem = fatal = culprit = None
         requests: dict[str, tuple[Any, ...]] = {}
         try:
             reader = CheckpointReader(entry.path)
@@ -261,13 +359,13 @@ class CheckpointStore:
                 elif info.distributed or name in self.distributed:
                     requests[name] = self._request(reader, name, state)
         except CorruptCheckpoint as exc:
-            problem = str(exc)
+            problem, culprit = str(exc), exc.culprit
         except CheckpointError as exc:
             fatal = str(exc)
         except Exception as exc:  # a split function raised: every rank must hear of it
             fatal = f"choosing the rows to restore: {type(exc).__name__}: {exc}"
         try:
-            gathered = self._gather(problem, fatal, requests)
+            gathered = self._gather(problem, fatal, requests, culprit)
             assert reader is not None
             saved = reader.nranks
             ranges = {}
@@ -302,17 +400,33 @@ class CheckpointStore:
                         rank = self.rank if saved == self.nranks else 0
                         arrays[name] = reader.rank_array(name, rank)
                 fatal = check_fits(state, tree, arrays)
+                chain_state = self._chain_state(reader)
             except CorruptCheckpoint as exc:
-                problem = str(exc)
+                problem, culprit = str(exc), exc.culprit
             except CheckpointError as exc:
                 fatal = str(exc)
             except (OSError, ValueError) as exc:
                 problem = f"{entry.path.name}: unreadable ({type(exc).__name__}: {exc})"
-            self._gather(problem, fatal)
-            return tree, arrays, saved
+            self._gather(problem, fatal, None, culprit)
+            return tree, arrays, saved, chain_state
         finally:
             if reader is not None:
                 reader.close()
+
+    def _mark_bad(self, entry: layout.Entry, culprits: Iterable[Any], reason: str) -> None:
+        """Rank 0: mark the files at fault bad; a checkpoint whose chain needs one is
+        skipped from then on by the reader. A missing file is not marked (it cannot be)."""
+        for culprit in culprits:
+            path = Path(culprit)
+            if path.parent != entry.path.parent or layout.step_of(path.name) is None:
+                path = entry.path
+            if os.path.lexists(path) and layout.read_bad(path) is None:
+                why = (
+                    reason
+                    if path == entry.path
+                    else f"found while restoring {entry.path.name}: {reason}"
+                )
+                layout.mark_bad(path, why)
 
     def restore(self, state: dict[str, Any]) -> RestoreResult | None:
         """Fill ``state`` from the newest checkpoint that verifies on every rank.
@@ -332,7 +446,7 @@ class CheckpointStore:
                 skipped.append((entry.step, f"marked bad earlier: {entry.bad_reason}"))
                 continue
             try:
-                tree, arrays, saved = self._load(entry, state)
+                tree, arrays, saved, chain_state = self._load(entry, state)
             except _Fatal as exc:
                 raise CheckpointError(str(exc)) from None
             except CorruptCheckpoint as exc:
@@ -343,10 +457,11 @@ class CheckpointStore:
                         entry.path.name,
                         reason,
                     )
-                    layout.mark_bad(entry.path, reason)
+                    self._mark_bad(entry, exc.culprit or [entry.path], reason)
                 skipped.append((entry.step, reason))
                 continue
             decode_into(state, tree, arrays)
+            self.last = chain_state
             return RestoreResult(entry.step, entry.path, skipped, saved)
         if entries:
             detail = "; ".join(f"step {s}: {r}" for s, r in skipped[:4])

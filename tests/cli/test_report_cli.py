@@ -55,6 +55,7 @@ def test_json_report(ckpt_dir: Path) -> None:
         "time",
         "efficiency",
         "failures",
+        "node_failures",
         "interval",
     }
     assert data["directory"] == str(ckpt_dir)

@@ -120,3 +120,17 @@ def test_deadline_checkpoints_and_stops_before_end_time_without_signal(tmp_path)
     assert status.time < end, "the deadline checkpoint must be committed before the end time"
     assert 0 < status.step < 59
     assert [e.step for e in layout.scan(tmp_path / "ck")] == [status.step]
+
+
+@pytest.mark.parametrize("level", ["quiet", "normal", "verbose"])
+def test_log_level_from_the_wrapper_sets_what_the_ranks_say(tmp_path, level):
+    r = mpirun(
+        2,
+        [*HEAT, "--ckpt-dir", tmp_path / "ck", "--steps", "20", "--every", "10"],
+        env={"HPCCKPT_LOG_LEVEL": level},
+    )
+    assert r.returncode == 0, r.stderr
+    rank0 = [x for x in r.stderr.splitlines() if x.startswith("hpcckpt[0] checkpoint step")]
+    rank1 = [x for x in r.stderr.splitlines() if x.startswith("hpcckpt[1] checkpoint step")]
+    assert len(rank0) == (0 if level == "quiet" else 2), r.stderr
+    assert len(rank1) == (2 if level == "verbose" else 0), r.stderr

@@ -458,3 +458,33 @@ def test_mpirun_two_ranks_both_get_the_signal(tmp_path):
     assert received(ckpt, 0) == ["SIGUSR1"]
     assert received(ckpt, 1) == ["SIGUSR1"]
     assert read_status(ckpt).state == STOPPED
+
+
+# -- how much the job log says ---------------------------------------------------------------
+
+
+def test_quiet_says_nothing_on_success_and_tells_the_step(tmp_path):
+    ckpt = tmp_path / "ck"
+    w = Wrapped(ckpt, app("env"), "--quiet")
+    assert w.wait() == 0, w.stderr
+    assert not [line for line in w.lines if line.startswith("hpcckpt:")], w.lines
+    assert json.loads((ckpt / "env.json").read_text())["HPCCKPT_LOG_LEVEL"] == "quiet"
+
+
+def test_quiet_still_reports_a_crash(tmp_path):
+    w = Wrapped(tmp_path / "ck", app("crash"), "--quiet")
+    assert w.wait() == 3
+    assert any(line.startswith("hpcckpt: step crashed") for line in w.lines), w.lines
+
+
+def test_verbose_shows_the_step_environment(tmp_path):
+    ckpt = tmp_path / "ck"
+    w = Wrapped(ckpt, app("env"), "--verbose")
+    assert w.wait() == 0, w.stderr
+    env_line = [line for line in w.lines if "step environment:" in line]
+    assert env_line and "HPCCKPT_LOG_LEVEL=verbose" in env_line[0], w.lines
+    assert json.loads((ckpt / "env.json").read_text())["HPCCKPT_LOG_LEVEL"] == "verbose"
+    normal = Wrapped(tmp_path / "ck2", app("env"))
+    assert normal.wait() == 0
+    assert not [line for line in normal.lines if "step environment:" in line]
+    assert len(normal.lines) < len(w.lines)

@@ -149,7 +149,9 @@ def test_crash_loop_stops_after_the_budget(slurm_cluster, tmp_path):
 @pytest.mark.mpi
 def test_chain_mode_through_two_links(slurm_cluster, tmp_path):
     """`hpcckpt submit chain`: each time-limit stop submits the next job; result identical."""
-    steps = 120
+    # 45 s of work in a 1-minute job: Slurm's USR1@50 (it comes 10-40 s in: the controller
+    # checks every ~30 s) or the Checkpointer's deadline cuts every link short.
+    steps = 450
     reference = heat_reference(tmp_path, steps)
     env = cluster_env(slurm_cluster)
     ckpt = tmp_path / "ckpt"
@@ -227,7 +229,8 @@ def test_c_application_time_limit_cycle(slurm_cluster, tmp_path):
                            capture_output=True, text=True, timeout=120)  # fmt: skip
     assert build.returncode == 0, build.stderr
     binary = tmp_path / "heat1d"
-    steps, sleep_ms = 500, 40
+    # 48 s of work in a 1-minute job: USR1@50 arrives 10-40 s in, before the work is done.
+    steps, sleep_ms = 1200, 40
     ref = subprocess.run(
         ["mpirun", "-n", "2", str(binary), str(steps), "0", str(tmp_path / "refrs"),
          str(tmp_path / "ref.bin")],  # fmt: skip

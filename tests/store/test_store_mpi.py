@@ -119,7 +119,9 @@ def test_per_rank_array_on_another_rank_count_names_it(tmp_path):
 def test_checkpointer_declares_distributed_and_prunes(tmp_path):
     d = tmp_path / "ck"
     run(3, "checkpointer", d)
-    assert [e.step for e in layout.scan(d)] == [30, 25, 20, 5]  # keep_last=2, keep_every=20
+    # keep_last=2 keeps 30, 25 and keep_every=20 keeps 5, 20; "u" never changes, so 10..30
+    # are incremental checkpoints built on 5 and their chain (5..25) stays with them.
+    assert [e.step for e in layout.scan(d)] == [30, 25, 20, 15, 10, 5]
     store = CheckpointStore(d, MPI.COMM_SELF, distributed=["u"])
     state: dict = {"u": None}
     assert store.restore(state).step == 30 and state["k"] == 30

@@ -80,7 +80,13 @@ def main() -> int:
         for sig in STOP_SIGNALS:
             signal.signal(sig, on_signal)
     if args.mode == "env":
-        keys = ("HPCCKPT_DIR", "HPCCKPT_ATTEMPT", "HPCCKPT_SIGNAL", "OMPI_MCA_io")
+        keys = (
+            "HPCCKPT_DIR",
+            "HPCCKPT_ATTEMPT",
+            "HPCCKPT_SIGNAL",
+            "HPCCKPT_LOG_LEVEL",
+            "OMPI_MCA_io",
+        )
         (DIR / "env.json").write_text(json.dumps({k: os.environ.get(k) for k in keys}))
     wait_for_ranks("ready")
     report(RUNNING, 0)

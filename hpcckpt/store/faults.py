@@ -1,0 +1,110 @@
+"""Fault injection for the reliability suite: die at a named phase of a save.
+
+``HPCCKPT_FAULT="phase[:rank[:step]][,phase...]"`` (read once, at import) makes
+:func:`fault_point` kill the calling process with SIGKILL when it reaches ``phase``
+on ``rank`` (a number, or ``*``/empty for every rank) during the save of ``step``
+(a number, or ``*``/empty for any step). SIGKILL is what a node failure, the OOM
+killer or Slurm after ``KillWait`` do: no ``finally``, no ``atexit``, no flush.
+
+Phases (see docs/reliability.md for what each one tests):
+
+=======================  ===========================================================
+``save.begin``           every rank: the state is encoded, no file touched yet
+``save.prepared``        every rank: directory ready, leftovers removed, the empty
+                         ``.partial`` created; no data written
+``write.data``           every rank: in the middle of the data (its tree and first
+                         array slice written, the rest not)
+``write.closed``         every rank: the ``.partial`` is written, synced and closed;
+                         the ranks have not agreed yet, nothing fsynced
+``commit.fsynced``       rank 0: the ``.partial`` is fsynced, not yet renamed
+``commit.renamed``       rank 0: renamed to ``ckpt-<step>.h5`` (directory fsynced);
+                         the other ranks do not know yet
+``checkpointer.saved``   every rank: the store's save returned; no prune, no event,
+                         no status update yet
+``prune.deleting``       rank 0: retention deleted its first checkpoint, not the rest
+=======================  ===========================================================
+
+When the variable is unset, :func:`fault_point` is one test of a module global.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+ENV = "HPCCKPT_FAULT"
+
+#: Every phase a fault can be injected at, in the order a save meets them.
+PHASES = (
+    "save.begin",
+    "save.prepared",
+    "write.data",
+    "write.closed",
+    "commit.fsynced",
+    "commit.renamed",
+    "checkpointer.saved",
+    "prune.deleting",
+)
+
+_RANK_ENVS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
+
+
+def parse(text: str) -> list[tuple[str, int | None, int | None]]:
+    """``"phase[:rank[:step]],..."`` -> [(phase, rank or None, step or None)]; ValueError if bad."""
+    faults = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        parts = item.split(":")
+        if len(parts) > 3 or parts[0] not in PHASES:
+            raise ValueError(
+                f"{ENV}={text!r}: {item!r} is not phase[:rank[:step]] with a phase among "
+                f"{', '.join(PHASES)}"
+            )
+        nums: list[int | None] = []
+        for part in parts[1:] + [""] * (3 - len(parts)):
+            if part in ("", "*"):
+                nums.append(None)
+            elif part.isdigit():
+                nums.append(int(part))
+            else:
+                raise ValueError(f"{ENV}={text!r}: {part!r} is not a number or '*'")
+        faults.append((parts[0], nums[0], nums[1]))
+    return faults
+
+
+_FAULTS = parse(os.environ.get(ENV, ""))
+_step: int | None = None  # the step of the save under way (from the last point that gave one)
+
+
+def _my_rank() -> int:
+    for name in _RANK_ENVS:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized():
+        return mpi.COMM_WORLD.Get_rank()
+    return 0
+
+
+def fault_point(phase: str, step: int | None = None) -> None:
+    """Die here (SIGKILL) if ``$HPCCKPT_FAULT`` asks for ``phase`` on this rank and step.
+
+    ``step`` is given by the first point of a save; later points reuse it.
+    """
+    if not _FAULTS:
+        return
+    global _step
+    if step is not None:
+        _step = step
+    for want, rank, at in _FAULTS:
+        if want != phase or (at is not None and at != _step):
+            continue
+        if rank is not None and rank != _my_rank():
+            continue
+        sys.stderr.write(f"hpcckpt: injected fault {phase} (step {_step}): SIGKILL\n")
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)

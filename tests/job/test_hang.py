@@ -1,0 +1,191 @@
+"""Hang detection (issue 10): the pure decision, progress files, and a real hung mpirun."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcckpt.job import hang
+from hpcckpt.job.events import read_events
+from hpcckpt.job.heartbeat import Heartbeat
+from hpcckpt.job.outcome import Outcome, StepResult
+from hpcckpt.job.poison import classify_poisoned, rejection_of
+from tests.job.test_wrapper import Wrapped, clean_env
+from tests.mpi_helpers import mpi_env, mpirun_cmd
+
+GUARD_APP = Path(__file__).resolve().parent / "apps" / "guard_app.py"
+T0 = 1_000_000.0
+
+
+def decide(beats, now, **kw):
+    kw.setdefault("started", T0)
+    kw.setdefault("timeout", 10.0)
+    kw.setdefault("save_timeout", 60.0)
+    return hang.decide({b.rank: b for b in beats}, now=now, **kw)
+
+
+def test_fresh_heartbeats_are_not_a_hang():
+    beats = [Heartbeat(0, 5, T0 + 20), Heartbeat(1, 5, T0 + 25)]
+    assert not decide(beats, T0 + 29, nranks=2).hung
+
+
+def test_one_silent_rank_is_named_with_its_step_and_age():
+    beats = [Heartbeat(0, 40, T0 + 50), Heartbeat(1, 12, T0 + 20)]
+    v = decide(beats, T0 + 52, nranks=2)
+    assert v.hung and [s.rank for s in v.silent] == [1]
+    s = v.silent[0]
+    assert s.step == 12 and s.seconds == pytest.approx(32) and s.limit == 10
+    assert "rank 1 silent for 32 s" in v.message() and "step 12" in v.message()
+    fields = v.event_fields()
+    assert fields["ranks"] == [1] and fields["last_steps"] == [12]
+    assert fields["seconds_silent"] == [32.0]
+
+
+@pytest.mark.parametrize("phase", ["save", "restore"])
+def test_a_rank_in_a_save_gets_the_longer_allowance(phase):
+    beats = [Heartbeat(0, 9, T0 + 10, phase), Heartbeat(1, 9, T0 + 10, phase)]
+    assert not decide(beats, T0 + 65, nranks=2).hung
+    v = decide(beats, T0 + 75, nranks=2)
+    assert v.hung and {s.limit for s in v.silent} == {60.0}
+
+
+def test_a_rank_that_never_wrote_is_silent_after_the_timeout_from_the_start():
+    beats = [Heartbeat(0, 3, T0 + 9)]
+    assert not decide(beats, T0 + 9.5, nranks=3).hung
+    v = decide(beats, T0 + 12, nranks=3)
+    assert [s.rank for s in v.silent] == [1, 2]
+    assert all(s.phase is None and s.since == T0 for s in v.silent)
+    assert "no heartbeat since the step started" in v.message()
+
+
+def test_no_heartbeat_at_all_with_unknown_rank_count():
+    assert not decide([], T0 + 9).hung
+    v = decide([], T0 + 11)
+    assert v.hung and v.silent[0].rank == 0 and v.heard == 0
+
+
+def test_stale_heartbeats_of_an_earlier_attempt_count_as_missing():
+    v = decide([Heartbeat(0, 100, T0 - 500)], T0 + 11, nranks=1)
+    assert v.hung and v.silent[0].phase is None
+
+
+def test_default_save_timeout_follows_the_measured_cost():
+    assert hang.default_save_timeout(30) == 120
+    assert hang.default_save_timeout(30, [2.0, 50.0]) == 180
+    events = [{"event": "checkpoint", "seconds": 4.5}, {"event": "restart_set", "seconds": 7}]
+    assert hang.measured_costs(events) == [4.5, 7.0]
+
+
+def test_timeouts_are_checked():
+    with pytest.raises(ValueError, match="heartbeat period"):
+        hang.check_timeouts(5, None)
+    with pytest.raises(ValueError, match="at least"):
+        hang.check_timeouts(20, 10)
+
+
+def test_progress_decision():
+    assert not hang.decide_progress(T0 + 5, now=T0 + 14, started=T0, timeout=10, changed=True).hung
+    v = hang.decide_progress(T0 + 5, now=T0 + 16, started=T0, timeout=10, changed=True)
+    assert v.hung and v.silent[0].rank is None and "progress-file change" in v.message()
+    v = hang.decide_progress(T0 - 99, now=T0 + 11, started=T0, timeout=10, changed=False)
+    assert v.hung and v.silent[0].seconds == pytest.approx(11)
+
+
+def test_progress_files_see_growth(tmp_path):
+    log = tmp_path / "app.log"
+    log.write_text("a\n")
+    watch = hang.ProgressFiles([str(tmp_path / "*.log")])
+    first = watch.poll(T0)
+    assert not watch.changed
+    with log.open("a") as f:
+        f.write("b\n")
+    assert watch.poll(T0 + 3) == T0 + 3 and watch.changed
+    assert watch.poll(T0 + 6) == T0 + 3
+    assert first != T0 + 3
+
+
+def test_poisoned_outcome_is_decided_from_this_attempts_rejected_event():
+    crashed = StepResult(Outcome.CRASHED, 1, None, "exit status 1")
+    evs = [
+        {"event": "rejected", "attempt": "old", "step": 3, "ranks": [0]},
+        {"event": "rejected", "attempt": "me", "step": 9, "ranks": [1], "arrays": ["u"]},
+    ]
+    assert rejection_of(evs, "me")["step"] == 9
+    result, rej = classify_poisoned(crashed, evs, "me")
+    assert result.outcome is Outcome.POISONED and rej["ranks"] == [1]
+    assert "rank(s) 1" in result.reason and "'u'" in result.reason
+    assert classify_poisoned(crashed, evs[:1], "me")[0] is crashed
+    stopped = StepResult(Outcome.STOPPED, 0, None, "stopped")
+    assert classify_poisoned(stopped, evs, "me")[0] is stopped
+
+
+def test_kill_step_leaves_no_orphans(tmp_path):
+    """A launcher that ignores TERM and has a child that ignores TERM: both gone."""
+    script = (
+        "import signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'])\n"
+        "time.sleep(600)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script])
+    time.sleep(1.0)
+    below = hang.descendants(child.pid)
+    assert len(below) == 1
+    taken = hang.kill_step(child, grace=1.0)
+    assert taken["killed_launcher"] and taken["leftovers_killed"] == sorted(below)
+    assert not hang.alive(below)
+
+
+def _leftovers(marker: str) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in cmd and b"python" in cmd and state != "Z":
+            pids.append(int(entry))
+    return pids
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_wrapper_kills_a_hung_mpirun_after_the_timeout(tmp_path):
+    """Rank 1 sleeps forever after the first checkpoint: killed after the timeout, no
+    orphan, event written, and the crash path runs (outside Slurm: not continued)."""
+    ckpt = tmp_path / "ckpt"
+    tag = str(tmp_path / f"hang-test-{os.getpid()}-{time.monotonic_ns()}.npy")
+    cmd = mpirun_cmd(2, [GUARD_APP, "--steps", "100", "--every", "5", "--sleep", "0.05",
+                         "--hang-at", "12", "--out", tag])  # fmt: skip
+    env = clean_env(**{k: v for k, v in mpi_env().items() if k.startswith("OMPI_")})
+    w = Wrapped(ckpt, cmd, "--hang-timeout", "8", env=env)
+    w.wait_line("hangs at step 12", timeout=60)
+    hung_at = time.monotonic()
+    rc = w.wait(timeout=60)
+    took = time.monotonic() - hung_at
+    assert rc != 0, w.stderr
+    assert 8 <= took < 8 + 5 + 10, (took, w.stderr)
+    line = w.wait_line("hang: ")
+    assert "rank 1 silent for" in line and "limit 8 s" in line, line
+    evs = list(read_events(ckpt))
+    (hung,) = [e for e in evs if e["event"] == "hang"]
+    assert 1 in hung["ranks"] and all(s >= 8 for s in hung["seconds_silent"])
+    assert hung["last_steps"][hung["ranks"].index(1)] in (None, *range(13))
+    assert [e["event"] for e in evs if e["event"] in ("hang_killed", "crashed")] == [
+        "hang_killed",
+        "crashed",
+    ]
+    crashed = next(e for e in evs if e["event"] == "crashed")
+    assert crashed["reason"].startswith("hang: ")
+    assert any(e["event"] == "checkpoint" for e in evs)
+    time.sleep(0.5)
+    assert _leftovers(tag) == [], "processes of the hung app survived"
