@@ -156,7 +156,7 @@ class DirectoryLock:
             return False
         except OSError:  # no hard links here (some FUSE/object stores): exclusive create
             try:
-                write_private_excl(self.path, text, self.mode)
+                write_private(self.path, text, self.mode, replace=False)
                 return True
             except FileExistsError:
                 return False
@@ -296,13 +296,3 @@ class DirectoryLock:
             if (read_owner(lock.path) or {}).get("token") == lock.token:
                 lock.path.unlink(missing_ok=True)
             atexit.unregister(lock.release)
-
-
-def write_private_excl(path: Path, text: str, mode: int) -> None:
-    """Create ``path`` with ``text``; FileExistsError if the name exists (link or file)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-    try:
-        os.fchmod(fd, mode)
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)

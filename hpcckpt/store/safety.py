@@ -98,9 +98,14 @@ def create_private(path: Path, mode: int = FILE_MODE) -> None:
         os.close(fd)
 
 
-def write_private(path: Path, text: str, mode: int = FILE_MODE) -> None:
-    """Write ``text`` to a fresh file ``path`` (an old file or link of that name is unlinked)."""
-    path.unlink(missing_ok=True)
+def write_private(path: Path, text: str, mode: int = FILE_MODE, *, replace: bool = True) -> None:
+    """Write ``text`` to a fresh file ``path``, never through a link.
+
+    With ``replace`` an old file or link of that name is unlinked first; without it an
+    existing name raises FileExistsError (how a lock file is taken).
+    """
+    if replace:
+        path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:
         os.fchmod(fd, mode)
