@@ -46,6 +46,8 @@ PHASES = (
     "checkpointer.saved",
     "prune.deleting",
 )
+#: Phases of a restore (not of a save).
+RESTORE_PHASES = ("restore.reading",)
 
 _RANK_ENVS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
 
@@ -58,10 +60,10 @@ def parse(text: str) -> list[tuple[str, int | None, int | None]]:
         if not item:
             continue
         parts = item.split(":")
-        if len(parts) > 3 or parts[0] not in PHASES:
+        if len(parts) > 3 or parts[0] not in (*PHASES, *RESTORE_PHASES):
             raise ValueError(
                 f"{ENV}={text!r}: {item!r} is not phase[:rank[:step]] with a phase among "
-                f"{', '.join(PHASES)}"
+                f"{', '.join((*PHASES, *RESTORE_PHASES))}"
             )
         nums: list[int | None] = []
         for part in parts[1:] + [""] * (3 - len(parts)):

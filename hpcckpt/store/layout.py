@@ -21,6 +21,8 @@ PREFIX = "ckpt-"
 SUFFIX = ".h5"
 PARTIAL = ".partial"
 BAD = ".bad"
+#: Left by rank 0 while a restore reads a checkpoint; still there = that read killed us.
+READING = ".reading"
 _NAME = re.compile(r"^ckpt-(\d{10,})\.h5$")
 _PARTIAL_NAME = re.compile(r"^ckpt-(\d{10,})\.h5\.partial$")
 

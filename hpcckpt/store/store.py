@@ -413,6 +413,25 @@ class CheckpointStore:
             if reader is not None:
                 reader.close()
 
+    def _died_reading(self, entry: layout.Entry) -> bool:
+        """Rank 0: whether an earlier restore died reading this checkpoint (then mark it bad);
+        otherwise leave a marker that only a completed read removes.
+
+        A few damaged HDF5 headers crash the library itself (a segfault, not an error):
+        without this, every restart would crash on the same file and never fall back.
+        """
+        marker = _reading_marker(entry.path)
+        if os.path.lexists(marker):
+            log.warning("checkpoint %s: %s; trying the previous one", entry.path.name, READ_CRASH)
+            self._mark_bad(entry, [entry.path], READ_CRASH)
+            marker.unlink(missing_ok=True)
+            return True
+        try:
+            safety.write_private(marker, f"{os.getpid()}\n", self.file_mode)
+        except OSError as exc:  # a read-only directory: restore still works, unguarded
+            log.debug("cannot leave %s: %s", marker.name, exc)
+        return False
+
     def _mark_bad(self, entry: layout.Entry, culprits: Iterable[Any], reason: str) -> None:
         """Rank 0: mark the files at fault bad; a checkpoint whose chain needs one is
         skipped from then on by the reader. A missing file is not marked (it cannot be)."""
@@ -445,7 +464,11 @@ class CheckpointStore:
             if not entry.good_candidate:
                 skipped.append((entry.step, f"marked bad earlier: {entry.bad_reason}"))
                 continue
+            if self.comm.bcast(self._died_reading(entry) if self.rank == 0 else None):
+                skipped.append((entry.step, READ_CRASH))
+                continue
             try:
+                faults.fault_point("restore.reading", entry.step)
                 tree, arrays, saved, chain_state = self._load(entry, state)
             except _Fatal as exc:
                 raise CheckpointError(str(exc)) from None
@@ -460,6 +483,10 @@ class CheckpointStore:
                     self._mark_bad(entry, exc.culprit or [entry.path], reason)
                 skipped.append((entry.step, reason))
                 continue
+            finally:
+                self.comm.Barrier()  # every rank is past the read: it did not kill us
+                if self.rank == 0:
+                    _reading_marker(entry.path).unlink(missing_ok=True)
             decode_into(state, tree, arrays)
             self.last = chain_state
             return RestoreResult(entry.step, entry.path, skipped, saved)
@@ -470,3 +497,14 @@ class CheckpointStore:
                 "Move them aside to start from scratch, or inspect them with 'hpcckpt verify'"
             )
         return None
+
+
+#: Why a checkpoint whose reading killed an earlier restore is skipped.
+READ_CRASH = (
+    "an earlier restore died while reading it (HDF5 crashed on damaged metadata, or the "
+    "job was killed mid-restore); remove its .bad file to try it again"
+)
+
+
+def _reading_marker(path: Path) -> Path:
+    return path.with_name(path.name + layout.READING)

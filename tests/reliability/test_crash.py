@@ -172,3 +172,44 @@ def test_crash_then_restore_gets_the_newest_committed(tmp_path, mode, phase, who
         outcome="recovered",
         seconds=f"{time.monotonic() - t0:.1f}",
     )
+
+
+@pytest.mark.parametrize("who", ["0", "1"])
+def test_a_restore_that_dies_reading_a_checkpoint_falls_back_on_the_next_try(
+    tmp_path, who, reliability_log
+):
+    """Some damaged HDF5 headers crash the library itself: the next restore must skip them."""
+    d = tmp_path / "ck"
+    r = mpirun(2, [APP, d, NSTEPS, -1, "full"], timeout=180)
+    assert r.returncode == 0, r.stderr
+    newest = NSTEPS - 1
+    # The next run dies (SIGKILL, as a segfault would) while it reads the newest checkpoint.
+    r = mpirun(
+        2,
+        [APP, d, NSTEPS + 2, -1, "full"],
+        env={"HPCCKPT_FAULT": f"restore.reading:{who}:{newest}"},
+        timeout=180,
+    )
+    assert r.returncode != 0 and "injected fault restore.reading" in r.stderr, r.stderr
+    owner = read_owner(d / LOCK_NAME)
+    wait_for(lambda: not _alive(owner["pid"]), 30, "the killed job's rank 0 to be gone")
+    # The run after that skips it (marked bad, kept) and resumes from the one before.
+    r = mpirun(2, [APP, d, NSTEPS + 2, -1, "full"], timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert f"restored step {newest - 1}" in r.stderr, r.stderr
+    bad = layout.read_bad(d / layout.checkpoint_name(newest))
+    assert bad and "died while reading" in bad
+    assert (d / layout.checkpoint_name(newest)).exists(), "never deleted"
+    assert not list(d.glob("*.reading"))
+    reliability_log.add(
+        "crash",
+        save="restore",
+        phase="restore.reading",
+        killed=f"rank {who}",
+        on_disk="",
+        partial_left="no",
+        restored=newest - 1,
+        leftovers_after_next_save=0,
+        outcome="recovered",
+        seconds="",
+    )
