@@ -292,15 +292,7 @@ class NodeFailures:
         if self._signal_check is not None:
             self._signal_check.join(timeout=10.0)
         if self._requeued_by_slurm is not None:  # events written at the signal
-            w.event(
-                "step_end",
-                exit_code=rc,
-                outcome="crashed",
-                state=None,
-                step=self._requeued_by_slurm["step"],
-                elapsed=round(w.elapsed(), 3),
-                node_failure=self._requeued_by_slurm["node"],
-            )
+            self._step_end(rc, self._requeued_by_slurm["step"], self._requeued_by_slurm["node"])
             return rc, EXIT_OK
         while w.slurm_env.in_job and self._crashed(rc):
             try:
@@ -412,16 +404,20 @@ class NodeFailures:
         w.event("node_failure", action="requeue", **fields)
         if w.continuation is None or not self._budget_left()[0]:
             return None  # the wrapper's crash path says why it does not continue
-        w.event(
+        self._step_end(rc, step, fields["node"])
+        return w.continue_job(NODE_FAILURE_CAUSE, step)
+
+    def _step_end(self, rc: int, step: int | None, node: Any) -> None:
+        """The wrapper's ``step_end`` event for a step lost with a node."""
+        self.w.event(
             "step_end",
             exit_code=rc,
             outcome="crashed",
             state=None,
             step=step,
-            elapsed=round(w.elapsed(), 3),
-            node_failure=fields["node"],
+            elapsed=round(self.w.elapsed(), 3),
+            node_failure=node,
         )
-        return w.continue_job(NODE_FAILURE_CAUSE, step)
 
     def _slurm_requeues(self, rc: int, step: int | None, fields: dict[str, Any]) -> int | None:
         """Without --no-kill Slurm requeues a --requeue job itself: do not requeue twice."""
@@ -443,15 +439,7 @@ class NodeFailures:
             time.sleep(1.0)
         if requeued:
             assert info is not None
-            w.event(
-                "step_end",
-                exit_code=rc,
-                outcome="crashed",
-                state=None,
-                step=step,
-                elapsed=round(w.elapsed(), 3),
-                node_failure=fields["node"],
-            )
+            self._step_end(rc, step, fields["node"])
             w.event("node_failure", action="requeued_by_slurm", **fields)
             w.event(
                 "requeue",

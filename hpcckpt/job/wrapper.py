@@ -530,6 +530,16 @@ class Wrapper:
         if self._send(what, subject) and self.files is not None:
             self._pending = self.files.begin(stop=True)
 
+    def _forwarded_event(self, held_for: float) -> None:
+        """The event for a held stop request that has now reached the step."""
+        self.event(
+            "signal_forwarded",
+            name=self._requested_name,
+            as_signal=self._fwd_name(),
+            elapsed=round(self.elapsed(), 3),
+            held_for=round(held_for, 3),
+        )
+
     def check_held(self) -> None:
         """While a stop request is held, forward it once the application is ready."""
         if not self._held or self.child is None:
@@ -541,13 +551,7 @@ class Wrapper:
                     f"the application has run {self.config.app_ready:g} s",
                     f"{self._requested_name} held for {held_for:.1f} s",
                 )
-                self.event(
-                    "signal_forwarded",
-                    name=self._requested_name,
-                    as_signal=self._fwd_name(),
-                    elapsed=round(self.elapsed(), 3),
-                    held_for=round(held_for, 3),
-                )
+                self._forwarded_event(held_for)
             return
         status = self.own_status()
         if status is None:
@@ -559,13 +563,7 @@ class Wrapper:
                 f"application reported running{step} {self.elapsed():.1f} s after start",
                 f"{self._requested_name} held for {held_for:.1f} s",
             )
-            self.event(
-                "signal_forwarded",
-                name=self._requested_name,
-                as_signal=self._fwd_name(),
-                elapsed=round(self.elapsed(), 3),
-                held_for=round(held_for, 3),
-            )
+            self._forwarded_event(held_for)
         else:
             self._held = False
             self.log(
