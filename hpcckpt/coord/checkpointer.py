@@ -35,17 +35,19 @@ from hpcckpt.policy import (
     parse_end_time,
 )
 from hpcckpt.policy.durations import format_duration
-from hpcckpt.store import faults, safety
+from hpcckpt.store import fast_tier, faults, safety
 from hpcckpt.store.filesystem import TuningOptions
 from hpcckpt.store.lock import DirectoryLock, DirectoryLocked
 from hpcckpt.store.resharding import Split
 from hpcckpt.store.retention import check_rules
-from hpcckpt.store.store import CheckpointError, CheckpointStore, SaveResult
+from hpcckpt.store.staging import HostBuffers
+from hpcckpt.store.store import CheckpointError, CheckpointStore, PendingSave, SaveResult
 
 log = logging.getLogger("hpcckpt")
 
-# Slots of the flag vector the ranks reduce (MAX) to agree on a decision.
-_SIGNAL, _TIME, _DEADLINE = 0, 1, 2
+# Slots of the flag vector the ranks reduce (MAX) to agree on a decision. _BUSY is 0 only
+# when every rank's background write of the pending staged save has finished.
+_SIGNAL, _TIME, _DEADLINE, _BUSY = 0, 1, 2, 3
 
 END_TIME_ENV = "HPCCKPT_END_TIME"
 #: The wrapper exports the signal it forwards (its --signal), so both sides agree.
@@ -114,6 +116,20 @@ class Checkpointer:
     a callable ``validate(state) -> bool | str`` or None. If any rank rejects, nothing is
     committed, the state is kept as ``ckpt-<step>.h5.rejected``, an event ``rejected``
     names the ranks and arrays, and PoisonedState is raised on every rank.
+
+    Saves that do not block for the write (docs/performance.md, "Asynchronous saves"):
+    with ``async_save=True`` ``save`` copies the arrays into host buffers reused from
+    save to save (one more copy of the rank's arrays in memory) and returns; with
+    ``cache=PATH`` (e.g. ``/dev/shm/$SLURM_JOB_ID`` or a node-local NVMe) it writes
+    them there instead, where they also survive a crash of the job's processes. A
+    thread per rank then writes the checkpoint file; it is committed by the first
+    ``due()`` (or ``save``, ``wait``, ``finish``, ``close``) after every rank's write is
+    durable. One background write at a time: a save waits for the previous one. A
+    background failure is raised (or warned, with ``on_save_error="warn"``) by the call
+    that commits, and the checkpoint never becomes good. Checkpoints on a stop signal
+    or at the deadline are written synchronously. ``restore`` takes a node-local copy
+    newer than the directory's newest checkpoint when every rank still holds its part,
+    on the same host, and it verifies.
     """
 
     def __init__(
@@ -144,6 +160,8 @@ class Checkpointer:
         max_chain: int = 8,
         max_chain_fraction: float = 0.5,
         validate: str | Validator | None = "finite",
+        async_save: bool = False,
+        cache: str | os.PathLike[str] | None = None,
     ) -> None:
         directory = directory if directory is not None else os.environ.get(job_status.DIR_ENV)
         if not directory:
@@ -193,12 +211,21 @@ class Checkpointer:
             max_chain_fraction=max_chain_fraction,
             **({} if block_size is None else {"block_size": block_size}),
         )
+        self.cache = Path(cache).absolute() if cache is not None else None
+        if self.cache is not None:
+            fast_tier.check_cache_dir(self.cache, self.directory)
+        #: Host memory an async save stages into (None: not async, or staged to ``cache``).
+        self.buffers = HostBuffers() if async_save and self.cache is None else None
+        self._pending: PendingSave | None = None
+        self._pending_reason = ""
+        #: The full cost of a checkpoint (staging to commit): what a deadline save costs.
+        self.durable_costs = CostTracker()
         signal = signal if signal is not None else os.environ.get(SIGNAL_ENV, "USR1")
         self._signals = StopSignals([signal, *stop_signals])
         self._attempt = os.environ.get(job_status.ATTEMPT_ENV)
 
-        self._send = np.zeros(3, dtype=np.int32)
-        self._recv = np.zeros(3, dtype=np.int32)
+        self._send = np.zeros(4, dtype=np.int32)
+        self._recv = np.zeros(4, dtype=np.int32)
         self._request: MPI.Request | None = None
         self._last_save_time = time.monotonic()
         self._last_save_step: int | None = None
@@ -307,6 +334,16 @@ class Checkpointer:
         return self.costs.get(self._initial_cost)
 
     @property
+    def durable_cost_estimate(self) -> float:
+        """Seconds a synchronous checkpoint is expected to take (the deadline plans with it)."""
+        return self.durable_costs.get(self.cost_estimate)
+
+    @property
+    def staged(self) -> bool:
+        """Whether saves return before the checkpoint file is written (async or cache)."""
+        return self.buffers is not None or self.cache is not None
+
+    @property
     def interval(self) -> float | None:
         """Seconds of work between checkpoints now (None when only steps count)."""
         return None if self.policy is None else self.policy.interval(self.cost_estimate)
@@ -346,7 +383,8 @@ class Checkpointer:
             nbytes = sum(a.nbytes for a in _arrays_in(state))
             self._initial_cost = initial_cost_estimate(self.comm.allreduce(nbytes))
         self._heartbeat.beat(None, "restore", force=True)  # hang watch: I/O allowance
-        result = self.store.restore(state)
+        self._complete_pending()
+        result = self.store.restore(state, cache=self.cache)
         self._heartbeat.beat(None, force=True)  # back to compute
         self._drain()
         self._last_save_time = time.monotonic()
@@ -356,8 +394,9 @@ class Checkpointer:
             return None
         for step, reason in result.skipped:
             self._event("skip_bad", step=step, reason=reason)
-        log.info("restored step %d from %s", result.step, result.path.name)
-        self._event("restore", step=result.step, path=result.path.name)
+        where = "node-local copy " if result.source == "cache" else ""
+        log.info("restored step %d from %s%s", result.step, where, result.path.name)
+        self._event("restore", step=result.step, path=result.path.name, tier=result.source)
         self._last_save_step = result.step
         return result.step
 
@@ -370,15 +409,21 @@ class Checkpointer:
         """
         self._last_step_seen = step
         self._heartbeat.beat(step)
-        decided = np.zeros(3, dtype=np.int32)
+        decided = np.zeros(4, dtype=np.int32)
+        decided[_BUSY] = 1
         if self._request is not None:
             self._request.Wait()
+            self._request = None
             decided[:] = self._recv
+        if self._pending is not None and not decided[_BUSY]:
+            self._complete_pending()  # every rank's bytes are durable: commit (collective)
         self._send[_SIGNAL] = 1 if self._signals.received is not None else 0
         interval = self.interval
         elapsed = time.monotonic() - self._last_save_time
         self._send[_TIME] = 1 if interval is not None and elapsed >= interval else 0
-        self._send[_DEADLINE] = 1 if self.deadline.must_stop(time.time(), self.cost_estimate) else 0
+        cost = self.durable_cost_estimate
+        self._send[_DEADLINE] = 1 if self.deadline.must_stop(time.time(), cost) else 0
+        self._send[_BUSY] = 0 if self._pending is not None and self._pending.done() else 1
         self._request = self.comm.Iallreduce(self._send, self._recv, op=MPI.MAX)
 
         if decided[_SIGNAL]:
@@ -400,13 +445,21 @@ class Checkpointer:
         renamed into place. After a save triggered by a stop signal, ``stop_requested``
         becomes true. A failed save (a full disk...) raises CheckpointError on every rank,
         or with ``on_save_error="warn"`` returns None and the run goes on.
+
+        With ``async_save`` or ``cache`` (and not on a stop signal or the deadline) it
+        returns once the state is staged: the result's ``blocked_seconds`` is what the
+        ranks waited, and the checkpoint is committed later (see the class docs).
         """
         self._drain()
+        t0 = time.perf_counter()
+        self._complete_pending()  # at most one background write: wait for the previous
         stop = self._stop_pending
         reason = stop or ("steps" if self.policy is None else "interval")
         self._event("checkpoint_begin", step=step, reason=reason)
         self._heartbeat.beat(step, "save", force=True)
         _validate_guard(self, step, state)  # raises PoisonedState on every rank
+        if self.staged and not stop:
+            return self._begin_staged(step, state, reason, t0)
         try:
             result = self.store.save(step, state, extra_meta={"reason": reason})
         except CheckpointError as exc:  # on every rank alike
@@ -414,17 +467,98 @@ class Checkpointer:
                 raise
             return None
         faults.fault_point("checkpointer.saved")
+        self.costs.add(result.seconds)
+        self.durable_costs.add(result.seconds)
+        self._committed(result, reason, stop)
+        return result
+
+    def _begin_staged(
+        self, step: int, state: dict[str, Any], reason: str, t0: float
+    ) -> SaveResult | None:
+        """Stage the state and start the background write; the commit comes later."""
+        try:
+            pending = self.store.begin_save(
+                step, state, extra_meta={"reason": reason}, buffers=self.buffers, cache=self.cache
+            )
+        except CheckpointError as exc:
+            if self._save_failed(step, None, reason, exc):
+                raise
+            return None
+        self._heartbeat.beat(step, force=True)
+        self._pending, self._pending_reason = pending, reason
+        # The cost the job pays: waiting for the previous write plus staging this one.
+        blocked = self.comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+        pending.blocked = blocked  # reported again with the commit
+        self.costs.add(blocked)
+        self._last_save_time = time.monotonic()
+        w = pending.written
+        log.debug(
+            "checkpoint step %d staged %s in %.3f s; writing in the background",
+            step,
+            "in memory" if self.cache is None else f"in {self.cache}",
+            blocked,
+        )
+        self._event(
+            "checkpoint_staged",
+            step=step,
+            blocked_seconds=round(blocked, 6),
+            bytes=pending.bytes_total,
+            save_kind=w.kind,
+            staging="memory" if self.cache is None else "cache",
+        )
+        return SaveResult(
+            step,
+            pending.final,
+            pending.bytes_total,
+            blocked,
+            w.kind,
+            w.dirty_blocks,
+            w.total_blocks,
+            blocked_seconds=blocked,
+        )
+
+    def wait(self) -> SaveResult | None:
+        """Wait for the background write of the last staged save and commit it; collective.
+
+        Returns the committed checkpoint, or None when nothing was pending. Raises
+        CheckpointError when the write failed (unless ``on_save_error="warn"``).
+        """
+        return self._complete_pending()
+
+    def _complete_pending(self) -> SaveResult | None:
+        """Commit the pending staged save (all ranks call this at the same point)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        try:
+            result = self.store.finish_save(pending)
+        except CheckpointError as exc:
+            if self._save_failed(pending.step, None, self._pending_reason, exc, staged=True):
+                raise
+            return None
+        faults.fault_point("checkpointer.saved")
+        self.durable_costs.add(result.seconds)
+        self._committed(result, self._pending_reason, None)
+        return result
+
+    def _committed(self, result: SaveResult, reason: str, stop: str | None) -> None:
+        """After a commit: prune, remember, log one line, record the event, honour a stop."""
+        step = result.step
         self._heartbeat.beat(step, force=True)
         try:
             self.store.prune(**self.retention)
         except CheckpointError as exc:  # raised on every rank alike; the save stands
             log.warning("retention failed, no checkpoint deleted: %s", exc)
         self.last_save = result
-        self._last_save_time = time.monotonic()
+        if result.blocked_seconds is None:
+            self._last_save_time = time.monotonic()
         self._last_save_step = step
-        self.costs.add(result.seconds)
         self._refresh_end_time()
-        if not stop and self.comm.allreduce(self._signals.received is not None, op=MPI.LOR):
+        if (
+            not stop
+            and result.blocked_seconds is None
+            and self.comm.allreduce(self._signals.received is not None, op=MPI.LOR)
+        ):
             stop = "signal"  # it came during this save: the save just committed is the stop one
         interval = self.interval
         mib = result.bytes_written / 2**20
@@ -438,15 +572,24 @@ class Checkpointer:
                 else f"next in {self.every_steps} steps"
             )
         )
+        blocked = (
+            ""
+            if result.blocked_seconds is None
+            else f" in the background (blocked {result.blocked_seconds:.2f} s)"
+        )
         log.info(
-            "checkpoint step %d: %.1f MiB in %.2f s (%.0f MB/s), %s; %s",
+            "checkpoint step %d: %.1f MiB in %.2f s (%.0f MB/s)%s, %s; %s",
             step,
             mib,
             result.seconds,
             rate,
+            blocked,
             reason,
             upcoming,
         )
+        extra = {}
+        if result.blocked_seconds is not None:
+            extra["blocked_seconds"] = result.blocked_seconds
         self._event(
             "checkpoint",
             step=step,
@@ -458,6 +601,7 @@ class Checkpointer:
             path=result.path.name,
             next_interval=interval,
             cost_estimate=round(self.cost_estimate, 6),
+            **{k: round(v, 6) for k, v in extra.items()},
         )
         if stop:
             self._stop_requested = True
@@ -466,11 +610,14 @@ class Checkpointer:
             self._report(job_status.STOPPED, step, why)
             self._event("stop", step=step, reason=stop, signal=sig.name if sig else None)
             log.info("stop requested (%s): checkpoint of step %d committed, leaving", why, step)
-        return result
 
     def finish(self) -> None:
-        """Mark the run complete so the wrapper does not requeue it; collective."""
+        """Mark the run complete so the wrapper does not requeue it; collective.
+
+        A background write still under way is waited for and committed first.
+        """
         self._drain()
+        self._complete_pending()
         self.comm.Barrier()
         self._finished = True
         self._report(job_status.FINISHED, self._last_save_step, "finish() called")
@@ -479,25 +626,31 @@ class Checkpointer:
         self._release_lock()
 
     def close(self) -> None:
-        """Release signal handlers, the pending reduction and the directory lock (also done
-        by ``finish``)."""
+        """Commit a background write under way, release signal handlers, the pending
+        reduction and the directory lock (also done by ``finish``); collective."""
         self._drain()
-        self._signals.close()
-        self._release_lock()
+        try:
+            self._complete_pending()
+        finally:
+            self._signals.close()
+            self._release_lock()
 
     def _release_lock(self) -> None:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
 
-    def _save_failed(self, step: int, stop: str | None, reason: str, exc: Exception) -> bool:
+    def _save_failed(
+        self, step: int, stop: str | None, reason: str, exc: Exception, staged: bool = False
+    ) -> bool:
         """After a failed save (the previous checkpoints are intact): whether to raise.
 
         ``on_save_error="warn"`` logs, records a ``checkpoint_failed`` event and lets the
         run go on (the next save is due one interval later); a stop request still stops.
         """
         self._heartbeat.beat(step, force=True)
-        self._event("checkpoint_failed", step=step, reason=reason, error=str(exc)[:2000])
+        fields = {"background": True} if staged else {}
+        self._event("checkpoint_failed", step=step, reason=reason, error=str(exc)[:2000], **fields)
         if self.on_save_error == "raise":
             return True
         log.warning("checkpoint of step %d failed; going on (on_save_error='warn'): %s", step, exc)

@@ -52,6 +52,7 @@ from hpcckpt.store.reader import (
     delta_name,
     index_name,
 )
+from hpcckpt.store.staging import Extent
 from hpcckpt.store.state_tree import ArraySpec
 
 __all__ = [
@@ -77,6 +78,9 @@ class Written:
     data_bytes: int  # array bytes written, over all ranks
     hash_seconds: float  # this rank's time hashing its blocks
     state: ChainState  # what the next save compares against, once this file is committed
+    uid: str = ""  # the file's unique id (meta attribute ``uid``)
+    #: With ``defer_data``: this rank's array bytes and where they go, still to be written.
+    extents: tuple[Extent, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -162,6 +166,9 @@ def write_file(
     block_size: int = blocks.DEFAULT_BLOCK_SIZE,
     parent: ChainState | None = None,
     policy: ChainPolicy | None = None,
+    hashes: dict[str, np.ndarray] | None = None,
+    uid: str | None = None,
+    defer_data: bool = False,
 ) -> Written:
     """Collectively write one checkpoint file at ``path``; returns what this rank wrote.
 
@@ -173,13 +180,19 @@ def write_file(
     file), else everything. Raises CheckpointError on every rank alike when the
     ranks' states do not fit one layout. The caller makes the file durable and
     commits it.
+
+    For a staged save (:mod:`hpcckpt.store.staging`), ``hashes`` are the arrays' block
+    hashes computed while copying them, ``uid`` the id the ranks agreed on, and with
+    ``defer_data`` the array bytes are not written: ``Written.extents`` says where each
+    piece goes in the file (its datasets are contiguous and allocated at creation).
     """
     rank, size = comm.Get_rank(), comm.Get_size()
     policy = policy or ChainPolicy()
     tree_bytes = json.dumps(tree, separators=(",", ":"), allow_nan=True).encode()
     specs = [ArraySpec(p, a.dtype.str, tuple(a.shape)) for p, a in arrays.items()]
     t_hash = time.perf_counter()
-    hashes = {p: blocks.block_hashes(a, block_size) for p, a in arrays.items()}
+    if hashes is None:
+        hashes = {p: blocks.block_hashes(a, block_size) for p, a in arrays.items()}
     hash_seconds = time.perf_counter() - t_hash
     mine = {p: (a.dtype.str, tuple(a.shape), p in distributed) for p, a in arrays.items()}
     name = layout.checkpoint_name(step)
@@ -226,7 +239,9 @@ def write_file(
 
     sums = [blocks.hashes_checksum(hashes[lay.path]) for lay in layouts]
     sums = np.array(sums + [integrity.checksum(tree_bytes)], dtype=np.uint64)
-    when, uid = comm.bcast((time.time(), uuid.uuid4().hex) if rank == 0 else None)
+    when, new_uid = comm.bcast((time.time(), uuid.uuid4().hex) if rank == 0 else None)
+    uid = uid or new_uid
+    extents: list[Extent] = []
     options: dict[str, Any] = {}
     info = MPI.INFO_NULL
     if hints:
@@ -330,6 +345,7 @@ def write_file(
                         block_size,
                         [g[3][lay.path] for g in gathered],
                         rank,
+                        extents if defer_data else None,
                     )
                     fault_point("write.data")  # tests: die between two arrays
                     continue
@@ -337,7 +353,11 @@ def write_file(
                 if hi == lo:
                     continue
                 data = np.ascontiguousarray(arrays[lay.path])
-                write_pieces(d, lo, data if lay.layout == "rows" else data.reshape(-1))
+                if defer_data:
+                    row = data.nbytes // max(1, hi - lo)  # bytes per row (or element, flat)
+                    extents.append(Extent(_offset(d) + lo * row, _bytes(data)))
+                else:
+                    write_pieces(d, lo, data if lay.layout == "rows" else data.reshape(-1))
                 written += data.nbytes
                 fault_point("write.data")  # tests: die between two arrays
             f.flush()
@@ -359,7 +379,21 @@ def write_file(
         int(data_bytes),
         hash_seconds,
         state,
+        uid,
+        tuple(extents),
     )
+
+
+def _offset(d: h5py.Dataset) -> int:
+    """Byte offset of a contiguous dataset's data in its file (allocated at creation)."""
+    offset = d.id.get_offset()
+    if offset is None:  # cannot happen with the mpio driver, which allocates early
+        raise CheckpointError(f"dataset {d.name} has no storage allocated yet")
+    return int(offset)
+
+
+def _bytes(data: np.ndarray) -> memoryview:
+    return memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
 
 
 def _write_delta(
@@ -370,11 +404,13 @@ def _write_delta(
     block_size: int,
     counts: list[tuple[int, int, int]],
     rank: int,
+    extents: list[Extent] | None = None,
 ) -> int:
     """Write this rank's changed blocks of one array and their index rows; bytes written.
 
     ``counts`` is every rank's (blocks, dirty blocks, dirty elements) of the array:
-    rank r's blocks follow those of ranks 0..r-1 in both datasets.
+    rank r's blocks follow those of ranks 0..r-1 in both datasets. With ``extents``
+    the blocks are not written but appended there (file offset, bytes).
     """
     if dirty.size == 0:
         return 0
@@ -388,9 +424,13 @@ def _write_delta(
     )
     flat = np.ascontiguousarray(array).reshape(-1)
     pos = first
+    base = _offset(d) if extents is not None else 0
     for b0, b1 in blocks.runs(dirty):
         e0, e1 = b0 * elems, min(b1 * elems, array.size)
-        d[pos : pos + e1 - e0] = flat[e0:e1]
+        if extents is not None:
+            extents.append(Extent(base + pos * array.itemsize, _bytes(flat[e0:e1])))
+        else:
+            d[pos : pos + e1 - e0] = flat[e0:e1]
         pos += e1 - e0
     return (pos - first) * array.dtype.itemsize
 

@@ -24,11 +24,23 @@ Phases (see docs/reliability.md for what each one tests):
 ``prune.deleting``       rank 0: retention deleted its first checkpoint, not the rest
 =======================  ===========================================================
 
+Phases of a staged save (``async_save=True`` or ``cache=PATH``; :data:`STAGED_PHASES`):
+
+=======================  ===========================================================
+``stage.written``        every rank: the state is copied to the staging area (and the
+                         node-local copy sealed); the checkpoint file not created yet
+``drain.writing``        the background thread: its first piece of array bytes is in
+                         the ``.partial`` file, the rest not
+``drain.eio``            not a kill: the background thread's next write fails with
+                         ``OSError(EIO)``, as a failing disk or a lost server would
+=======================  ===========================================================
+
 When the variable is unset, :func:`fault_point` is one test of a module global.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -48,6 +60,9 @@ PHASES = (
 )
 #: Phases of a restore (not of a save).
 RESTORE_PHASES = ("restore.reading",)
+#: Phases only a staged save (async or through a node-local cache) meets.
+STAGED_PHASES = ("stage.written", "drain.writing", "drain.eio")
+_ALL = (*PHASES, *RESTORE_PHASES, *STAGED_PHASES)
 
 _RANK_ENVS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
 
@@ -60,10 +75,10 @@ def parse(text: str) -> list[tuple[str, int | None, int | None]]:
         if not item:
             continue
         parts = item.split(":")
-        if len(parts) > 3 or parts[0] not in (*PHASES, *RESTORE_PHASES):
+        if len(parts) > 3 or parts[0] not in _ALL:
             raise ValueError(
                 f"{ENV}={text!r}: {item!r} is not phase[:rank[:step]] with a phase among "
-                f"{', '.join((*PHASES, *RESTORE_PHASES))}"
+                f"{', '.join(_ALL)}"
             )
         nums: list[int | None] = []
         for part in parts[1:] + [""] * (3 - len(parts)):
@@ -93,7 +108,8 @@ def _my_rank() -> int:
 
 
 def fault_point(phase: str, step: int | None = None) -> None:
-    """Die here (SIGKILL) if ``$HPCCKPT_FAULT`` asks for ``phase`` on this rank and step.
+    """Die here (SIGKILL) if ``$HPCCKPT_FAULT`` asks for ``phase`` on this rank and step
+    (for a ``*.eio`` phase: raise ``OSError(EIO)`` instead).
 
     ``step`` is given by the first point of a save; later points reuse it.
     """
@@ -107,6 +123,8 @@ def fault_point(phase: str, step: int | None = None) -> None:
             continue
         if rank is not None and rank != _my_rank():
             continue
+        if phase.endswith(".eio"):
+            raise OSError(errno.EIO, f"injected I/O error at {phase} (step {_step})")
         sys.stderr.write(f"hpcckpt: injected fault {phase} (step {_step}): SIGKILL\n")
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGKILL)

@@ -14,6 +14,13 @@ Commit protocol of one save (all ranks take part; see docs/format.md):
 Only step 5 makes the checkpoint visible, so a crash at any moment leaves either
 the previous set of checkpoints or the previous set plus this complete one.
 
+A *staged* save (:meth:`CheckpointStore.begin_save`, used by ``Checkpointer(async_save=True)``
+and ``Checkpointer(cache=PATH)``) runs steps 1-2, copies the state to a staging area
+(host buffers, or node-local files: :mod:`hpcckpt.store.fast_tier`), creates the
+``.partial`` file with all its metadata and returns; a thread per rank writes the
+array bytes and fsyncs (:mod:`hpcckpt.store.staging`). :meth:`CheckpointStore.finish_save`
+then runs steps 4-5. Until then the checkpoint is not visible, exactly as above.
+
 Saves are incremental by default: each rank hashes its arrays' blocks while saving
 and remembers the hashes of the last committed (or restored) checkpoint; the next
 save writes only the blocks whose hash changed, into a file that names the files it
@@ -26,6 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,12 +41,22 @@ from typing import Any
 
 from mpi4py import MPI
 
-from hpcckpt.store import blocks, durability, faults, filesystem, layout, retention, safety
+from hpcckpt.store import (
+    blocks,
+    durability,
+    fast_tier,
+    faults,
+    filesystem,
+    layout,
+    retention,
+    safety,
+)
 from hpcckpt.store.blocks import ChainPolicy, ChainState
 from hpcckpt.store.checkpoint_file import Written, write_file
 from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
 from hpcckpt.store.reader import CheckpointReader
 from hpcckpt.store.resharding import Split, common_tree, even_split, resolve_ranges
+from hpcckpt.store.staging import BackgroundWrite, HostBuffers
 from hpcckpt.store.state_tree import check_fits, decode_into, encode, lookup
 
 log = logging.getLogger("hpcckpt.store")
@@ -47,6 +65,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointStore",
     "CorruptCheckpoint",
+    "PendingSave",
     "RestoreResult",
     "SaveResult",
 ]
@@ -61,6 +80,8 @@ class SaveResult:
     kind: str = "full"  # or "incremental": only the changed blocks were written
     dirty_blocks: int = 0  # blocks written, over all ranks
     total_blocks: int = 0  # blocks of the whole state, over all ranks
+    #: Staged saves: seconds the ranks were blocked (``seconds`` is staging to commit).
+    blocked_seconds: float | None = None
 
     @property
     def dirty_fraction(self) -> float:
@@ -74,6 +95,25 @@ class RestoreResult:
     path: Path
     skipped: list[tuple[int, str]]  # newer checkpoints found bad, with the reason
     saved_ranks: int = 0  # how many ranks wrote the restored checkpoint
+    source: str = "directory"  # or "cache": a node-local copy newer than the directory's
+
+
+@dataclass
+class PendingSave:
+    """A staged save whose bytes are being written in the background (not committed)."""
+
+    step: int
+    partial: Path
+    final: Path
+    written: Written
+    writer: BackgroundWrite
+    foreground: float  # this rank's seconds in begin_save
+    blocked: float  # the slowest rank's seconds in begin_save
+    bytes_total: int  # over all ranks
+
+    def done(self) -> bool:
+        """Whether this rank's background write has finished (well or not); never blocks."""
+        return self.writer.done()
 
 
 class _Fatal(Exception):
@@ -125,6 +165,9 @@ class CheckpointStore:
         self.distributed: dict[str, Split | None] = {name: splits.get(name) for name in distributed}
         self.tuning_options = tuning or filesystem.TuningOptions()
         self.tuning: filesystem.Tuning | None = None  # decided at the first save
+        #: This rank's node-local copy is newer than the directory's newest checkpoint
+        #: (restored from it, or its drain failed): keep it until a newer one is sealed.
+        self.local_newer = False
 
     def _agree(
         self, error: BaseException | None, what: str, kind: type[Exception] = CheckpointError
@@ -163,30 +206,8 @@ class CheckpointStore:
         t0 = time.perf_counter()
         final = self.directory / layout.checkpoint_name(step)
         partial = final.with_name(final.name + layout.PARTIAL)
+        tree, arrays, state_bytes = self._prepare(step, state)
         error: BaseException | None = None
-        tree, arrays = None, {}
-        try:
-            tree, arrays = encode(state)
-        except (TypeError, ValueError) as exc:
-            error = exc
-        self._agree(error, f"encoding the state of step {step}", TypeError)
-        faults.fault_point("save.begin", step)
-        state_bytes = self.comm.allreduce(sum(a.nbytes for a in arrays.values()), op=MPI.SUM)
-
-        if self.rank == 0:
-            try:
-                safety.make_directory(self.directory, self.dir_mode)
-                for leftover in layout.partials(self.directory):
-                    log.info("removing leftover %s from an interrupted save", leftover.name)
-                    safety.remove_leftover(leftover)  # a link is unlinked, never followed
-                safety.check_free_space(self.directory, state_bytes)  # ENOSPC before HDF5 sees it
-            except OSError as exc:
-                error = exc
-        self._agree(error, f"preparing checkpoint directory {self.directory}")
-        faults.fault_point("save.prepared")
-        if self.tuning is None:
-            self.tuning = self._tune(state_bytes)
-
         parent = self._parent()
         written: Written | None = None
         try:
@@ -235,6 +256,179 @@ class CheckpointStore:
             written.kind,
             written.dirty_blocks,
             written.total_blocks,
+        )
+
+    def _prepare(self, step: int, state: dict[str, Any]) -> tuple[Any, dict[str, Any], int]:
+        """Steps 1-2 of a save: encode (agreed), prepare the directory; (tree, arrays, bytes)."""
+        error: BaseException | None = None
+        tree, arrays = None, {}
+        try:
+            tree, arrays = encode(state)
+        except (TypeError, ValueError) as exc:
+            error = exc
+        self._agree(error, f"encoding the state of step {step}", TypeError)
+        faults.fault_point("save.begin", step)
+        state_bytes = self.comm.allreduce(sum(a.nbytes for a in arrays.values()), op=MPI.SUM)
+
+        if self.rank == 0:
+            try:
+                safety.make_directory(self.directory, self.dir_mode)
+                for leftover in layout.partials(self.directory):
+                    log.info("removing leftover %s from an interrupted save", leftover.name)
+                    safety.remove_leftover(leftover)  # a link is unlinked, never followed
+                safety.check_free_space(self.directory, state_bytes)  # ENOSPC before HDF5 sees it
+            except OSError as exc:
+                error = exc
+        self._agree(error, f"preparing checkpoint directory {self.directory}")
+        faults.fault_point("save.prepared")
+        if self.tuning is None:
+            self.tuning = self._tune(state_bytes)
+        return tree, arrays, state_bytes
+
+    # -- staged saves ------------------------------------------------------------------------
+    def begin_save(
+        self,
+        step: int,
+        state: dict[str, Any],
+        extra_meta: dict[str, Any] | None = None,
+        *,
+        buffers: HostBuffers | None = None,
+        cache: Path | None = None,
+    ) -> PendingSave:
+        """Stage ``state`` and start writing it in the background; collective.
+
+        The arrays are copied into ``buffers`` (host memory reused between saves) or,
+        with ``cache``, into this rank's node-local files there (sealed once every rank
+        has its copy, see :mod:`.fast_tier`). The checkpoint file is created with all
+        its metadata, then a thread per rank writes the array bytes and fsyncs.
+        Returns at once; :meth:`finish_save` commits. Raises like :meth:`save` when
+        staging fails; nothing is committed then.
+        """
+        if (buffers is None) == (cache is None):
+            raise ValueError("begin_save needs exactly one staging area: buffers or cache")
+        t0 = time.perf_counter()
+        final = self.directory / layout.checkpoint_name(step)
+        partial = final.with_name(final.name + layout.PARTIAL)
+        tree, arrays, state_bytes = self._prepare(step, state)
+        parent = self._parent()
+        uid = self.comm.bcast(uuid.uuid4().hex if self.rank == 0 else None)
+        error: BaseException | None = None
+        staged: dict[str, Any] = {}
+        hashes: dict[str, Any] = {}
+        offsets: dict[str, int] = {}
+        try:
+            if cache is not None:
+                safety.make_directory(cache, self.dir_mode)
+                if not self.local_newer:  # older copies are durable in the directory
+                    fast_tier.remove(cache, self.rank)
+                staged, hashes, offsets = fast_tier.write_data(
+                    cache, step, self.rank, arrays, self.block_size, self.file_mode
+                )
+            else:
+                assert buffers is not None
+                staged, hashes = buffers.stage(arrays, self.block_size)
+        except Exception as exc:  # every rank must reach the agreement below
+            error = exc
+        where = f" in {cache}" if cache is not None else " in memory"
+        self._agree(error, f"staging checkpoint of step {step}{where}")
+        if cache is not None:
+            try:
+                fast_tier.seal(
+                    cache,
+                    step=step,
+                    uid=uid,
+                    rank=self.rank,
+                    nranks=self.nranks,
+                    directory=self.directory,
+                    block_size=self.block_size,
+                    tree=tree,
+                    arrays=arrays,
+                    hashes=hashes,
+                    offsets=offsets,
+                    mode=self.file_mode,
+                )
+                fast_tier.remove(cache, self.rank, keep=step)
+                self.local_newer = False
+            except OSError as exc:  # the drain goes on; this copy just cannot be restored
+                log.warning("rank %d: cannot seal its copy in %s: %s", self.rank, cache, exc)
+        faults.fault_point("stage.written")
+        written: Written | None = None
+        try:
+            written = write_file(
+                partial,
+                self.comm,
+                step,
+                tree,
+                staged,
+                extra_meta,
+                distributed=self.distributed,
+                hints=self.tuning.hints if self.tuning else None,
+                alignment=self.tuning.alignment if self.tuning else None,
+                block_size=self.block_size,
+                parent=parent,
+                policy=self.chain_policy,
+                hashes=hashes,
+                uid=uid,
+                defer_data=True,
+            )
+        except Exception as exc:  # every rank must reach the agreement below
+            error = exc
+        error = safety.explain_write_error(error, self.directory, state_bytes)
+        try:
+            self._agree(error, f"creating checkpoint file of step {step}")
+        except CheckpointError:
+            if self.rank == 0:
+                partial.unlink(missing_ok=True)
+            raise
+        assert written is not None
+        writer = BackgroundWrite(partial, list(written.extents)).start()
+        foreground = time.perf_counter() - t0
+        every = self.comm.allgather((foreground, written.bytes))
+        blocked, total = max(f for f, _ in every), sum(b for _, b in every)
+        return PendingSave(step, partial, final, written, writer, foreground, blocked, total)
+
+    def finish_save(self, pending: PendingSave) -> SaveResult:
+        """Wait for every rank's background write, then commit; collective.
+
+        If any rank's write failed, the partial file is deleted and CheckpointError is
+        raised on every rank: the checkpoint never becomes good.
+        """
+        t_wait = time.perf_counter()
+        pending.writer.wait()
+        waited = time.perf_counter() - t_wait
+        error = pending.writer.error
+        error = safety.explain_write_error(error, self.directory, pending.bytes_total)
+        try:
+            self._agree(error, f"writing checkpoint of step {pending.step} in the background")
+        except CheckpointError:
+            if self.rank == 0:
+                pending.partial.unlink(missing_ok=True)
+            self.local_newer = True  # a sealed node-local copy is now the newest
+            raise
+        t_commit = time.perf_counter()
+        if self.rank == 0:
+            try:
+                safety.set_mode(pending.partial, self.file_mode)
+                durability.commit(pending.partial, pending.final)
+                faults.fault_point("commit.renamed")
+            except OSError as exc:
+                error = exc
+        self._agree(error, f"committing checkpoint of step {pending.step}")
+        self.last = pending.written.state
+        # Staging to durable bytes, plus the commit: what a synchronous save would have cost.
+        mine = pending.foreground + pending.writer.seconds + (time.perf_counter() - t_commit)
+        seconds = self.comm.allreduce(mine, op=MPI.MAX)
+        log.debug("rank %d waited %.3f s for its background write", self.rank, waited)
+        w = pending.written
+        return SaveResult(
+            pending.step,
+            pending.final,
+            pending.bytes_total,
+            seconds,
+            w.kind,
+            w.dirty_blocks,
+            w.total_blocks,
+            blocked_seconds=pending.blocked,
         )
 
     def _parent(self) -> ChainState | None:
@@ -447,8 +641,12 @@ class CheckpointStore:
                 )
                 layout.mark_bad(path, why)
 
-    def restore(self, state: dict[str, Any]) -> RestoreResult | None:
+    def restore(self, state: dict[str, Any], cache: Path | None = None) -> RestoreResult | None:
         """Fill ``state`` from the newest checkpoint that verifies on every rank.
+
+        With ``cache`` (a node-local fast tier), a copy there newer than every
+        checkpoint of the directory is taken when every rank holds its part of it, on
+        the host that wrote it, and every part verifies; otherwise the directory's.
 
         A checkpoint that fails verification is marked bad (never deleted) and the
         next older one is tried. A checkpoint that is sound but does not fit this run
@@ -460,6 +658,11 @@ class CheckpointStore:
             raise TypeError(f"state must be a dict, not {type(state).__name__}")
         skipped: list[tuple[int, str]] = []
         entries = self.entries()
+        if cache is not None:
+            newest = max((e.step for e in entries if e.good_candidate), default=-1)
+            local = self._restore_local(state, cache, newest)
+            if local is not None:
+                return local
         for entry in entries:
             if not entry.good_candidate:
                 skipped.append((entry.step, f"marked bad earlier: {entry.bad_reason}"))
@@ -497,6 +700,41 @@ class CheckpointStore:
                 "Move them aside to start from scratch, or inspect them with 'hpcckpt verify'"
             )
         return None
+
+    def _restore_local(
+        self, state: dict[str, Any], cache: Path, newest: int
+    ) -> RestoreResult | None:
+        """Restore a node-local copy newer than step ``newest``, if every rank has it whole."""
+        mine = fast_tier.scan(cache, self.directory, self.rank, self.nranks)
+        offers = self.comm.allgather({(c.step, c.uid) for c in mine if c.step > newest})
+        common = set.intersection(*offers)
+        if not common:
+            if any(offers):
+                if self.rank == 0:
+                    log.info("node-local copies in %s are not complete on every rank", cache)
+            return None
+        step, uid = max(common)
+        copy = next(c for c in mine if (c.step, c.uid) == (step, uid))
+        problem = fatal = None
+        arrays: dict[str, Any] = {}
+        try:
+            arrays = fast_tier.load(copy)
+            fatal = check_fits(state, copy.tree, arrays)
+        except (CorruptCheckpoint, OSError, ValueError) as exc:
+            problem = f"rank {self.rank}: {exc}"
+        outcome = self.comm.allgather((problem, fatal))
+        problems = [p for p, _ in outcome if p]
+        fatals = [f for _, f in outcome if f]
+        if problems or fatals:
+            why = "; ".join((problems or fatals)[:4])
+            if self.rank == 0:
+                log.warning("node-local copy of step %d not used (%s)", step, why)
+            fast_tier.set_aside(copy, why)
+            return None
+        decode_into(state, copy.tree, arrays)
+        self.last = None  # the next save is a full one, in the directory
+        self.local_newer = True
+        return RestoreResult(step, copy.path, [], self.nranks, source="cache")
 
 
 #: Why a checkpoint whose reading killed an earlier restore is skipped.

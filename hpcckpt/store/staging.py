@@ -1,0 +1,152 @@
+"""Saves that finish in the background: a copy of the state, and a thread that writes it.
+
+A staged save splits a checkpoint in two. In the foreground every rank copies its
+arrays into a staging area (reused host buffers, or files on a node-local fast tier:
+:mod:`hpcckpt.store.fast_tier`), hashing each block while it is in cache, and the
+ranks create the checkpoint file collectively with all its metadata; the datasets are
+contiguous and allocated at creation, so every rank knows the file offsets of its
+bytes. In the background one thread per rank writes those bytes with ``pwrite`` at
+their offsets and fsyncs: no MPI and no HDF5 call leaves the main thread, so the
+application's own MPI traffic and the background write never meet in a library.
+The checkpoint is committed later, collectively (:meth:`CheckpointStore.finish_save`),
+only once every rank's thread reports its bytes durable.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import xxhash
+
+from hpcckpt.store import blocks
+from hpcckpt.store.faults import fault_point
+
+#: Largest single pwrite; Linux writes at most 2 GiB - 4 KiB per call anyway.
+WRITE_CHUNK = 1 << 30
+
+
+@dataclass(frozen=True)
+class Extent:
+    """``data`` goes to byte ``offset`` of the checkpoint file."""
+
+    offset: int
+    data: memoryview
+
+
+def copy_and_hash(src: np.ndarray, dst: np.ndarray, block_size: int) -> np.ndarray:
+    """Copy ``src`` into ``dst`` (same shape and dtype) and return the block hashes of it.
+
+    Each block is hashed right after it is copied, while it is still in the CPU cache,
+    so the hashes cost little beyond the copy. The hashes equal
+    :func:`hpcckpt.store.blocks.block_hashes` of ``src``.
+    """
+    step = blocks.block_elems(src.dtype.itemsize, block_size)
+    flat_src = np.ascontiguousarray(src).reshape(-1)
+    flat_dst = dst.reshape(-1)  # dst is C-contiguous: a view
+    n = blocks.nblocks(flat_src.size, step)
+    out = np.empty(n, dtype=np.uint64)
+    digest = xxhash.xxh3_64_intdigest
+    for j in range(n):
+        a, b = j * step, min((j + 1) * step, flat_src.size)
+        np.copyto(flat_dst[a:b], flat_src[a:b])
+        out[j] = digest(memoryview(flat_dst[a:b]).cast("B"))
+    return out
+
+
+class HostBuffers:
+    """Reused host memory for the state of an asynchronous save.
+
+    One buffer per array path, kept between saves while the array's shape and dtype
+    stay the same: the memory held is one copy of the rank's arrays (plus the
+    array being resized, during a save that changes a shape).
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, np.ndarray] = {}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self._buffers.values())
+
+    def stage(
+        self, arrays: dict[str, np.ndarray], block_size: int
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Copies of ``arrays`` in the buffers and their block hashes."""
+        for stale in set(self._buffers) - set(arrays):
+            del self._buffers[stale]
+        copies, hashes = {}, {}
+        for path, src in arrays.items():
+            buf = self._buffers.get(path)
+            if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
+                self._buffers.pop(path, None)  # free the old one before allocating
+                buf = np.empty(src.shape, dtype=src.dtype)
+                self._buffers[path] = buf
+            hashes[path] = copy_and_hash(src, buf, block_size)
+            copies[path] = buf
+        return copies, hashes
+
+    def release(self) -> None:
+        self._buffers.clear()
+
+
+@dataclass
+class BackgroundWrite:
+    """One rank's thread writing its extents into ``path`` and fsyncing it.
+
+    ``error`` holds what went wrong (never raised in the thread); ``seconds`` the
+    time from start to durable bytes.
+    """
+
+    path: Path
+    extents: list[Extent]
+    error: BaseException | None = None
+    seconds: float = 0.0
+    bytes: int = 0
+    _thread: threading.Thread | None = field(default=None, repr=False)
+
+    def start(self) -> BackgroundWrite:
+        self._thread = threading.Thread(target=self._run, name="hpcckpt-write", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            fd = os.open(self.path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+            try:
+                for i, extent in enumerate(self.extents):
+                    fault_point("drain.eio")  # tests: a write that fails
+                    self.bytes += _pwrite_all(fd, extent.data, extent.offset)
+                    if i == 0:
+                        fault_point("drain.writing")  # tests: die with the write half done
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except BaseException as exc:  # surfaced to the main thread by finish_save
+            self.error = exc
+        self.seconds = time.perf_counter() - t0
+
+    def done(self) -> bool:
+        """Whether the thread has finished (successfully or not); never blocks."""
+        return self._thread is None or not self._thread.is_alive()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> int:
+    """Write all of ``data`` at ``offset`` (pwrite may write less than asked)."""
+    view = data.cast("B") if data.format != "B" or data.ndim != 1 else data
+    done = 0
+    while done < len(view):
+        n = os.pwrite(fd, view[done : done + WRITE_CHUNK], offset + done)
+        if n <= 0:
+            raise OSError(f"pwrite wrote {n} bytes at offset {offset + done}")
+        done += n
+    return done
