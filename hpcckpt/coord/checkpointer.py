@@ -52,6 +52,8 @@ _SIGNAL, _TIME, _DEADLINE, _BUSY = 0, 1, 2, 3
 END_TIME_ENV = "HPCCKPT_END_TIME"
 #: The wrapper exports the signal it forwards (its --signal), so both sides agree.
 SIGNAL_ENV = "HPCCKPT_SIGNAL"
+#: A node-local fast tier for every Checkpointer of the job (``cache=`` wins).
+CACHE_ENV = "HPCCKPT_CACHE"
 #: How often rank 0 asks Slurm again for the job's end time (it can be extended).
 END_TIME_REFRESH = 300.0
 
@@ -121,7 +123,8 @@ class Checkpointer:
     with ``async_save=True`` ``save`` copies the arrays into host buffers reused from
     save to save (one more copy of the rank's arrays in memory) and returns; with
     ``cache=PATH`` (e.g. ``/dev/shm/$SLURM_JOB_ID`` or a node-local NVMe) it writes
-    them there instead, where they also survive a crash of the job's processes. A
+    them there instead, where they also survive a crash of the job's processes
+    (``$HPCCKPT_CACHE`` sets ``cache`` for a whole job; ``finish()`` deletes the copies). A
     thread per rank then writes the checkpoint file; it is committed by the first
     ``due()`` (or ``save``, ``wait``, ``finish``, ``close``) after every rank's write is
     durable. One background write at a time: a save waits for the previous one. A
@@ -211,6 +214,7 @@ class Checkpointer:
             max_chain_fraction=max_chain_fraction,
             **({} if block_size is None else {"block_size": block_size}),
         )
+        cache = cache if cache is not None else (os.environ.get(CACHE_ENV) or None)
         self.cache = Path(cache).absolute() if cache is not None else None
         if self.cache is not None:
             fast_tier.check_cache_dir(self.cache, self.directory)
@@ -530,6 +534,8 @@ class Checkpointer:
         pending, self._pending = self._pending, None
         if pending is None:
             return None
+        if not pending.done():  # waiting on I/O: the hang watch gives it the save allowance
+            self._heartbeat.beat(self._last_step_seen, "save", force=True)
         try:
             result = self.store.finish_save(pending)
         except CheckpointError as exc:
@@ -619,6 +625,13 @@ class Checkpointer:
         self._drain()
         self._complete_pending()
         self.comm.Barrier()
+        if self.cache is not None:  # the job is done: free the node's memory or disk
+            fast_tier.remove(self.cache, self.rank)
+            self.comm.Barrier()
+            try:
+                self.cache.rmdir()  # one rank per node succeeds, once all copies are gone
+            except OSError:
+                pass
         self._finished = True
         self._report(job_status.FINISHED, self._last_save_step, "finish() called")
         self._event("finish", step=self._last_step_seen, last_step=self._last_save_step)

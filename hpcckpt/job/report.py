@@ -13,7 +13,9 @@ holding several launches of the application) or, without the wrapper, a Checkpoi
 
 - ``overhead`` — start-up and restore (from the attempt's start to the ``restore``
   event), and shut-down (after ``stop``/``finish`` until the wrapper's ``step_end``);
-- ``checkpoint`` — from ``checkpoint_begin`` to ``checkpoint`` (the commit);
+- ``checkpoint`` — from ``checkpoint_begin`` to ``checkpoint`` (the commit); for a
+  staged save (``async_save``/``cache``) to ``checkpoint_staged``, when the ranks go
+  back to work: its later commit protects the work done up to the staging;
 - ``compute`` — the rest of the time the application ran: useful work, except
 - ``lost`` — work after the last committed checkpoint of an attempt (or launch) that
   crashed or was killed: it is redone by the next attempt. A checkpoint begun and never
@@ -73,7 +75,9 @@ _KNOWN = {
     "restore",
     "skip_bad",
     "checkpoint_begin",
+    "checkpoint_staged",
     "checkpoint",
+    "checkpoint_failed",
     "stop",
     "finish",
     "node_failure",  # issue 11: hpcckpt/job/report_nodes.py
@@ -224,6 +228,7 @@ def _segments(att: Attempt, next_start: float | None) -> tuple[list[Segment], di
     safe_until = t_start  # work before this is checkpointed (or was not work)
     stop_reason: str | None = None
     requeued = False
+    staged_at: dict[Any, float] = {}  # step -> when a staged save let the ranks go on
 
     def add(kind: str, until: float) -> None:
         nonlocal cursor
@@ -241,6 +246,8 @@ def _segments(att: Attempt, next_start: float | None) -> tuple[list[Segment], di
         if open_ckpt:
             uncommitted += 1
             open_ckpt = False
+        uncommitted += len(staged_at)  # staged, never committed
+        staged_at.clear()
         add("lost" if state in ("compute", "checkpoint") else state, t)
         for seg in segs:
             if seg.start >= safe_until and seg.kind in ("compute", "checkpoint"):
@@ -273,6 +280,15 @@ def _segments(att: Attempt, next_start: float | None) -> tuple[list[Segment], di
         elif kind == "checkpoint_begin":
             add(state, t)
             state, open_ckpt = "checkpoint", True
+        elif kind == "checkpoint_staged":
+            add("checkpoint", t)
+            state, open_ckpt = "compute", False
+            staged_at[ev.get("step")] = t
+        elif kind == "checkpoint" and ev.get("blocked_seconds") is not None:
+            # a staged save's commit, later: the work up to its staging is safe now
+            safe_until = max(safe_until, staged_at.pop(ev.get("step"), t))
+            if ev.get("step") is not None:
+                last_step = ev["step"]
         elif kind == "checkpoint":
             secs = _num(ev.get("seconds"))
             if not open_ckpt and secs is not None:
@@ -523,6 +539,12 @@ def _interval_analysis(
                 ref = ev["time"]
             elif kind == "checkpoint_begin":
                 began = ev["time"]
+            elif kind == "checkpoint_staged":
+                if ref is not None and began is not None:
+                    gaps.append(began - ref)
+                ref, began = ev["time"], None
+            elif kind == "checkpoint" and ev.get("blocked_seconds") is not None:
+                continue  # the commit of a staged save: its interval was counted at staging
             elif kind == "checkpoint":
                 if began is None:
                     began = ev["time"] - (_num(ev.get("seconds")) or 0.0)

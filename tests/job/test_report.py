@@ -239,6 +239,27 @@ def test_checkpoint_begun_never_committed_is_lost() -> None:
     assert r["checkpoints"]["uncommitted"] == 1
 
 
+def test_staged_saves_block_until_staging_and_protect_work_once_committed() -> None:
+    events = [
+        ev(0, "wrapper_start", attempt="w"),
+        ck(1, "start"),
+        ck(2, "restore", step=None),
+        ck(10, "checkpoint_begin", step=5, reason="interval"),
+        ck(10.5, "checkpoint_staged", step=5, blocked_seconds=0.5),
+        ck(13.5, "checkpoint", step=5, seconds=3.5, blocked_seconds=0.5, reason="interval"),
+        ck(20, "checkpoint_begin", step=9, reason="interval"),
+        ck(20.5, "checkpoint_staged", step=9, blocked_seconds=0.5),
+        ev(30, "step_end", attempt="w", outcome="crashed", exit_code=1),
+        ev(30, "crashed", attempt="w", exit_code=1),
+    ]
+    r = analyze(events)
+    secs = r["attempts"][0]["seconds"]
+    assert secs["checkpoint"] == pytest.approx(0.5)  # only the time the ranks were blocked
+    assert secs["lost"] == pytest.approx(19.5)  # after step 5 was staged (10.5), to the crash
+    assert r["checkpoints"]["uncommitted"] == 1  # step 9: staged, never committed
+    assert r["attempts"][0]["last_saved_step"] == 5
+
+
 def test_tolerates_missing_fields_unknown_events_and_garbage() -> None:
     events = [
         {"event": "start"},  # no time: dropped

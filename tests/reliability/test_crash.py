@@ -58,7 +58,30 @@ INC_CASES = [
     ("checkpointer.saved", "*"),
     ("prune.deleting", "0"),  # run with "inc-chain2": step 3 is full, 0..2 a chain to delete
 ]
+#: Staged saves (async_save / cache): the save of step 3 is staged at step 3 and
+#: committed inside the save of step 4, so the commit phases meet step 3 there.
+STAGED_CASES = [
+    ("async", "save.begin", "*"),
+    ("async", "stage.written", "0"),
+    ("async", "stage.written", "*"),
+    ("async", "drain.writing", "0"),
+    ("async", "drain.writing", "1"),
+    ("async", "drain.writing", "*"),
+    ("async", "commit.fsynced", "0"),
+    ("async", "commit.renamed", "0"),
+    ("async", "checkpointer.saved", "*"),
+    ("async-inc", "drain.writing", "1"),
+    ("async-inc", "commit.renamed", "0"),
+    ("cache", "stage.written", "1"),
+    ("cache", "drain.writing", "1"),
+    ("cache", "drain.writing", "*"),
+    ("cache", "commit.renamed", "0"),
+]
 W = 4096
+
+
+def is_inc(mode: str) -> bool:
+    return mode.startswith("inc") or mode.endswith("-inc")
 
 
 def kind_of(path: Path) -> str:
@@ -87,6 +110,8 @@ def _alive(pid: int) -> bool:
 
 def test_every_phase_is_covered():
     assert {p for p, _ in _cases()} == set(faults.PHASES)
+    staged = {p for _, p, _ in STAGED_CASES}
+    assert set(faults.STAGED_PHASES) - {"drain.eio"} <= staged  # eio: tests/coord
 
 
 def test_the_fault_spec_is_parsed_strictly():
@@ -103,7 +128,8 @@ def test_the_fault_spec_is_parsed_strictly():
 @pytest.mark.parametrize(
     "mode, phase, who",
     [("full", p, w) for p, w in _cases()]
-    + [("inc-chain2" if p == "prune.deleting" else "inc", p, w) for p, w in INC_CASES],
+    + [("inc-chain2" if p == "prune.deleting" else "inc", p, w) for p, w in INC_CASES]
+    + STAGED_CASES,
     ids=lambda v: str(v).replace("*", "all"),
 )
 def test_crash_then_restore_gets_the_newest_committed(tmp_path, mode, phase, who, reliability_log):
@@ -127,7 +153,10 @@ def test_crash_then_restore_gets_the_newest_committed(tmp_path, mode, phase, who
         report = catalog.verify(e.path)
         assert report["good"], report
     kind = kind_of(entries[0].path)
-    assert kind == ("incremental" if mode == "inc" else "full")
+    if mode != "async-inc":  # its step 2 is a delta, its step 3 (committed) too
+        assert kind == ("incremental" if mode == "inc" else "full")
+    else:
+        assert kind == "incremental"
     kinds = {e.step: kind_of(e.path) for e in entries}
     partial_left = [p.name for p in layout.partials(d)]
     # the event log and the status file are whole (single writes, atomic replace)
@@ -140,14 +169,14 @@ def test_crash_then_restore_gets_the_newest_committed(tmp_path, mode, phase, who
 
     # The next job: one process, 2 -> 1 ranks ("u" is distributed, "v" replicated).
     state: dict = {"u": None, "v": None, "step": None, "name": None}
-    if mode.startswith("inc"):
+    if is_inc(mode):
         state["w"] = None
-    arrays = ["u", "w"] if mode.startswith("inc") else ["u"]
+    arrays = ["u", "w"] if is_inc(mode) else ["u"]
     ck = Checkpointer(d, comm=MPI.COMM_SELF, every_steps=1, keep_last=None, distributed=arrays)
     try:
         got = ck.restore(state)
         assert got == expected
-        if mode.startswith("inc"):
+        if is_inc(mode):
             assert state["u"].tobytes() == global_u(0).tobytes()
             assert state["w"].tobytes() == global_w(expected).tobytes()
         else:

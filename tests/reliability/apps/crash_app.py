@@ -1,6 +1,6 @@
 """Reliability test app: checkpoint every step; the test injects a fault with HPCCKPT_FAULT.
 
-usage: crash_app.py DIR NSTEPS PRUNE_AT [full|inc]
+usage: crash_app.py DIR NSTEPS PRUNE_AT [full|inc|inc-chain2|async|async-inc|cache]
 
 State: "u", distributed (rank r owns 3 + r rows of the global array), "v" the same
 array on every rank, and scalars, all functions of the step (see expected_state), so
@@ -11,7 +11,8 @@ checkpoints one after the other).
 With "inc", the saves are incremental (4 KiB blocks): a larger distributed array "w"
 changes in one element per rank and step, so each save writes a few blocks only.
 "inc-chain2" makes a full one follow 2 incrementals: at step 3 (full) the pruning
-then deletes a whole older chain.
+then deletes a whole older chain. "async" and "cache" make the saves staged (written
+in the background; "cache" stages in DIR-cache), "async-inc" incremental and staged.
 """
 
 import sys
@@ -22,8 +23,9 @@ from mpi4py import MPI
 import hpcckpt
 
 directory, nsteps, prune_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-incremental = len(sys.argv) > 4 and sys.argv[4].startswith("inc")
-max_chain = 2 if len(sys.argv) > 4 and sys.argv[4] == "inc-chain2" else 8
+mode = sys.argv[4] if len(sys.argv) > 4 else "full"
+incremental = mode.startswith("inc") or mode.endswith("-inc")
+max_chain = 2 if mode == "inc-chain2" else 8
 W = 4096  # elements of "w" per rank: 8 blocks of 4 KiB
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
@@ -51,6 +53,10 @@ if incremental:
         "max_chain_fraction": 100.0,
         "max_chain": max_chain,
     }
+if mode.startswith("async"):
+    options["async_save"] = True
+elif mode == "cache":
+    options["cache"] = directory.rstrip("/") + "-cache"
 ck = hpcckpt.Checkpointer(
     directory,
     comm=comm,
