@@ -96,3 +96,61 @@ def test_writer_experiments_run(tmp_path: Path) -> None:
     names = {r["variant"] for r in rows}
     assert names == {"limit", "raw shared", "hpcckpt (base)", "collective", "align 1M"}
     assert all(r["ratio_to_limit"]["median"] > 0 for r in rows)
+
+
+def test_bench_async_reports_blocked_time(tmp_path: Path) -> None:
+    out = tmp_path / "async.json"
+    proc = _run(
+        [
+            str(BENCH / "bench_async.py"),
+            "--sizes",
+            "4M",
+            "--reps",
+            "1",
+            "--kernel-mib",
+            "4",
+            "--kernel-seconds",
+            "0.05",
+            "--no-drop-caches",
+            "--dir",
+            str(tmp_path / "scratch"),
+            "--cache-root",
+            str(tmp_path / "cache"),
+            "--json",
+            str(out),
+        ]
+    )
+    assert "x memcpy" in proc.stdout and "slowdown" in proc.stdout
+    doc = json.loads(out.read_text())
+    assert doc["nranks"] == 2 and doc["reps"] == 1
+    (row,) = doc["rows"]
+    assert row["bytes_per_rank"] == 4 << 20
+    for key in (
+        "memcpy",
+        "hash",
+        "sync_blocked",
+        "async_blocked",
+        "async_durable",
+        "cache_blocked",
+        "cache_durable",
+        "async_kernel_alone",
+        "async_kernel",
+        "cache_kernel_alone",
+        "cache_kernel",
+        "async_part_stage",
+        "cache_part_stage",
+    ):
+        assert row["seconds"][key] > 0, key
+    for key in (
+        "sync_x_memcpy",
+        "async_blocked_x_memcpy",
+        "async_blocked_x_sync",
+        "cache_blocked_x_memcpy",
+        "cache_blocked_x_sync",
+    ):
+        assert row["ratios"][key] > 0, key
+    assert set(row["slowdown"]) == {"async", "cache"}
+    assert all(-1 < x < 100 for x in row["slowdown"].values()), row["slowdown"]
+    assert row["memory_per_rank"] == {"async_host_buffers": 4 << 20, "cache_copy": 4 << 20}
+    assert not (tmp_path / "scratch").exists(), "the scratch directory is left behind"
+    assert not any((tmp_path / "cache").iterdir()), "the node-local copies are left behind"

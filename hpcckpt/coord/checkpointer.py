@@ -401,6 +401,12 @@ class Checkpointer:
         where = "node-local copy " if result.source == "cache" else ""
         log.info("restored step %d from %s%s", result.step, where, result.path.name)
         self._event("restore", step=result.step, path=result.path.name, tier=result.source)
+        if result.source == "cache":
+            # The directory must hold the newest durable checkpoint: drain the copy
+            # restored from (as it is, in the background) before the run goes on.
+            self._event("checkpoint_begin", step=result.step, reason="restored")
+            self._begin_staged(result.step, state, "restored", time.perf_counter(), redrain=True)
+            self._last_save_time = time.monotonic()
         self._last_save_step = result.step
         return result.step
 
@@ -477,12 +483,17 @@ class Checkpointer:
         return result
 
     def _begin_staged(
-        self, step: int, state: dict[str, Any], reason: str, t0: float
+        self, step: int, state: dict[str, Any], reason: str, t0: float, redrain: bool = False
     ) -> SaveResult | None:
         """Stage the state and start the background write; the commit comes later."""
         try:
             pending = self.store.begin_save(
-                step, state, extra_meta={"reason": reason}, buffers=self.buffers, cache=self.cache
+                step,
+                state,
+                extra_meta={"reason": reason},
+                buffers=self.buffers,
+                cache=self.cache,
+                redrain=redrain,
             )
         except CheckpointError as exc:
             if self._save_failed(step, None, reason, exc):
@@ -625,8 +636,16 @@ class Checkpointer:
         self._drain()
         self._complete_pending()
         self.comm.Barrier()
-        if self.cache is not None:  # the job is done: free the node's memory or disk
-            fast_tier.remove(self.cache, self.rank)
+        if self.cache is not None and self.store.local_newer:
+            log.warning(
+                "rank %d keeps its node-local copy in %s: the last drain failed, so it is "
+                "newer than the newest checkpoint in %s",
+                self.rank,
+                self.cache,
+                self.directory,
+            )
+        elif self.cache is not None:  # the job is done: free the node's memory or disk
+            fast_tier.remove(self.cache, self.rank, nranks=self.nranks)
             self.comm.Barrier()
             try:
                 self.cache.rmdir()  # one rank per node succeeds, once all copies are gone

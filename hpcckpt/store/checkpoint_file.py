@@ -360,7 +360,8 @@ def write_file(
                     write_pieces(d, lo, data if lay.layout == "rows" else data.reshape(-1))
                 written += data.nbytes
                 fault_point("write.data")  # tests: die between two arrays
-            f.flush()
+            if not defer_data:  # staged: the background thread's fsync covers the file
+                f.flush()
     finally:
         if info != MPI.INFO_NULL:
             info.Free()

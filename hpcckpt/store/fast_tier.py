@@ -74,7 +74,7 @@ class LocalCopy:
 
 def check_cache_dir(cache: Path, directory: Path) -> None:
     """ValueError when the cache would hold the checkpoints themselves."""
-    if cache.absolute() == directory.absolute():
+    if cache.resolve() == directory.resolve():
         raise ValueError(
             f"cache={str(cache)!r} is the checkpoint directory itself: give a node-local "
             "path such as /dev/shm/$SLURM_JOB_ID or a directory on a local NVMe"
@@ -111,19 +111,25 @@ def write_data(
         os.ftruncate(fd, pos)
     finally:
         os.close(fd)
-    maps = _map(path, arrays, offsets)
-    return maps, hashes, offsets
+    specs = {n: (a.dtype, tuple(a.shape)) for n, a in arrays.items()}
+    return _map(path, specs, offsets), hashes, offsets
 
 
-def _map(path: Path, arrays: dict[str, np.ndarray], offsets: dict[str, int]) -> dict:
-    out = {}
-    for name, src in arrays.items():
-        if src.size == 0:
-            out[name] = np.empty(src.shape, dtype=src.dtype)
+def maps(copy: LocalCopy) -> dict[str, np.ndarray]:
+    """Read-only maps of a (verified) copy's arrays: what a drain of it writes from."""
+    specs = {n: (i["dtype"], i["shape"]) for n, i in copy.arrays.items()}
+    return _map(copy.data_path, specs, {n: i["offset"] for n, i in copy.arrays.items()})
+
+
+def _map(
+    path: Path, specs: dict[str, tuple[np.dtype, tuple[int, ...]]], offsets: dict[str, int]
+) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for name, (dtype, shape) in specs.items():
+        if int(np.prod(shape, dtype=np.int64)) == 0:
+            out[name] = np.empty(shape, dtype=dtype)
         else:
-            out[name] = np.memmap(
-                path, dtype=src.dtype, mode="r", offset=offsets[name], shape=src.shape
-            )
+            out[name] = np.memmap(path, dtype=dtype, mode="r", offset=offsets[name], shape=shape)
     return out
 
 
@@ -259,9 +265,10 @@ def load(copy: LocalCopy) -> dict[str, np.ndarray]:
     return out
 
 
-def remove(cache: Path, rank: int, keep: int | None = None) -> None:
+def remove(cache: Path, rank: int, keep: int | None = None, nranks: int | None = None) -> None:
     """Delete this rank's copies (manifest first, so a half-deleted one never counts),
-    except step ``keep``."""
+    except step ``keep``; with ``nranks``, also those of ranks this run does not have
+    (left by a run with more ranks)."""
     try:
         names = os.listdir(cache)
     except OSError:
@@ -269,7 +276,9 @@ def remove(cache: Path, rank: int, keep: int | None = None) -> None:
     pattern = re.compile(r"^ckpt-(\d{10,})\.rank(\d+)\.(json|json\.tmp|json\.bad|data)$")
     for name in sorted(names, key=lambda n: not n.endswith(".json")):
         m = pattern.match(name)
-        if m and int(m.group(2)) == rank and int(m.group(1)) != keep:
+        owner = int(m.group(2)) if m else -1
+        gone = nranks is not None and owner >= nranks
+        if m and (owner == rank or gone) and int(m.group(1)) != keep:
             safety.remove_leftover(cache / name)
 
 

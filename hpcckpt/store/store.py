@@ -168,6 +168,8 @@ class CheckpointStore:
         #: This rank's node-local copy is newer than the directory's newest checkpoint
         #: (restored from it, or its drain failed): keep it until a newer one is sealed.
         self.local_newer = False
+        #: This rank's node-local copy the last restore took (see ``begin_save(redrain=)``).
+        self.restored_copy: fast_tier.LocalCopy | None = None
 
     def _agree(
         self, error: BaseException | None, what: str, kind: type[Exception] = CheckpointError
@@ -294,6 +296,7 @@ class CheckpointStore:
         *,
         buffers: HostBuffers | None = None,
         cache: Path | None = None,
+        redrain: bool = False,
     ) -> PendingSave:
         """Stage ``state`` and start writing it in the background; collective.
 
@@ -303,6 +306,9 @@ class CheckpointStore:
         its metadata, then a thread per rank writes the array bytes and fsyncs.
         Returns at once; :meth:`finish_save` commits. Raises like :meth:`save` when
         staging fails; nothing is committed then.
+
+        ``redrain``: ``state`` was just restored from the node-local copy in ``cache``
+        (:attr:`restored_copy`); drain that copy as it is, without writing it again.
         """
         if (buffers is None) == (cache is None):
             raise ValueError("begin_save needs exactly one staging area: buffers or cache")
@@ -316,11 +322,18 @@ class CheckpointStore:
         staged: dict[str, Any] = {}
         hashes: dict[str, Any] = {}
         offsets: dict[str, int] = {}
+        copy = self.restored_copy if redrain else None
+        if redrain and (copy is None or copy.step != step or cache is None):
+            raise ValueError(f"nothing to drain again: step {step} was not restored from a cache")
         try:
-            if cache is not None:
+            if copy is not None:
+                staged = fast_tier.maps(copy)
+                hashes = {p: blocks.block_hashes(a, self.block_size) for p, a in staged.items()}
+                uid = copy.uid
+            elif cache is not None:
                 safety.make_directory(cache, self.dir_mode)
                 if not self.local_newer:  # older copies are durable in the directory
-                    fast_tier.remove(cache, self.rank)
+                    fast_tier.remove(cache, self.rank, nranks=self.nranks)
                 staged, hashes, offsets = fast_tier.write_data(
                     cache, step, self.rank, arrays, self.block_size, self.file_mode
                 )
@@ -331,7 +344,7 @@ class CheckpointStore:
             error = exc
         where = f" in {cache}" if cache is not None else " in memory"
         self._agree(error, f"staging checkpoint of step {step}{where}")
-        if cache is not None:
+        if cache is not None and copy is None:
             try:
                 fast_tier.seal(
                     cache,
@@ -347,7 +360,7 @@ class CheckpointStore:
                     offsets=offsets,
                     mode=self.file_mode,
                 )
-                fast_tier.remove(cache, self.rank, keep=step)
+                fast_tier.remove(cache, self.rank, keep=step, nranks=self.nranks)
                 self.local_newer = False
             except OSError as exc:  # the drain goes on; this copy just cannot be restored
                 log.warning("rank %d: cannot seal its copy in %s: %s", self.rank, cache, exc)
@@ -415,6 +428,7 @@ class CheckpointStore:
                 error = exc
         self._agree(error, f"committing checkpoint of step {pending.step}")
         self.last = pending.written.state
+        self.local_newer = False  # whatever the cache holds is durable in the directory now
         # Staging to durable bytes, plus the commit: what a synchronous save would have cost.
         mine = pending.foreground + pending.writer.seconds + (time.perf_counter() - t_commit)
         seconds = self.comm.allreduce(mine, op=MPI.MAX)
@@ -729,11 +743,13 @@ class CheckpointStore:
             why = "; ".join((problems or fatals)[:4])
             if self.rank == 0:
                 log.warning("node-local copy of step %d not used (%s)", step, why)
-            fast_tier.set_aside(copy, why)
+            if problems:  # damaged: hide it; a sound copy that does not fit stays
+                fast_tier.set_aside(copy, why)
             return None
         decode_into(state, copy.tree, arrays)
         self.last = None  # the next save is a full one, in the directory
         self.local_newer = True
+        self.restored_copy = copy
         return RestoreResult(step, copy.path, [], self.nranks, source="cache")
 
 
