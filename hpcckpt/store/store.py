@@ -209,44 +209,11 @@ class CheckpointStore:
         final = self.directory / layout.checkpoint_name(step)
         partial = final.with_name(final.name + layout.PARTIAL)
         tree, arrays, state_bytes = self._prepare(step, state)
-        error: BaseException | None = None
         parent = self._parent()
-        written: Written | None = None
-        try:
-            written = write_file(
-                partial,
-                self.comm,
-                step,
-                tree,
-                arrays,
-                extra_meta,
-                distributed=self.distributed,
-                hints=self.tuning.hints,
-                alignment=self.tuning.alignment,
-                block_size=self.block_size,
-                parent=parent,
-                policy=self.chain_policy,
-            )
-        except Exception as exc:  # every rank must reach the agreement below
-            error = exc
-        faults.fault_point("write.closed")
-        error = safety.explain_write_error(error, self.directory, state_bytes)  # ENOSPC
-        try:
-            self._agree(error, f"writing checkpoint of step {step}")
-        except CheckpointError:
-            if self.rank == 0:
-                partial.unlink(missing_ok=True)
-            raise
-
-        if self.rank == 0:
-            try:
-                safety.set_mode(partial, self.file_mode)  # MPI-IO created it with the umask
-                durability.commit(partial, final)
-                faults.fault_point("commit.renamed")
-            except OSError as exc:
-                error = exc
-        self._agree(error, f"committing checkpoint of step {step}")
-        assert written is not None
+        written = self._write(
+            partial, step, tree, arrays, extra_meta, state_bytes, "writing", parent, "write.closed"
+        )
+        self._commit(partial, final, step)
         self.last = written.state
         total = self.comm.allreduce(written.bytes, op=MPI.SUM)
         seconds = self.comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
@@ -365,35 +332,19 @@ class CheckpointStore:
             except OSError as exc:  # the drain goes on; this copy just cannot be restored
                 log.warning("rank %d: cannot seal its copy in %s: %s", self.rank, cache, exc)
         faults.fault_point("stage.written")
-        written: Written | None = None
-        try:
-            written = write_file(
-                partial,
-                self.comm,
-                step,
-                tree,
-                staged,
-                extra_meta,
-                distributed=self.distributed,
-                hints=self.tuning.hints if self.tuning else None,
-                alignment=self.tuning.alignment if self.tuning else None,
-                block_size=self.block_size,
-                parent=parent,
-                policy=self.chain_policy,
-                hashes=hashes,
-                uid=uid,
-                defer_data=True,
-            )
-        except Exception as exc:  # every rank must reach the agreement below
-            error = exc
-        error = safety.explain_write_error(error, self.directory, state_bytes)
-        try:
-            self._agree(error, f"creating checkpoint file of step {step}")
-        except CheckpointError:
-            if self.rank == 0:
-                partial.unlink(missing_ok=True)
-            raise
-        assert written is not None
+        written = self._write(
+            partial,
+            step,
+            tree,
+            staged,
+            extra_meta,
+            state_bytes,
+            "creating the file of",
+            parent,
+            hashes=hashes,
+            uid=uid,
+            defer_data=True,
+        )
         writer = BackgroundWrite(partial, list(written.extents)).start()
         foreground = time.perf_counter() - t0
         every = self.comm.allgather((foreground, written.bytes))
@@ -409,24 +360,20 @@ class CheckpointStore:
         t_wait = time.perf_counter()
         pending.writer.wait()
         waited = time.perf_counter() - t_wait
-        error = pending.writer.error
-        error = safety.explain_write_error(error, self.directory, pending.bytes_total)
+        error = safety.explain_write_error(
+            pending.writer.error, self.directory, pending.bytes_total
+        )
         try:
-            self._agree(error, f"writing checkpoint of step {pending.step} in the background")
+            self._agree_or_discard(
+                error,
+                f"writing checkpoint of step {pending.step} in the background",
+                pending.partial,
+            )
         except CheckpointError:
-            if self.rank == 0:
-                pending.partial.unlink(missing_ok=True)
             self.local_newer = True  # a sealed node-local copy is now the newest
             raise
         t_commit = time.perf_counter()
-        if self.rank == 0:
-            try:
-                safety.set_mode(pending.partial, self.file_mode)
-                durability.commit(pending.partial, pending.final)
-                faults.fault_point("commit.renamed")
-            except OSError as exc:
-                error = exc
-        self._agree(error, f"committing checkpoint of step {pending.step}")
+        self._commit(pending.partial, pending.final, pending.step)
         self.last = pending.written.state
         self.local_newer = False  # whatever the cache holds is durable in the directory now
         # Staging to durable bytes, plus the commit: what a synchronous save would have cost.
@@ -444,6 +391,69 @@ class CheckpointStore:
             w.total_blocks,
             blocked_seconds=pending.blocked,
         )
+
+    def _write(
+        self,
+        partial: Path,
+        step: int,
+        tree: Any,
+        arrays: dict[str, Any],
+        extra_meta: dict[str, Any] | None,
+        state_bytes: int,
+        what: str,
+        parent: ChainState | None,
+        closed: str | None = None,
+        **options: Any,
+    ) -> Written:
+        """Step 3: write (or, with ``defer_data``, create) the ``.partial`` on every rank and
+        agree that every rank succeeded; on failure it is deleted and every rank raises."""
+        error: BaseException | None = None
+        written: Written | None = None
+        try:
+            written = write_file(
+                partial,
+                self.comm,
+                step,
+                tree,
+                arrays,
+                extra_meta,
+                distributed=self.distributed,
+                hints=self.tuning.hints if self.tuning else None,
+                alignment=self.tuning.alignment if self.tuning else None,
+                block_size=self.block_size,
+                parent=parent,
+                policy=self.chain_policy,
+                **options,
+            )
+        except Exception as exc:  # every rank must reach the agreement below
+            error = exc
+        if closed:
+            faults.fault_point(closed)
+        error = safety.explain_write_error(error, self.directory, state_bytes)  # ENOSPC
+        self._agree_or_discard(error, f"{what} checkpoint of step {step}", partial)
+        assert written is not None
+        return written
+
+    def _agree_or_discard(self, error: BaseException | None, what: str, partial: Path) -> None:
+        """Step 4: raise on every rank if any failed, rank 0 deleting the ``.partial``."""
+        try:
+            self._agree(error, what)
+        except CheckpointError:
+            if self.rank == 0:
+                partial.unlink(missing_ok=True)
+            raise
+
+    def _commit(self, partial: Path, final: Path, step: int) -> None:
+        """Step 5: rank 0 makes the file durable and renames it into place; agreed."""
+        error: BaseException | None = None
+        if self.rank == 0:
+            try:
+                safety.set_mode(partial, self.file_mode)  # MPI-IO created it with the umask
+                durability.commit(partial, final)
+                faults.fault_point("commit.renamed")
+            except OSError as exc:
+                error = exc
+        self._agree(error, f"committing checkpoint of step {step}")
 
     def _parent(self) -> ChainState | None:
         """The checkpoint the next save may be a delta of: the last one, if its chain is intact.
