@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast lint demo bench clean cluster-up cluster-down
+.PHONY: setup test test-fast lint demo bench bench-async clean cluster-up cluster-down
 
 setup:  ## install Debian packages, the venv with parallel h5py, and hpcckpt (idempotent)
 	bash scripts/setup.sh
@@ -23,6 +23,9 @@ demo: setup  ## local Slurm cluster + heat2d job: signalled, checkpointed, reque
 
 bench: setup
 	$(PY) benchmarks/run.py
+
+bench-async: setup  ## blocked time of async_save / cache saves vs a direct save (~3 min)
+	$(PY) benchmarks/bench_async.py
 
 cluster-up: setup
 	$(VENV)/bin/hpcckpt cluster up
