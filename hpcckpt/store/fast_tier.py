@@ -29,8 +29,8 @@ import numpy as np
 import xxhash
 
 from hpcckpt.store import blocks, safety
+from hpcckpt.store.direct_io import pwrite_all
 from hpcckpt.store.errors import CorruptCheckpoint
-from hpcckpt.store.staging import _pwrite_all
 from hpcckpt.store.state_tree import ARRAY_KINDS
 
 FORMAT = "hpcckpt-local"
@@ -105,7 +105,7 @@ def write_data(
             for j in range(n):
                 raw = memoryview(flat[j * step_elems : (j + 1) * step_elems]).cast("B")
                 out[j] = digest(raw)
-                _pwrite_all(fd, raw, pos + j * step_elems * src.dtype.itemsize)
+                pwrite_all(fd, raw, pos + j * step_elems * src.dtype.itemsize)
             hashes[name] = out
             pos += -(-src.nbytes // ALIGN) * ALIGN
         os.ftruncate(fd, pos)

@@ -139,6 +139,7 @@ class TuningOptions:
     hints: dict[str, str] = field(default_factory=dict)  # extra MPI-IO hints, win over ours
     alignment: bool = True  # align HDF5 datasets to the stripe or block size
     kind: str | None = None  # force a file system kind instead of detecting it
+    direct_io: bool | None = None  # write array bytes with O_DIRECT (see store.direct_io)
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,14 @@ class Tuning:
     setstripe_argv: list[str] | None
     hints: dict[str, str]
     alignment: tuple[int, int] | None  # HDF5 (threshold, interval) in bytes
+    direct_io: bool = False  # array bytes past the page cache
+
+
+#: File systems whose O_DIRECT writes are worth the bounce copy (see store.direct_io):
+#: block-device file systems and the parallel ones that implement it. Not NFS or
+#: BeeGFS (client-side semantics vary), nor tmpfs, overlay, FUSE or ZFS.
+#: Names as :func:`detect` gives them: from statfs, or the mountinfo type.
+DIRECT_IO_NAMES = {"ext2/3/4", "ext2", "ext3", "ext4", "xfs", "btrfs", "lustre", "gpfs"}
 
 
 def default_stripe_count(total_bytes: int, nranks: int, cap: int = 64) -> int:
@@ -216,7 +225,10 @@ def plan(
         hints = gpfs_hints(block)
         alignment = (block // 2, block) if options.alignment and block > 4096 else None
     hints.update({k: str(v) for k, v in options.hints.items()})
-    return Tuning(kind, argv, hints, alignment)
+    direct = options.direct_io
+    if direct is None:
+        direct = fs.name in DIRECT_IO_NAMES
+    return Tuning(kind, argv, hints, alignment, direct)
 
 
 def apply_setstripe(argv: list[str]) -> str | None:

@@ -404,11 +404,13 @@ class CheckpointReader:
             raise self._corrupt(f"rank {rank}'s state tree names other arrays than the file holds")
         return tree
 
-    def rows(self, name: str, lo: int, hi: int) -> np.ndarray:
+    def rows(self, name: str, lo: int, hi: int, out: np.ndarray | None = None) -> np.ndarray:
         """Rows ``[lo, hi)`` of a "rows" array, read as one hyperslab and verified.
 
         The read widens to whole slices of the writing ranks that overlap the range,
-        because checksums are per writing rank.
+        because checksums are per writing rank. When ``[lo, hi)`` is exactly one writing
+        rank's slice, ``out`` (C-contiguous, of that shape and dtype) receives the rows
+        and is returned, without a copy; otherwise it is not used.
         """
         info = self.arrays[name]
         if info.layout != "rows":
@@ -421,6 +423,8 @@ class CheckpointReader:
         owners = [r for r in range(self.nranks) if offs[r] < hi and offs[r + 1] > lo]
         start, stop = offs[owners[0]], offs[owners[-1] + 1]
         if self.format_version >= 2:
+            if out is not None and len(owners) == 1 and (start, stop) == (lo, hi):
+                return self.rank_array(name, owners[0], out)
             parts = [self.rank_array(name, r) for r in owners]
             data = parts[0] if len(parts) == 1 else np.concatenate(parts)
             return data[lo - start : hi - start]
@@ -431,10 +435,19 @@ class CheckpointReader:
                 raise self._corrupt(f"array {name!r} of writing rank {r} fails its checksum")
         return data[lo - start : hi - start]
 
-    def rank_array(self, name: str, rank: int) -> np.ndarray:
-        """The array ``name`` exactly as rank ``rank`` saved it, verified."""
+    def rank_array(self, name: str, rank: int, out: np.ndarray | None = None) -> np.ndarray:
+        """The array ``name`` exactly as rank ``rank`` saved it, verified.
+
+        ``out`` (C-contiguous, of the saved shape and dtype; otherwise not used) is read
+        into and returned: a restore into the application's own array needs no second
+        copy. If verification fails, ``out`` holds unverified bytes.
+        """
         info = self.arrays[name]
         if self.format_version >= 2:
+            shape = tuple(info.rank_shapes[rank])
+            if out is not None and out.shape == shape and out.dtype == info.dtype:
+                self._materialize(name, rank, out.reshape(-1))
+                return out
             return self._materialize(name, rank).reshape(info.rank_shapes[rank])
         lo, hi = info.rank_offsets[rank], info.rank_offsets[rank + 1]
         if info.layout == "rows":
@@ -469,13 +482,15 @@ class CheckpointReader:
         dest = out.reshape(info.rank_shapes[rank]) if info.layout == "rows" else out
         d.read_direct(dest, np.s_[lo:hi])
 
-    def _materialize(self, name: str, rank: int) -> np.ndarray:
-        """Rank ``rank``'s array (1-D) from the newest copy of each block in the chain, verified."""
+    def _materialize(self, name: str, rank: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Rank ``rank``'s array (1-D, into ``out`` if given) from the newest copy of each
+        block in the chain, verified."""
         info = self.arrays[name]
         count = info.rank_elems(rank)
         elems = blocks.block_elems(info.dtype.itemsize, self.block_size)
         want = self.block_hashes(name, rank)
-        out = np.empty(count, dtype=info.dtype)
+        if out is None:
+            out = np.empty(count, dtype=info.dtype)
         if count == 0:
             return out
         chain = self.chain

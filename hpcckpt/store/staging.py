@@ -14,7 +14,6 @@ only once every rank's thread reports its bytes durable.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,18 +23,10 @@ import numpy as np
 import xxhash
 
 from hpcckpt.store import blocks
+from hpcckpt.store.direct_io import Extent, write_extents
 from hpcckpt.store.faults import fault_point
 
-#: Largest single pwrite; Linux writes at most 2 GiB - 4 KiB per call anyway.
-WRITE_CHUNK = 1 << 30
-
-
-@dataclass(frozen=True)
-class Extent:
-    """``data`` goes to byte ``offset`` of the checkpoint file."""
-
-    offset: int
-    data: memoryview
+__all__ = ["BackgroundWrite", "Extent", "HostBuffers", "copy_and_hash"]
 
 
 def copy_and_hash(src: np.ndarray, dst: np.ndarray, block_size: int) -> np.ndarray:
@@ -104,6 +95,7 @@ class BackgroundWrite:
 
     path: Path
     extents: list[Extent]
+    direct: bool = True  # O_DIRECT where the file system takes it (see direct_io)
     error: BaseException | None = None
     seconds: float = 0.0
     bytes: int = 0
@@ -117,19 +109,22 @@ class BackgroundWrite:
     def _run(self) -> None:
         t0 = time.perf_counter()
         try:
-            fd = os.open(self.path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
-            try:
-                for i, extent in enumerate(self.extents):
-                    fault_point("drain.eio")  # tests: a write that fails
-                    self.bytes += _pwrite_all(fd, extent.data, extent.offset)
-                    if i == 0:
-                        fault_point("drain.writing")  # tests: die with the write half done
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            done = write_extents(
+                self.path,
+                self.extents,
+                direct=self.direct,
+                before=lambda i: fault_point("drain.eio"),  # tests: a write that fails
+                after=self._written,
+            )
+            self.bytes = done.bytes
         except BaseException as exc:  # surfaced to the main thread by finish_save
             self.error = exc
         self.seconds = time.perf_counter() - t0
+
+    def _written(self, i: int) -> None:
+        self.bytes += self.extents[i].data.nbytes
+        if i == 0:
+            fault_point("drain.writing")  # tests: die with the write half done
 
     def done(self) -> bool:
         """Whether the thread has finished (successfully or not); never blocks."""
@@ -138,15 +133,3 @@ class BackgroundWrite:
     def wait(self) -> None:
         if self._thread is not None:
             self._thread.join()
-
-
-def _pwrite_all(fd: int, data: memoryview, offset: int) -> int:
-    """Write all of ``data`` at ``offset`` (pwrite may write less than asked)."""
-    view = data.cast("B") if data.format != "B" or data.ndim != 1 else data
-    done = 0
-    while done < len(view):
-        n = os.pwrite(fd, view[done : done + WRITE_CHUNK], offset + done)
-        if n <= 0:
-            raise OSError(f"pwrite wrote {n} bytes at offset {offset + done}")
-        done += n
-    return done

@@ -219,7 +219,8 @@ def decode_into(target: Any, tree: Any, arrays: dict[str, np.ndarray]) -> Any:
     if tag == "array":
         data = arrays[tree["path"]]
         if isinstance(target, np.ndarray):
-            target[...] = data  # check_fits ran first: same shape and dtype
+            if data is not target:  # the restore may have read straight into it
+                target[...] = data  # check_fits ran first: same shape and dtype
             return target
         return data
     if tag == "generator":

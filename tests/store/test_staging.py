@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from hpcckpt.store import blocks, faults, staging
+from hpcckpt.store import blocks, direct_io, faults
 from hpcckpt.store.staging import BackgroundWrite, Extent, HostBuffers, copy_and_hash
 
 BLOCK = 4096
@@ -185,7 +185,7 @@ def test_background_write_writes_extents_at_their_offsets_and_fsyncs(tmp_path, m
 
 
 def test_background_write_loops_over_chunks(tmp_path, monkeypatch):
-    monkeypatch.setattr(staging, "WRITE_CHUNK", 1000)  # each extent takes several pwrites
+    monkeypatch.setattr(direct_io, "WRITE_CHUNK", 1000)  # each extent takes several pwrites
     path = tmp_path / "f"
     path.write_bytes(b"")
     u = random_array((1234,), "f8", 22)

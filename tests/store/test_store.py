@@ -98,3 +98,37 @@ def test_shape_or_dtype_mismatch_with_the_application_is_named(store):
     assert not wrong["u"].any() and wrong["meta"] == {}, "nothing is overwritten on a mismatch"
     with pytest.raises(CheckpointError, match=r"float64\[1000\].*float64\[999\]"):
         store.restore({"u": np.zeros(999)})
+
+
+def test_restore_reads_into_the_applications_arrays(store):
+    """No second buffer: the reader fills the application's array and returns it."""
+    from hpcckpt.store.reader import CheckpointReader
+
+    res = store.save(1, make_state(1))
+    out = np.zeros(1000)
+    with CheckpointReader(res.path) as reader:
+        assert reader.rank_array("u", 0, out) is out
+        assert np.array_equal(out, np.arange(1000.0))
+        other = np.zeros(999)
+        got = reader.rank_array("u", 0, other)  # does not fit: read into a new array
+        assert got is not other and not other.any() and np.array_equal(got, out)
+
+
+def test_mismatch_on_one_array_leaves_every_array_untouched(store):
+    store.save(1, {"a": np.ones(100), "b": np.ones(100)})
+    state = {"a": np.zeros(100), "b": np.zeros(50)}
+    with pytest.raises(CheckpointError, match=r"'b'"):
+        store.restore(state)
+    assert not state["a"].any(), "'a' fits, but nothing is read before the whole state fits"
+
+
+def test_restore_into_views_and_aliased_arrays(store):
+    base = np.zeros(2000)
+    shared = np.arange(10.0)
+    store.save(1, {"strided": np.arange(1000.0), "x": shared, "y": shared * 2})
+    state = {"strided": base[::2], "x": np.zeros(10), "y": None}
+    state["y"] = state["x"]  # one array at two paths: read through a buffer, in order
+    store.restore(state)
+    assert np.array_equal(base[::2], np.arange(1000.0)) and not base[1::2].any()
+    assert state["x"] is state["y"]
+    assert np.array_equal(state["x"], shared * 2), "the later path wins, as before"

@@ -40,7 +40,7 @@ def per_rank(rank: int, step: int) -> np.ndarray:
 def main() -> None:
     from mpi4py import MPI
 
-    import hpcckpt.store.checkpoint_file as checkpoint_file
+    import hpcckpt.store.faults as faults
     from hpcckpt.store.resharding import even_split
     from hpcckpt.store.store import CheckpointStore
 
@@ -67,7 +67,7 @@ def main() -> None:
                     if phase == "write.data" and rank == 1:
                         os._exit(3)  # a node dies with the delta half written
 
-                checkpoint_file.fault_point = die
+                faults.fault_point = die
             state = {"u": global_u(step)[lo:hi], "step": step}
             if sys.argv[4:] != ["u"]:
                 state["p"] = per_rank(rank, step)

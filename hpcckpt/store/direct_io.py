@@ -1,0 +1,232 @@
+"""Write byte extents into an existing file and fsync it, past the page cache where allowed.
+
+Every rank writes its own extents of the one checkpoint file. Through the page cache,
+two ranks' writes into one file take turns on the file's lock, every byte is copied
+into the cache and the fsync writes the file back as one stream; that is why one
+shared file trailed a file per rank on this machine's ext4. With ``O_DIRECT`` each
+rank's bytes go from a page-aligned bounce buffer straight to the device, while a
+second buffer is being filled, and the ranks' writes run side by side (measured in
+docs/performance.md). The unaligned first and last bytes of an extent, and extents
+too small to gain, go through the page cache; the final ``fsync`` covers both.
+
+A file system that refuses ``O_DIRECT`` (tmpfs before Linux 6.6, some FUSE mounts)
+gets buffered writes. No MPI and no HDF5 here: a background thread may call this.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+#: Alignment of file offsets, lengths and memory for O_DIRECT (the largest logical
+#: block size in common use; a multiple of every smaller one).
+ALIGN = 4096
+#: Size of each of the two bounce buffers.
+BOUNCE_BYTES = 32 << 20
+#: Extents shorter than this go through the page cache.
+MIN_DIRECT_BYTES = 4 << 20
+#: Largest single write; Linux writes at most 2 GiB - 4 KiB per call anyway.
+WRITE_CHUNK = 1 << 30
+
+
+@dataclass(frozen=True)
+class Extent:
+    """``data`` goes to byte ``offset`` of the file."""
+
+    offset: int
+    data: memoryview
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What :func:`write_extents` wrote: all bytes, and those that went past the cache."""
+
+    bytes: int
+    direct_bytes: int
+
+
+def write_extents(
+    path: str | os.PathLike[str],
+    extents: Sequence[Extent],
+    *,
+    direct: bool = True,
+    before: Callable[[int], None] | None = None,
+    after: Callable[[int], None] | None = None,
+) -> Outcome:
+    """Write every extent at its offset of ``path`` (which exists), then fsync the file.
+
+    ``before(i)`` / ``after(i)`` run around extent ``i`` (fault injection in tests).
+    Raises OSError as the system reports it; the file is then incomplete.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    total = direct_total = 0
+    writer: _DirectWriter | None = None
+    try:
+        if direct and any(len(_flat(e.data)) >= MIN_DIRECT_BYTES for e in extents):
+            writer = _DirectWriter.open(path, fd)
+        for i, extent in enumerate(extents):
+            if before is not None:
+                before(i)
+            data = _flat(extent.data)
+            head, body = _split(extent.offset, len(data))
+            if writer is None or body < MIN_DIRECT_BYTES:
+                pwrite_all(fd, data, extent.offset)
+            else:
+                pwrite_all(fd, data[:head], extent.offset)
+                writer.write(data[head : head + body], extent.offset + head)
+                pwrite_all(fd, data[head + body :], extent.offset + head + body)
+                direct_total += body
+            total += len(data)
+            if after is not None:
+                if writer is not None:
+                    writer.drain()  # "written" means handed to the device
+                after(i)
+        if writer is not None:
+            writer.close()
+            writer = None
+        os.fsync(fd)
+    finally:
+        if writer is not None:
+            with contextlib.suppress(BaseException):
+                writer.close()
+        os.close(fd)
+    return Outcome(total, direct_total)
+
+
+def _flat(data: memoryview) -> memoryview:
+    return data.cast("B") if data.format != "B" or data.ndim != 1 else data
+
+
+def _split(offset: int, length: int) -> tuple[int, int]:
+    """(head, body): the unaligned bytes before the first aligned offset, then the
+    longest aligned run after them."""
+    head = min(length, -offset % ALIGN)
+    body = (length - head) // ALIGN * ALIGN
+    return head, body
+
+
+def pwrite_all(fd: int, data: memoryview, offset: int) -> int:
+    """Write all of ``data`` at ``offset`` (pwrite may write less than asked)."""
+    done = 0
+    while done < len(data):
+        n = os.pwrite(fd, data[done : done + WRITE_CHUNK], offset + done)
+        if n <= 0:
+            raise OSError(errno.EIO, f"pwrite wrote {n} bytes at offset {offset + done}")
+        done += n
+    return done
+
+
+class _DirectWriter:
+    """A thread writing filled bounce buffers with ``O_DIRECT`` while the caller fills
+    the other one. Falls back to the buffered descriptor when a direct write is refused."""
+
+    def __init__(self, direct_fd: int, buffered_fd: int) -> None:
+        self.fd = direct_fd
+        self.direct_fd = direct_fd
+        self.buffered_fd = buffered_fd
+        self.buffers = [_aligned(BOUNCE_BYTES) for _ in range(2)]
+        self.free: queue.Queue[int] = queue.Queue()
+        for i in range(len(self.buffers)):
+            self.free.put(i)
+        self.todo: queue.Queue[tuple[int, int, int] | None] = queue.Queue()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="hpcckpt-direct", daemon=True)
+        self.thread.start()
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], buffered_fd: int) -> _DirectWriter | None:
+        flag = getattr(os, "O_DIRECT", 0)
+        if not flag:
+            return None
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | flag)
+        except OSError as exc:
+            if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP):
+                return None  # this file system takes no O_DIRECT
+            raise
+        return cls(fd, buffered_fd)
+
+    def write(self, data: memoryview, offset: int) -> None:
+        """Queue ``data`` (a multiple of ALIGN long) for ``offset`` (aligned)."""
+        _preallocate(self.direct_fd, offset, len(data))
+        src = np.frombuffer(data, dtype=np.uint8)
+        pos = 0
+        while pos < len(data):
+            i = self.free.get()
+            if self.error is not None:
+                self.free.put(i)
+                raise self.error
+            n = min(BOUNCE_BYTES, len(data) - pos)
+            np.copyto(self.buffers[i][:n], src[pos : pos + n])  # releases the GIL
+            self.todo.put((i, n, offset + pos))
+            pos += n
+
+    def drain(self) -> None:
+        """Wait until every queued buffer is written."""
+        held = [self.free.get() for _ in self.buffers]
+        for i in held:
+            self.free.put(i)
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        """Write what is queued, stop the thread, close the direct descriptor."""
+        try:
+            self.todo.put(None)
+            self.thread.join()
+        finally:
+            os.close(self.direct_fd)
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        while (item := self.todo.get()) is not None:
+            i, n, offset = item
+            if self.error is None:
+                try:
+                    self._write(self.buffers[i][:n], offset)
+                except BaseException as exc:  # raised in the caller's thread
+                    self.error = exc
+            self.free.put(i)
+
+    def _write(self, buf: np.ndarray, offset: int) -> None:
+        try:
+            pwrite_all(self.fd, memoryview(buf), offset)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL or self.fd == self.buffered_fd:
+                raise
+            self.fd = self.buffered_fd  # the file system refuses this alignment
+            pwrite_all(self.fd, memoryview(buf), offset)
+
+
+def _aligned(nbytes: int) -> np.ndarray:
+    raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start : start + nbytes]
+
+
+_fallocate = None
+with contextlib.suppress(OSError, AttributeError):
+    _libc = ctypes.CDLL(None, use_errno=True)
+    _fallocate = _libc.fallocate
+    _fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    _fallocate.restype = ctypes.c_int
+
+
+def _preallocate(fd: int, offset: int, length: int) -> None:
+    """Allocate the blocks of a range before writing it, where the file system can.
+
+    ext4 lets direct writes to one file run side by side only into allocated blocks;
+    writes into a hole take the file's lock one at a time. Not ``posix_fallocate``,
+    which writes zeros where ``fallocate(2)`` is not supported.
+    """
+    if _fallocate is not None:
+        _fallocate(fd, 0, offset, length)  # failure only costs speed
