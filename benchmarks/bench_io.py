@@ -124,6 +124,7 @@ class Bench:
         return {"dd": (t, False, {"argv": argv, "bytes": (total // bs) * bs})}
 
     def hpcckpt(self, a: np.ndarray, step: int) -> dict:
+        from hpcckpt.store import blocks
         from hpcckpt.store.store import CheckpointStore
 
         d = self.root / "hpcckpt"
@@ -136,8 +137,23 @@ class Bench:
         cold = self.prepare()
         r = timed(self.comm, lambda: store.restore(state))
         assert a[0] == first and a[-1] == last, "restore did not bring the data back"
+        # incremental: one element changed in every 100th block (1% of the blocks dirty)
+        dirty = np.arange(0, a.size, 100 * blocks.block_elems(a.itemsize, store.block_size))
+        a[dirty] += 1.0
+        self.prepare()
+        got: list = [None]
+        i = timed(self.comm, lambda: got.__setitem__(0, store.save(step + 1, state)))
+        a[dirty] -= 1.0  # exact: the values are small integers
+        res = got[0]
+        extra = {"kind": res.kind, "dirty_fraction": res.dirty_fraction}
         self.clean(d)
-        return {"hpcckpt_save": (w, False, {}), "hpcckpt_restore": (r, cold, {})}
+        if res.kind != "incremental":
+            raise RuntimeError(f"the 1% dirty save was {res.kind}, not incremental")
+        return {
+            "hpcckpt_save": (w, False, {}),
+            "hpcckpt_restore": (r, cold, {}),
+            "hpcckpt_incr": (i, False, extra),
+        }
 
     def gather_npsave(self, a: np.ndarray) -> dict:
         path = self.root / "gather.npy"

@@ -44,7 +44,8 @@ ALL_METHODS = [
 ]
 H5PY_METHODS = ["limit", "hpcckpt", "h5py_collective"]  # run again under romio321
 IO_COMPONENTS = {"ompio": None, "romio321": "romio321"}  # label -> OMPI_MCA_io (None: default)
-WRITES = ["limit_write", "dd", "hpcckpt_save", "gather_npsave", "fpr_npsave", "h5py_collective"]
+WRITES = ["limit_write", "dd", "hpcckpt_save", "hpcckpt_incr", "gather_npsave", "fpr_npsave"]
+WRITES.append("h5py_collective")
 WRITES.append("torch_dcp")
 READS = ["limit_read", "hpcckpt_restore"]
 PEERS = ["gather_npsave", "fpr_npsave", "h5py_collective", "torch_dcp"]
@@ -58,6 +59,7 @@ DESCRIPTION = {
     "hpcckpt": "hpcckpt CheckpointStore.save + restore",
     "hpcckpt_save": "hpcckpt CheckpointStore.save (durable)",
     "hpcckpt_restore": "hpcckpt CheckpointStore.restore (cold)",
+    "hpcckpt_incr": "hpcckpt incremental save, 1% of blocks dirty",
     "gather_npsave": "peer: gather to rank 0 + np.save + fsync",
     "fpr_npsave": "peer: file per rank np.save + fsync",
     "h5py_collective": "peer: h5py mpio collective + flush + fsync",
