@@ -52,7 +52,16 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 import _util  # noqa: E402
 from _util import fsync_path, read_raw, timed, write_raw  # noqa: E402
 
-ALL = ["limit", "dd", "hpcckpt", "gather_npsave", "fpr_npsave", "h5py_collective", "torch_dcp"]
+ALL = [
+    "limit",
+    "dd",
+    "dd_direct",
+    "hpcckpt",
+    "gather_npsave",
+    "fpr_npsave",
+    "h5py_collective",
+    "torch_dcp",
+]
 
 
 class Bench:
@@ -122,6 +131,26 @@ class Bench:
         if err[0]:
             raise RuntimeError(f"dd failed: {err[0]}")
         return {"dd": (t, False, {"argv": argv, "bytes": (total // bs) * bs})}
+
+    def dd_direct(self, a: np.ndarray) -> dict:
+        """Every rank at once: its bytes (zeros) to its own file with O_DIRECT and fsync."""
+        path = self.mine("dd_direct")
+        bs = 64 * _util.MiB
+        argv = ["dd", "if=/dev/zero", f"of={path}", f"bs={bs}", f"count={a.nbytes // bs}"]
+        argv += ["oflag=direct", "conv=fsync"]
+        err = [""]
+
+        def run() -> None:
+            proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+            if proc.returncode:
+                err[0] = proc.stderr.strip()[-300:]
+
+        self.prepare()
+        t = timed(self.comm, run)
+        self.clean(*(self.root / f"dd_direct.rank{k}" for k in range(self.nranks)))
+        if self.comm.allreduce(bool(err[0])):
+            raise RuntimeError(f"dd oflag=direct failed: {err[0]}")
+        return {"dd_direct": (t, False, {"argv": argv})}
 
     def hpcckpt(self, a: np.ndarray, step: int) -> dict:
         from hpcckpt.store import blocks

@@ -36,6 +36,7 @@ TORCH_PIN = "torch==2.13.0"
 ALL_METHODS = [
     "limit",
     "dd",
+    "dd_direct",
     "hpcckpt",
     "gather_npsave",
     "fpr_npsave",
@@ -44,18 +45,28 @@ ALL_METHODS = [
 ]
 H5PY_METHODS = ["limit", "hpcckpt", "h5py_collective"]  # run again under romio321
 IO_COMPONENTS = {"ompio": None, "romio321": "romio321"}  # label -> OMPI_MCA_io (None: default)
-WRITES = ["limit_write", "dd", "hpcckpt_save", "hpcckpt_incr", "gather_npsave", "fpr_npsave"]
+WRITES = [
+    "limit_write",
+    "dd",
+    "dd_direct",
+    "hpcckpt_save",
+    "hpcckpt_incr",
+    "gather_npsave",
+    "fpr_npsave",
+]
 WRITES.append("h5py_collective")
 WRITES.append("torch_dcp")
 READS = ["limit_read", "hpcckpt_restore"]
 PEERS = ["gather_npsave", "fpr_npsave", "h5py_collective", "torch_dcp"]
-# The fastest raw write seen in the same invocation: the limit, or file-per-rank np.save
-# (one write call per rank), which was often faster than the limit's 64 MiB writes here.
-BEST_RAW = ["limit_write", "fpr_npsave"]
+# The fastest raw write seen in the same invocation: the limit, file-per-rank np.save
+# (one write call per rank), which was often faster than the limit's 64 MiB writes here,
+# or every rank writing zeros to its own file with dd oflag=direct (no page cache).
+BEST_RAW = ["limit_write", "fpr_npsave", "dd_direct"]
 DESCRIPTION = {
     "limit_write": "limit: own file per rank, 64 MiB writes + fsync",
     "limit_read": "limit: cold-cache read of those files",
     "dd": "dd bs=4M conv=fdatasync, one stream, all bytes",
+    "dd_direct": "dd oflag=direct conv=fsync, own file per rank",
     "hpcckpt": "hpcckpt CheckpointStore.save + restore",
     "hpcckpt_save": "hpcckpt CheckpointStore.save (durable)",
     "hpcckpt_restore": "hpcckpt CheckpointStore.restore (cold)",
@@ -308,8 +319,8 @@ def format_table(summary: dict) -> str:
     lines.append(
         "x limit: the limit's time / this method's time in the same invocation (1.00 = at the "
         "limit; reads vs the cold read), median over repetitions. save vs: this peer's time / "
-        "hpcckpt save's time (>1: hpcckpt faster). x best raw: the faster of the limit and "
-        "file-per-rank np.save in the same invocation / this time. "
+        "hpcckpt save's time (>1: hpcckpt faster). x best raw: the fastest of the limit, "
+        "file-per-rank np.save and dd oflag=direct in the same invocation / this time. "
         "*GB/s: all ranks' bytes / median time; not comparable across runs."
     )
     if summary["io_comparison"]:
