@@ -12,10 +12,11 @@ Phases (see docs/reliability.md for what each one tests):
 ``save.begin``           every rank: the state is encoded, no file touched yet
 ``save.prepared``        every rank: directory ready, leftovers removed, the empty
                          ``.partial`` created; no data written
-``write.data``           every rank: in the middle of the data (its tree and first
-                         array slice written, the rest not)
-``write.closed``         every rank: the ``.partial`` is written, synced and closed;
-                         the ranks have not agreed yet, nothing fsynced
+``write.data``           every rank: in the middle of the data (the file created with
+                         its metadata, the rank's first array slice written, the
+                         rest not)
+``write.closed``         every rank: the rank's bytes are written and fsynced; the
+                         ranks have not agreed yet, nothing renamed
 ``commit.fsynced``       rank 0: the ``.partial`` is fsynced, not yet renamed
 ``commit.renamed``       rank 0: renamed to ``ckpt-<step>.h5`` (directory fsynced);
                          the other ranks do not know yet

@@ -178,3 +178,24 @@ def test_the_plan_chooses_direct_io_by_file_system(tmp_path, name, kind, expecte
     for forced in (True, False):
         opts = filesystem.TuningOptions(direct_io=forced)
         assert filesystem.plan(tmp_path, fs, 2, 1 << 30, opts).direct_io is forced
+
+
+@pytest.mark.parametrize("nbytes", [0, 1, 4096, 100_000, 257 * KiB + 5])
+def test_read_hashed_reads_and_hashes_like_block_hashes(tmp_path, monkeypatch, nbytes):
+    from hpcckpt.store import blocks
+
+    monkeypatch.setattr(direct_io, "READ_PIECE_BYTES", 32 * KiB)  # many pieces
+    payload = data(nbytes, 10)
+    path = tmp_path / "f"
+    path.write_bytes(b"head" * 100 + payload.tobytes() + b"tail")
+    out = np.zeros(nbytes, dtype=np.uint8)
+    got = direct_io.read_hashed(path, 400, memoryview(out), 8 * KiB)
+    assert out.tobytes() == payload.tobytes()
+    assert np.array_equal(got, blocks.block_hashes(payload, 8 * KiB))
+
+
+def test_read_hashed_raises_when_the_file_ends_early(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 1000)
+    with pytest.raises(OSError, match="ends at byte 1000"):
+        direct_io.read_hashed(path, 0, memoryview(bytearray(2000)), 4096)
