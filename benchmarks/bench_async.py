@@ -629,8 +629,8 @@ def format_report(doc: dict) -> str:
             )
     lines += [
         "",
-        "creating the file: write_file with the data deferred (the ranks agree on the layout,",
-        "HDF5 creates the file and its metadata collectively, MPI_File_sync); rest = blocked -",
+        "creating the file: write_file (the ranks agree on the layout, HDF5 creates the",
+        "file and its metadata collectively, no array bytes); rest = blocked -",
         "the parts: the encode and directory checks, the ranks' agreements, heartbeats, events,",
         "starting the thread (per repetition, then the median).",
         "",

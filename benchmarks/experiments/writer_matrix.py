@@ -1,11 +1,12 @@
 """hpcckpt's write pattern with plain h5py, one option changed at a time; run under mpirun.
 
-Reproduces what ``hpcckpt.store.checkpoint_file.write_file`` plus the commit in
-``store.py`` do (one file through the mpio driver; a ``meta`` group with attributes;
-small ``rank_tree`` and ``checksums`` datasets; one contiguous float64 dataset per
-array with ``fill_time="never"``; each rank writes its rows; ``flush`` (=
+Reproduces what hpcckpt's MPI-IO writer did (``write_file`` plus the commit in
+``store.py``, before the direct-I/O writer; docs/performance.md keeps its history):
+one file through the mpio driver; a ``meta`` group with attributes; small
+``rank_tree`` and ``checksums`` datasets; one contiguous float64 dataset per array
+with ``fill_time="never"``; each rank writes its rows; ``flush`` (=
 ``MPI_File_sync``); close; rank 0 fsyncs the file, renames it and fsyncs the
-directory), then varies one knob per variant. Every variant runs once per size in a
+directory. Then it varies one knob per variant. Every variant runs once per size in a
 rotated order next to the raw limit (own file per rank, 64 MiB writes, fsync) and a
 raw shared-file write (``pwrite`` at each rank's offset into one file, fsync on each
 rank: the limit for one shared file without HDF5). Started by

@@ -1,4 +1,7 @@
-"""Write one checkpoint = one HDF5 file, by all ranks at once through MPI-IO.
+"""Create one checkpoint = one HDF5 file, by all ranks at once through MPI-IO.
+
+The ranks create the file with its metadata and its array datasets allocated; each
+rank then writes its own array bytes at their offsets (:mod:`hpcckpt.store.direct_io`).
 
 The layout is documented for users in docs/format.md and read back (without MPI)
 by :mod:`hpcckpt.store.reader`:
@@ -43,7 +46,6 @@ from hpcckpt.store import blocks, integrity, layout
 from hpcckpt.store.blocks import ChainPolicy, ChainState
 from hpcckpt.store.direct_io import Extent
 from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
-from hpcckpt.store.faults import fault_point
 from hpcckpt.store.reader import (
     FORMAT,
     FORMAT_VERSION,
@@ -79,7 +81,7 @@ class Written:
     hash_seconds: float  # this rank's time hashing its blocks
     state: ChainState  # what the next save compares against, once this file is committed
     uid: str = ""  # the file's unique id (meta attribute ``uid``)
-    #: With ``defer_data``: this rank's array bytes and where they go, still to be written.
+    #: This rank's array bytes and where they go in the file, still to be written.
     extents: tuple[Extent, ...] = ()
 
 
@@ -168,23 +170,24 @@ def write_file(
     policy: ChainPolicy | None = None,
     hashes: dict[str, np.ndarray] | None = None,
     uid: str | None = None,
-    defer_data: bool = False,
 ) -> Written:
-    """Collectively write one checkpoint file at ``path``; returns what this rank wrote.
+    """Collectively create one checkpoint file at ``path``; returns what this rank must
+    write into it.
 
     ``hints`` are MPI-IO hints (an ``MPI.Info``) and ``alignment`` the HDF5
     (threshold, interval) in bytes, both from :mod:`hpcckpt.store.filesystem`.
     Every rank hashes its arrays' blocks (one pass over the state); with a ``parent``
     (the last committed checkpoint, the same on every rank) and the ``policy``
-    allowing it, only the blocks whose hash changed are written (an incremental
+    allowing it, only the blocks whose hash changed go into the file (an incremental
     file), else everything. Raises CheckpointError on every rank alike when the
-    ranks' states do not fit one layout. The caller makes the file durable and
-    commits it.
+    ranks' states do not fit one layout.
 
-    For a staged save (:mod:`hpcckpt.store.staging`), ``hashes`` are the arrays' block
-    hashes computed while copying them, ``uid`` the id the ranks agreed on, and with
-    ``defer_data`` the array bytes are not written: ``Written.extents`` says where each
-    piece goes in the file (its datasets are contiguous and allocated at creation).
+    The file gets all its metadata, trees and block hashes, but no array bytes: its
+    datasets are contiguous and allocated at creation, and ``Written.extents`` says
+    where each piece of this rank's bytes goes (:func:`.direct_io.write_extents` writes
+    them). The caller then makes the file durable and commits it. For a staged save
+    (:mod:`hpcckpt.store.staging`), ``hashes`` are the arrays' block hashes computed
+    while copying them and ``uid`` the id the ranks agreed on.
     """
     rank, size = comm.Get_rank(), comm.Get_size()
     policy = policy or ChainPolicy()
@@ -345,27 +348,17 @@ def write_file(
                         block_size,
                         [g[3][lay.path] for g in gathered],
                         rank,
-                        extents if defer_data else None,
+                        extents,
                     )
-                    if not defer_data:
-                        fault_point("write.data")  # tests: die between two arrays
                     continue
                 lo, hi = lay.offsets[rank], lay.offsets[rank + 1]
                 if hi == lo:
                     continue
                 data = np.ascontiguousarray(arrays[lay.path])
-                if defer_data and data.nbytes == 0:
-                    pass  # rows of zero bytes: HDF5 allocates no storage for the dataset
-                elif defer_data:
+                if data.nbytes:  # rows of zero bytes: HDF5 allocates the dataset no storage
                     row = data.nbytes // max(1, hi - lo)  # bytes per row (or element, flat)
                     extents.append(Extent(_offset(d) + lo * row, _bytes(data)))
-                else:
-                    write_pieces(d, lo, data if lay.layout == "rows" else data.reshape(-1))
                 written += data.nbytes
-                if not defer_data:
-                    fault_point("write.data")  # tests: die between two arrays
-            if not defer_data:  # staged: the background thread's fsync covers the file
-                f.flush()
     finally:
         if info != MPI.INFO_NULL:
             info.Free()
@@ -409,13 +402,13 @@ def _write_delta(
     block_size: int,
     counts: list[tuple[int, int, int]],
     rank: int,
-    extents: list[Extent] | None = None,
+    extents: list[Extent],
 ) -> int:
-    """Write this rank's changed blocks of one array and their index rows; bytes written.
+    """Write the index rows of this rank's changed blocks of one array and append the
+    blocks to ``extents`` (file offset, bytes); the bytes of those blocks.
 
     ``counts`` is every rank's (blocks, dirty blocks, dirty elements) of the array:
-    rank r's blocks follow those of ranks 0..r-1 in both datasets. With ``extents``
-    the blocks are not written but appended there (file offset, bytes).
+    rank r's blocks follow those of ranks 0..r-1 in both datasets.
     """
     if dirty.size == 0:
         return 0
@@ -429,29 +422,13 @@ def _write_delta(
     )
     flat = np.ascontiguousarray(array).reshape(-1)
     pos = first
-    base = _offset(d) if extents is not None else 0
+    base = _offset(d)
     for b0, b1 in blocks.runs(dirty):
         e0, e1 = b0 * elems, min(b1 * elems, array.size)
-        if extents is not None:
-            extents.append(Extent(base + pos * array.itemsize, _bytes(flat[e0:e1])))
-        else:
-            d[pos : pos + e1 - e0] = flat[e0:e1]
+        extents.append(Extent(base + pos * array.itemsize, _bytes(flat[e0:e1])))
         pos += e1 - e0
     return (pos - first) * array.dtype.itemsize
 
 
 def file_bytes(path: Path) -> int:
     return os.stat(path).st_size
-
-
-#: Largest single write handed to HDF5: its mpio driver (1.10) refuses one of 2 GiB or more.
-WRITE_PIECE_BYTES = 1 << 30
-
-
-def write_pieces(d: h5py.Dataset, lo: int, data: np.ndarray) -> None:
-    """Write ``data`` into ``d`` from index ``lo`` along axis 0, in pieces under 2 GiB."""
-    row_bytes = max(1, data.nbytes // max(1, data.shape[0]))
-    rows = max(1, WRITE_PIECE_BYTES // row_bytes)
-    for start in range(0, data.shape[0], rows):
-        piece = data[start : start + rows]
-        d[lo + start : lo + start + piece.shape[0]] = piece

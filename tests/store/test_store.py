@@ -132,3 +132,18 @@ def test_restore_into_views_and_aliased_arrays(store):
     assert np.array_equal(base[::2], np.arange(1000.0)) and not base[1::2].any()
     assert state["x"] is state["y"]
     assert np.array_equal(state["x"], shared * 2), "the later path wins, as before"
+
+
+def test_save_and_restore_through_small_writes(tmp_path, monkeypatch):
+    """Slices longer than one write call (1 GiB) go in several: shrink the call to see it."""
+    from hpcckpt.store import direct_io
+
+    monkeypatch.setattr(direct_io, "WRITE_CHUNK", 4096)
+    monkeypatch.setattr(direct_io, "MIN_DIRECT_BYTES", 8192)
+    monkeypatch.setattr(direct_io, "BOUNCE_BYTES", 16384)
+    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF)
+    state = {"u": np.random.default_rng(3).random((1000, 9)), "v": np.arange(50_000)}
+    store.save(1, state)
+    target = {"u": np.zeros((1000, 9)), "v": np.zeros(50_000, dtype=state["v"].dtype)}
+    assert store.restore(target).step == 1
+    assert np.array_equal(target["u"], state["u"]) and np.array_equal(target["v"], state["v"])
