@@ -13,6 +13,17 @@ from pathlib import Path
 MiB = 1 << 20
 GiB = 1 << 30
 CHUNK = 64 * MiB  # one os.write / readinto call of the raw reference
+#: The methods of ``bench_io.py``, in their default order (``run.py`` starts them).
+METHODS = [
+    "limit",
+    "dd",
+    "dd_direct",
+    "hpcckpt",
+    "gather_npsave",
+    "fpr_npsave",
+    "h5py_collective",
+    "torch_dcp",
+]
 
 
 def parse_size(text: str) -> int:

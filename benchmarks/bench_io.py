@@ -52,17 +52,6 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 import _util  # noqa: E402
 from _util import fsync_path, read_raw, timed, write_raw  # noqa: E402
 
-ALL = [
-    "limit",
-    "dd",
-    "dd_direct",
-    "hpcckpt",
-    "gather_npsave",
-    "fpr_npsave",
-    "h5py_collective",
-    "torch_dcp",
-]
-
 
 class Bench:
     def __init__(self, comm: MPI.Comm, root: Path, drop: bool) -> None:
@@ -303,7 +292,7 @@ class Bench:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", required=True, help="bytes per rank, comma separated (64M,2G)")
-    p.add_argument("--methods", default=",".join(ALL))
+    p.add_argument("--methods", default=",".join(_util.METHODS))
     p.add_argument("--dir", required=True, type=Path)
     p.add_argument("--rotate", type=int, default=0, help="rotate the method order by this")
     p.add_argument("--label", default="", help="recorded in every record (e.g. the io component)")

@@ -33,16 +33,7 @@ sys.path.insert(0, str(HERE))
 import _util  # noqa: E402
 
 TORCH_PIN = "torch==2.13.0"
-ALL_METHODS = [
-    "limit",
-    "dd",
-    "dd_direct",
-    "hpcckpt",
-    "gather_npsave",
-    "fpr_npsave",
-    "h5py_collective",
-    "torch_dcp",
-]
+ALL_METHODS = _util.METHODS
 H5PY_METHODS = ["limit", "hpcckpt", "h5py_collective"]  # run again under romio321
 IO_COMPONENTS = {"ompio": None, "romio321": "romio321"}  # label -> OMPI_MCA_io (None: default)
 WRITES = [
