@@ -27,3 +27,11 @@ def parse_signal(value: str | int | signal.Signals) -> signal.Signals:
 def short_name(sig: int) -> str:
     """``USR1`` for SIGUSR1: the way sbatch's --signal spells it."""
     return signal.Signals(sig).name.removeprefix("SIG")
+
+
+def signal_name(sig: int) -> str:
+    """``USR1`` for SIGUSR1 (Slurm's spelling); the number as text if there is no such signal."""
+    try:
+        return short_name(sig)
+    except ValueError:
+        return str(sig)

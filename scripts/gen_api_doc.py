@@ -59,19 +59,19 @@ SECTIONS: list[tuple[str, str, list[str], str]] = [
         "",
     ),
     (
-        "The event log: `hpcckpt.job.events`",
-        "hpcckpt.job.events",
+        "The event log: `hpcckpt.rundir.events`",
+        "hpcckpt.rundir.events",
         ["append_event", "read_events"],
         "`DIR/events.jsonl` is written by the wrapper and by the Checkpointer's rank 0; "
         "the events are listed in [wrapper.md](wrapper.md#events) and "
         "[getting-started.md](getting-started.md#what-happened-hpcckpt-report).",
     ),
     (
-        "Reports: `hpcckpt.job.report`",
-        "hpcckpt.job.report",
+        "Reports: `hpcckpt.report`",
+        "hpcckpt.report",
         ["load_events", "analyze", "format_report"],
         "What `hpcckpt report` computes, as functions over the event list. "
-        "`hpcckpt.job.report_plot.plot_report(report, path)` draws the timeline "
+        "`hpcckpt.report.plot.plot_report(report, path)` draws the timeline "
         "(needs matplotlib).",
     ),
 ]

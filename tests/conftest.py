@@ -12,10 +12,10 @@ from typing import IO
 
 import pytest
 
-from hpcckpt.job.cluster import ClusterError, LocalCluster
+from hpcckpt.cluster import ClusterError, LocalCluster
 
 # =============================================================================================
-# Slurm: the local test cluster (hpcckpt.job.cluster)
+# Slurm: the local test cluster (hpcckpt.cluster)
 #
 #   slurm_cluster          session: a 1-node cluster (node n1, 2 CPUs) in
 #                          /tmp/hpcckpt-test-cluster, slurmctld on port 26817. Tests pass

@@ -68,7 +68,7 @@ def follow(
 
 def wait_for_event(ckpt, predicate, timeout: float = 120, job: str | None = None, env=None):
     """Poll ``ckpt/events.jsonl`` until an event satisfies ``predicate``; returns it."""
-    from hpcckpt.job.events import read_events
+    from hpcckpt.rundir.events import read_events
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -106,7 +106,7 @@ def job_task_pids(job: str, procid: int | None = None) -> list[int]:
 
 def follow_chain(first: str, ckpt, env: dict[str, str], timeout: float = 600) -> list[dict]:
     """Follow a --chain computation job by job (``chain_submitted`` events); each final info."""
-    from hpcckpt.job.events import read_events
+    from hpcckpt.rundir.events import read_events
 
     infos = []
     job = first

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpcckpt.job.events import read_events
+from hpcckpt.rundir.events import read_events
 from tests.mpi_helpers import EXAMPLES, ROOT, mpirun
 from tests.slurm_helpers import follow, sbatch
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from hpcckpt.job.cluster import (
+from hpcckpt.cluster import (
     DEFAULT_CPUS,
     DEFAULT_KILL_WAIT,
     DIR_ENV,

@@ -1,7 +1,7 @@
 """``hpcckpt report DIR``: what happened to the job, from DIR/events.jsonl.
 
-The analysis lives in :mod:`hpcckpt.job.report` (pure functions over the events) and
-the timeline in :mod:`hpcckpt.job.report_plot` (matplotlib, imported only for
+The analysis lives in :mod:`hpcckpt.report` (pure functions over the events) and
+the timeline in :mod:`hpcckpt.report.plot` (matplotlib, imported only for
 ``--plot``). Imports happen inside the command so that ``hpcckpt`` starts fast.
 """
 
@@ -49,8 +49,8 @@ def report(directory: Path, plot: Path | None, as_json: bool) -> None:
       interval     the interval used against Young's and Daly's for the measured
                    cost and the observed MTBF (run time / failures)
     """
-    from hpcckpt.job.events import EVENTS_FILE
-    from hpcckpt.job.report import analyze, format_report, load_events
+    from hpcckpt.report import analyze, format_report, load_events
+    from hpcckpt.rundir.events import EVENTS_FILE
 
     try:
         events = load_events(directory)
@@ -65,7 +65,7 @@ def report(directory: Path, plot: Path | None, as_json: bool) -> None:
     result["directory"] = str(directory)
     if plot is not None:
         try:
-            from hpcckpt.job.report_plot import plot_report
+            from hpcckpt.report.plot import plot_report
         except ImportError:
             raise click.ClickException(
                 "--plot needs matplotlib, which is not installed: pip install matplotlib"

@@ -14,9 +14,11 @@ from typing import Any
 
 import click
 
-from hpcckpt.job import budget, verbosity, wrapper
-from hpcckpt.job.status import DIR_ENV
+from hpcckpt.job import budget, config, wrapper
 from hpcckpt.policy import parse_duration
+from hpcckpt.rundir import verbosity
+from hpcckpt.rundir.env import DIR_ENV
+from hpcckpt.slurm.runner import REQUEUE_TIMEOUT
 
 _CONTEXT = {
     # Stop at the first argument that is not ours: `hpcckpt run mpirun -n 4 app` works
@@ -30,7 +32,7 @@ def _signal_option(_ctx: click.Context, _param: click.Parameter, value: str | No
     if value is None:
         return None
     try:
-        return wrapper.parse_signal(value)
+        return config.parse_signal(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
 
@@ -54,7 +56,7 @@ def _every_option(_ctx: click.Context, _param: click.Parameter, value: str | Non
 def _options(func: Callable[..., Any]) -> Callable[..., Any]:
     # Applied bottom-up: the help lists them in the reverse order of this list.
     options = [
-        # how much the job log says (hpcckpt/job/verbosity.py)
+        # how much the job log says (hpcckpt/rundir/verbosity.py)
         click.option(
             "--verbose",
             "verbosity",
@@ -69,7 +71,7 @@ def _options(func: Callable[..., Any]) -> Callable[..., Any]:
             help="Say only warnings and the decisions that need you (crash, give-up, a "
             "failed requeue); also for the application's ranks (HPCCKPT_LOG_LEVEL=quiet).",
         ),
-        # node failures (issue 11; hpcckpt/job/relaunch.py, docs/wrapper.md "Node failures")
+        # node failures (hpcckpt/job/relaunch.py, docs/wrapper.md "Node failures")
         click.option(
             "--spare-nodes",
             type=click.IntRange(min=0),
@@ -81,7 +83,7 @@ def _options(func: Callable[..., Any]) -> Callable[..., Any]:
             "from the last good checkpoint without leaving the allocation; requeue when "
             "no spare is left.",
         ),
-        # hang detection (issue 10; hpcckpt/job/hang.py, docs/hang-and-poison.md)
+        # hang detection (hpcckpt/job/hang.py, docs/hang-and-poison.md)
         click.option(
             "--progress-file",
             "progress_files",
@@ -203,7 +205,7 @@ def _options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--requeue-timeout",
             type=click.FloatRange(min=0.1),
-            default=wrapper.slurm.REQUEUE_TIMEOUT,
+            default=REQUEUE_TIMEOUT,
             show_default=True,
             metavar="SECONDS",
             help="How long to wait for `scontrol requeue` (or sbatch with --chain).",
@@ -241,8 +243,8 @@ def _options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def _launch(command: list[str], opts: dict[str, Any]) -> None:
     try:
-        directory = wrapper.resolve_ckpt_dir(opts["ckpt_dir"], os.environ)
-    except wrapper.WrapperError as exc:
+        directory = config.resolve_ckpt_dir(opts["ckpt_dir"], os.environ)
+    except config.WrapperError as exc:
         raise click.UsageError(str(exc)) from None
     if opts["chain"] and opts["requeue"]:
         raise click.UsageError("--chain and --requeue exclude each other")
@@ -252,7 +254,7 @@ def _launch(command: list[str], opts: dict[str, Any]) -> None:
             "--restart-files, --restart-marker and --ckpt-every are for applications without "
             "the Python API: add --app-signal SIG"
         )
-    config = wrapper.WrapperConfig(
+    cfg = config.WrapperConfig(
         command=command,
         ckpt_dir=directory,
         stop_signal=opts["stop_signal"],
@@ -270,13 +272,13 @@ def _launch(command: list[str], opts: dict[str, Any]) -> None:
         restart_timeout=opts["restart_timeout"],
         ckpt_every=opts["ckpt_every"],
         mtbf=opts["mtbf"],
-        spare_nodes=opts["spare_nodes"],  # issue 11
+        spare_nodes=opts["spare_nodes"],
         hang_timeout=opts["hang_timeout"],
         hang_save_timeout=opts["hang_save_timeout"],
         progress_files=list(opts["progress_files"]),
         verbosity=opts["verbosity"] if opts["verbosity"] is not None else verbosity.NORMAL,
     )
-    sys.exit(wrapper.run_wrapper(config))
+    sys.exit(wrapper.run_wrapper(cfg))
 
 
 @click.command("run", context_settings=_CONTEXT)
@@ -313,7 +315,7 @@ def srun(srun_args: tuple[str, ...], **opts: Any) -> None:
     forwards the wrapper's USR1 to every task. See `hpcckpt run --help` for the
     outcomes and exit statuses.
     """
-    _launch(wrapper.srun_command(srun_args), opts)
+    _launch(config.srun_command(srun_args), opts)
 
 
 def _commands() -> list[click.Command]:

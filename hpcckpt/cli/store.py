@@ -15,6 +15,8 @@ from typing import Any
 
 import click
 
+from hpcckpt.report.format import size
+
 _DIR = click.argument(
     "directory", type=click.Path(exists=True, file_okay=False, path_type=Path), metavar="DIR"
 )
@@ -29,16 +31,6 @@ def _when(t: float | None) -> str:
     if t is None:
         return "-"
     return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 @click.command("ls")
@@ -84,8 +76,8 @@ def ls_command(directory: Path, as_json: bool) -> None:
         base = "-" if row["base"] is None else str(row["base"])
         dirty = "-" if row["dirty"] is None else f"{100 * row['dirty']:.1f}%"
         line = (
-            f"{step:>10}  {_when(row['time']):19}  {_size(row['size']):>10}  {ranks:>5}  "
-            f"{row['kind'] or '-':11}  {base:>10}  {dirty:>6}  {_size(row['written']):>10}  "
+            f"{step:>10}  {_when(row['time']):19}  {size(row['size']):>10}  {ranks:>5}  "
+            f"{row['kind'] or '-':11}  {base:>10}  {dirty:>6}  {size(row['written']):>10}  "
             f"{row['status']}"
         )
         if row["status"] in ("bad", "rejected") and row["reason"]:

@@ -10,7 +10,8 @@ from typing import Any
 
 import click
 
-from hpcckpt.job import chain, slurm, templates
+from hpcckpt import slurm
+from hpcckpt.slurm import chain, templates
 
 #: Options that become ``#SBATCH --NAME=VALUE`` lines (click name -> sbatch name).
 _SBATCH_OPTIONS = {

@@ -17,13 +17,10 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from hpcckpt import slurm
 from hpcckpt.coord.signals import StopSignals
 from hpcckpt.coord.validate import Validator, make_validator
 from hpcckpt.coord.validate import guard as _validate_guard
-from hpcckpt.job import events as job_events
-from hpcckpt.job import slurm, verbosity
-from hpcckpt.job import status as job_status
-from hpcckpt.job.heartbeat import HeartbeatWriter
 from hpcckpt.policy import (
     CostTracker,
     Deadline,
@@ -35,6 +32,11 @@ from hpcckpt.policy import (
     parse_end_time,
 )
 from hpcckpt.policy.durations import format_duration
+from hpcckpt.rundir import events as job_events
+from hpcckpt.rundir import status as job_status
+from hpcckpt.rundir import verbosity
+from hpcckpt.rundir.env import ATTEMPT_ENV, CACHE_ENV, DIR_ENV, END_TIME_ENV, SIGNAL_ENV
+from hpcckpt.rundir.heartbeat import HeartbeatWriter
 from hpcckpt.store import fast_tier, faults, safety
 from hpcckpt.store.filesystem import TuningOptions
 from hpcckpt.store.lock import DirectoryLock, DirectoryLocked
@@ -49,11 +51,6 @@ log = logging.getLogger("hpcckpt")
 # when every rank's background write of the pending staged save has finished.
 _SIGNAL, _TIME, _DEADLINE, _BUSY = 0, 1, 2, 3
 
-END_TIME_ENV = "HPCCKPT_END_TIME"
-#: The wrapper exports the signal it forwards (its --signal), so both sides agree.
-SIGNAL_ENV = "HPCCKPT_SIGNAL"
-#: A node-local fast tier for every Checkpointer of the job (``cache=`` wins).
-CACHE_ENV = "HPCCKPT_CACHE"
 #: How often rank 0 asks Slurm again for the job's end time (it can be extended).
 END_TIME_REFRESH = 300.0
 
@@ -166,11 +163,11 @@ class Checkpointer:
         async_save: bool = False,
         cache: str | os.PathLike[str] | None = None,
     ) -> None:
-        directory = directory if directory is not None else os.environ.get(job_status.DIR_ENV)
+        directory = directory if directory is not None else os.environ.get(DIR_ENV)
         if not directory:
             raise ValueError(
                 "Checkpointer needs a directory: pass Checkpointer(directory, ...) "
-                f"or set {job_status.DIR_ENV} (the hpcckpt wrapper sets it from --ckpt-dir)"
+                f"or set {DIR_ENV} (the hpcckpt wrapper sets it from --ckpt-dir)"
             )
         if interval is not None:
             interval = _duration("interval", interval)
@@ -226,7 +223,7 @@ class Checkpointer:
         self.durable_costs = CostTracker()
         signal = signal if signal is not None else os.environ.get(SIGNAL_ENV, "USR1")
         self._signals = StopSignals([signal, *stop_signals])
-        self._attempt = os.environ.get(job_status.ATTEMPT_ENV)
+        self._attempt = os.environ.get(ATTEMPT_ENV)
 
         self._send = np.zeros(4, dtype=np.int32)
         self._recv = np.zeros(4, dtype=np.int32)
@@ -244,7 +241,9 @@ class Checkpointer:
         if self.rank == 0:
             try:
                 safety.make_directory(self.directory, self.store.dir_mode)
-                self._lock = DirectoryLock(self.directory, mode=self.store.file_mode).acquire()
+                self._lock = DirectoryLock(
+                    self.directory, mode=self.store.file_mode, job_id=slurm.job_id()
+                ).acquire()
             except DirectoryLocked as exc:
                 error = ("locked", str(exc))
             except OSError as exc:
@@ -467,7 +466,7 @@ class Checkpointer:
         reason = stop or ("steps" if self.policy is None else "interval")
         self._event("checkpoint_begin", step=step, reason=reason)
         self._heartbeat.beat(step, "save", force=True)
-        _validate_guard(self, step, state)  # raises PoisonedState on every rank
+        _validate_guard(self, step, state, event=self._event)  # PoisonedState on every rank
         if self.staged and not stop:
             return self._begin_staged(step, state, reason, t0)
         try:

@@ -36,12 +36,10 @@ from typing import Any
 
 import numpy as np
 
+from hpcckpt.rundir.env import ATTEMPT_ENV
+
 #: Bytes of an array checked per reduction: small enough to stay in the cache.
 BLOCK_BYTES = 4 << 20
-#: Suffix of a checkpoint kept aside because its state failed the check.
-REJECTED = ".rejected"
-#: Sidecar next to it: JSON with the step, the ranks and their problems.
-REJECTED_INFO = ".rejected.json"
 
 Validator = Callable[[dict[str, Any]], Any]
 
@@ -229,43 +227,6 @@ def describe(step: int, problems: dict[int, str], path: Path | None = None) -> s
     )
 
 
-def rejected_name(step: int) -> str:
-    """``ckpt-<step>.h5.rejected``: a file restore never reads."""
-    from hpcckpt.store import layout
-
-    return layout.checkpoint_name(step) + REJECTED
-
-
-def rejected_files(directory: str | os.PathLike[str]) -> list[Path]:
-    """Rejected checkpoints kept in ``directory``, oldest step first."""
-    root = Path(directory)
-    try:
-        names = os.listdir(root)
-    except FileNotFoundError:
-        return []
-    return sorted(root / n for n in names if n.startswith("ckpt-") and n.endswith(".h5" + REJECTED))
-
-
-def rejected_step(name: str) -> int | None:
-    """The step of a ``ckpt-<step>.h5.rejected`` file name, or None."""
-    from hpcckpt.store import layout
-
-    if not name.endswith(REJECTED):
-        return None
-    return layout.step_of(name[: -len(REJECTED)])
-
-
-def read_rejected_info(path: Path) -> dict[str, Any]:
-    """The sidecar of a rejected checkpoint (empty when missing or unreadable)."""
-    import json
-
-    try:
-        data = json.loads(path.with_name(path.name + ".json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 # -- the guard, as the Checkpointer runs it (collective) -----------------------------------
 def verdict(validator: Validator | None, state: dict[str, Any]) -> tuple[str | None, list[str]]:
     """This rank's (message or None, names of the arrays at fault when known)."""
@@ -281,13 +242,14 @@ def verdict(validator: Validator | None, state: dict[str, Any]) -> tuple[str | N
     return run_validator(validator, state), []
 
 
-def guard(ck: Any, step: int, state: dict[str, Any]) -> float:
+def guard(ck: Any, step: int, state: dict[str, Any], *, event: Callable[..., Any]) -> float:
     """Check ``state`` on every rank of Checkpointer ``ck``; collective.
 
     Returns the seconds the check took (slowest rank) when every rank accepts. Otherwise
     keeps the state aside as ``ckpt-<step>.h5.rejected`` (rank 0 also writes a JSON
-    sidecar), appends an event ``rejected`` and raises :class:`PoisonedState` on every
-    rank; nothing is committed, so the newest good checkpoint stays the one before.
+    sidecar), appends an event ``rejected`` through ``event`` (the Checkpointer's event
+    writer) and raises :class:`PoisonedState` on every rank; nothing is committed, so
+    the newest good checkpoint stays the one before.
     """
     import logging
     import time
@@ -311,7 +273,7 @@ def guard(ck: Any, step: int, state: dict[str, Any]) -> float:
     log = logging.getLogger("hpcckpt")
     path = keep_rejected(ck, step, state, problems, at_fault)
     names = list(dict.fromkeys(n for a in at_fault.values() for n in a))
-    ck._event(
+    event(
         "rejected",
         step=step,
         ranks=sorted(problems),
@@ -344,13 +306,14 @@ def keep_rejected(
     import shutil
     import time
 
+    from hpcckpt.store import layout
     from hpcckpt.store.errors import CheckpointError
     from hpcckpt.store.store import CheckpointStore
 
     log = logging.getLogger("hpcckpt")
     directory = Path(ck.directory)
     scratch = directory / f".rejected-{step}"
-    final = directory / rejected_name(step)
+    final = directory / layout.rejected_name(step)
     share_group = bool(getattr(ck.store, "file_mode", 0o600) & 0o040)
     kwargs: dict[str, Any] = {"distributed": getattr(ck.store, "distributed", ())}
     error = None
@@ -373,7 +336,7 @@ def keep_rejected(
                     "ranks": sorted(problems),
                     "problems": {str(r): m for r, m in problems.items()},
                     "arrays": {str(r): a for r, a in arrays.items()},
-                    "attempt": os.environ.get("HPCCKPT_ATTEMPT"),
+                    "attempt": os.environ.get(ATTEMPT_ENV),
                 }
                 sidecar = final.with_name(final.name + ".json")
                 tmp = sidecar.with_name(sidecar.name + ".tmp")

@@ -6,8 +6,8 @@ A crashed attempt is continued (requeued or chained) only when both hold:
   computation. They are counted in ``DIR/events.jsonl``: every ``requeue``/``chain``
   event with ``cause: "crash"`` since the last ``wrapper_start`` whose restart number
   (``SLURM_RESTART_COUNT`` + ``HPCCKPT_CHAIN_COUNT``) was 0, i.e. since the computation
-  was submitted by hand (and, since issue 11, every ``relaunch`` on spare nodes and
-  every requeue with ``cause: "node_failure"``). Continuations after a time-limit or
+  was submitted by hand, and every ``relaunch`` on spare nodes and every requeue or
+  chain with ``cause: "node_failure"``. Continuations after a time-limit or
   preemption stop do not count: a long computation may need any number of those. If
   the log cannot be read, the restart number itself is used (every earlier restart
   counts as a crash).
@@ -26,48 +26,38 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hpcckpt.rundir import events as ev
+
 DEFAULT_MAX_RESTARTS = 5
 DEFAULT_MIN_PROGRESS = 300.0  # seconds
-#: Events that mean "this attempt saved its state".
-PROGRESS_EVENTS = ("checkpoint", "restart_set")
-CONTINUE_EVENTS = ("requeue", "chain")
+#: Events that mean "this attempt saved its state": the checkpoints it paid for.
+PROGRESS_EVENTS = ev.COST_EVENTS
+CONTINUE_EVENTS = (ev.REQUEUE, ev.CHAIN)
 CRASH_CAUSE = "crash"
-#: Issue 11: a relaunch on spare nodes and a requeue after a node failure count too.
-FAILURE_CAUSES = (CRASH_CAUSE, "node_failure")
-
-
-def restart_number(event: Mapping[str, Any]) -> int:
-    """The restart number an event was written in (older records lack ``restart``)."""
-    value = event.get("restart")
-    if isinstance(value, int):
-        return value
-    total = 0
-    for key in ("restart_count", "chain_count"):
-        v = event.get(key)
-        total += v if isinstance(v, int) else 0
-    return total
+NODE_FAILURE_CAUSE = "node_failure"
+#: Continuations that spend the budget: after a crash, and after a node failure (a
+#: relaunch on spare nodes, or a requeue).
+FAILURE_CAUSES = (CRASH_CAUSE, NODE_FAILURE_CAUSE)
 
 
 def crash_restarts_used(events: Iterable[Mapping[str, Any]]) -> int:
     """Crash continuations since the computation was last submitted by hand."""
     used = 0
-    for ev in events:
-        kind = ev.get("event")
-        if kind == "wrapper_start" and restart_number(ev) == 0:
+    for record in events:
+        kind = record.get("event")
+        if kind == ev.WRAPPER_START and ev.restart_of(record) == 0:
             used = 0
-        elif kind in CONTINUE_EVENTS and ev.get("cause") == CRASH_CAUSE:
+        elif kind in (*CONTINUE_EVENTS, ev.RELAUNCH) and record.get("cause") in FAILURE_CAUSES:
             used += 1
-        elif kind in (*CONTINUE_EVENTS, "relaunch") and ev.get("cause") in FAILURE_CAUSES:
-            used += 1  # issue 11: node failures
     return used
 
 
 def progress_of(events: Iterable[Mapping[str, Any]], attempt: str) -> dict[str, Any] | None:
     """The newest checkpoint (or restart set) this attempt wrote, or None."""
     found = None
-    for ev in events:
-        if ev.get("event") in PROGRESS_EVENTS and ev.get("attempt") == attempt:
-            found = dict(ev)
+    for record in events:
+        if record.get("event") in PROGRESS_EVENTS and record.get("attempt") == attempt:
+            found = dict(record)
     return found
 
 

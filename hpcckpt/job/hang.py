@@ -4,7 +4,7 @@ A rank stuck in a collective (a peer died without MPI noticing, a dead mount, a
 deadlock) burns the allocation until the time limit and then loses everything since the
 last checkpoint. With ``--hang-timeout DURATION`` the wrapper watches the per-rank
 heartbeats of the current attempt (``DIR/heartbeat/rank-<r>.json``, written by the
-Checkpointer from ``due()`` at most every 5 s, see :mod:`hpcckpt.job.heartbeat`):
+Checkpointer from ``due()`` at most every 5 s, see :mod:`hpcckpt.rundir.heartbeat`):
 
 - a rank whose newest heartbeat is older than the timeout is **silent**; while it is in
   the I/O phases ``save``/``restore`` the allowance is ``--hang-save-timeout`` instead
@@ -18,8 +18,8 @@ Checkpointer from ``due()`` at most every 5 s, see :mod:`hpcckpt.job.heartbeat`)
   a change of any matching file's size or modification time is its heartbeat.
 
 When one rank is silent the wrapper logs one line naming the ranks, appends an event
-``hang`` and takes the whole step down (:func:`kill_step`); the attempt then ends like a
-crash: requeue or chain within the restart budget if it made progress.
+``hang`` and takes the whole step down (:func:`hpcckpt.job.step.take_down`); the attempt
+then ends like a crash: requeue or chain within the restart budget if it made progress.
 
 :func:`decide` is pure (no I/O): the unit tests drive it with made-up heartbeats.
 """
@@ -28,15 +28,15 @@ from __future__ import annotations
 
 import glob
 import os
-import signal
-import subprocess
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hpcckpt.job.heartbeat import DEFAULT_PERIOD, Heartbeat, clear_heartbeats, read_heartbeats
+from hpcckpt.job.outcome import Outcome, StepResult
+from hpcckpt.rundir.events import checkpoint_costs, read_events
+from hpcckpt.rundir.heartbeat import DEFAULT_PERIOD, Heartbeat, clear_heartbeats, read_heartbeats
 
 #: Phases of a heartbeat that get the longer (I/O) allowance.
 IO_PHASES = ("save", "restore")
@@ -46,8 +46,6 @@ SAVE_FACTOR = 4.0
 COST_FACTOR = 3.0
 #: Seconds between two looks at the heartbeats.
 CHECK_EVERY = 1.0
-#: Grace between the launcher's SIGTERM and the SIGKILLs.
-KILL_GRACE = 5.0
 
 
 @dataclass(frozen=True)
@@ -102,17 +100,6 @@ def default_save_timeout(timeout: float, costs: Iterable[float] = ()) -> float:
     """The allowance of a rank in a save/restore when ``--hang-save-timeout`` is not given."""
     slowest = max((c for c in costs if c and c > 0), default=0.0)
     return max(SAVE_FACTOR * timeout, COST_FACTOR * slowest + timeout)
-
-
-def measured_costs(events: Iterable[Mapping[str, Any]]) -> list[float]:
-    """The seconds of every ``checkpoint`` (and ``restart_set``) event of the log."""
-    out = []
-    for ev in events:
-        if ev.get("event") in ("checkpoint", "restart_set"):
-            value = ev.get("seconds")
-            if isinstance(value, (int, float)) and value > 0:
-                out.append(float(value))
-    return out
 
 
 def check_timeouts(timeout: float, save_timeout: float | None) -> None:
@@ -222,7 +209,7 @@ class HangWatch:
         self.save_timeout = (
             save_timeout
             if save_timeout is not None
-            else default_save_timeout(timeout, measured_costs(history))
+            else default_save_timeout(timeout, checkpoint_costs(history))
         )
         self.patterns = list(progress_files)
         self.nranks = nranks
@@ -250,10 +237,8 @@ class HangWatch:
     def _expected(self) -> int | None:
         if self.nranks:
             return self.nranks
-        from hpcckpt.job import events as job_events
-
         try:
-            for ev in job_events.read_events(self.ckpt_dir):
+            for ev in read_events(self.ckpt_dir):
                 if ev.get("event") == "start" and ev.get("source") == "checkpointer":
                     if float(ev.get("time", 0)) >= self.started - 1.0 and ev.get("nranks"):
                         return int(ev["nranks"])
@@ -293,216 +278,53 @@ class HangWatch:
         return None
 
 
-# -- taking a hung step down -----------------------------------------------------------------
-def _stat(pid: int) -> tuple[int, int] | None:
-    """(ppid, start time) of a process, None when gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return int(fields[1]), int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return None
+# -- the wrapper's side ---------------------------------------------------------------------
+class HangConfigError(ValueError):
+    """The hang options cannot work together (a usage error)."""
 
 
-def descendants(pid: int) -> dict[int, int]:
-    """{pid: start time} of every process below ``pid`` (Linux /proc; empty elsewhere)."""
-    children: dict[int, list[int]] = {}
-    starts: dict[int, int] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return {}
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        info = _stat(int(entry))
-        if info is None:
-            continue
-        children.setdefault(info[0], []).append(int(entry))
-        starts[int(entry)] = info[1]
-    found: dict[int, int] = {}
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found[child] = starts[child]
-                todo.append(child)
-    return found
-
-
-def alive(processes: Mapping[int, int]) -> dict[int, int]:
-    """Those of ``{pid: start time}`` still running (same pid, same start time)."""
-    out = {}
-    for pid, start in processes.items():
-        info = _stat(pid)
-        if info is not None and info[1] == start and not _zombie(pid):
-            out[pid] = start
-    return out
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def slurm_steps(job: str, environ: Mapping[str, str] | None = None) -> list[str]:
-    """The job's running steps (``JOB.N``; not ``batch``/``extern``), via squeue."""
-    try:
-        out = subprocess.run(
-            ["squeue", "-h", "-s", "-j", job, "-o", "%i"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            env=None if environ is None else dict(environ),
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    steps = []
-    for line in out.split():
-        _, _, step = line.partition(".")
-        if step.isdigit():
-            steps.append(line)
-    return steps
-
-
-def kill_step(
-    child: subprocess.Popen[Any],
+def start_watch(
     *,
-    grace: float = KILL_GRACE,
-    log: Callable[[str], None] = lambda _m: None,
-    slurm_job: str | None = None,
-    environ: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """Take a hung step down, all ranks, no orphans; returns what it took (for the event).
-
-    1. remember every process below the launcher (mpirun's ranks; srun's are not ours);
-    2. SIGTERM the launcher: srun then SIGKILLs every task of its step at once, mpirun
-       sends its ranks SIGTERM and SIGKILL a second later;
-    3. after ``grace`` seconds: SIGKILL the launcher if still there and, inside a Slurm
-       job, ``scancel --signal=KILL JOB.STEP`` every running step of the job (a step
-       outlives a killed srun);
-    4. SIGKILL every remembered process still alive (ranks orphaned by a dead mpirun).
-    """
-    taken: dict[str, Any] = {"launcher_signal": "TERM", "killed_launcher": False}
-    below = descendants(child.pid)
-    try:
-        os.kill(child.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    try:
-        child.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        log(f"the step (pid {child.pid}) is still there {grace:g} s after SIGTERM: SIGKILL")
-        below.update(descendants(child.pid))
-        try:
-            os.kill(child.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        taken["killed_launcher"] = True
-        if slurm_job:
-            steps = slurm_steps(slurm_job, environ)
-            for step in steps:
-                subprocess.run(
-                    ["scancel", "--signal=KILL", step],
-                    capture_output=True,
-                    timeout=20,
-                    env=None if environ is None else dict(environ),
-                )
-            taken["scancelled"] = steps
-        child.wait()
-    left = alive(below)
-    deadline = time.monotonic() + 2.0
-    while left and time.monotonic() < deadline:  # the launcher's own clean-up, briefly
-        time.sleep(0.1)
-        left = alive(left)
-    for pid in left:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    if left:
-        log(f"SIGKILLed {len(left)} leftover process(es) of the step: {sorted(left)}")
-        deadline = time.monotonic() + 5.0
-        while alive(left) and time.monotonic() < deadline:
-            time.sleep(0.05)
-    taken["leftovers_killed"] = sorted(left)
-    return taken
-
-
-# -- the wrapper's hooks (hpcckpt/job/wrapper.py calls these) --------------------------------
-def start_watch(wrapper: Any) -> HangWatch | None:
-    """Set up the watch for this attempt (None without --hang-timeout); before the step."""
-    from hpcckpt.job import events as job_events
-    from hpcckpt.job.wrapper import WrapperError
-
-    cfg = wrapper.config
-    timeout = getattr(cfg, "hang_timeout", None)
-    patterns = list(getattr(cfg, "progress_files", None) or [])
-    save_timeout = getattr(cfg, "hang_save_timeout", None)
+    ckpt_dir: str | os.PathLike[str],
+    timeout: float | None,
+    save_timeout: float | None = None,
+    progress_files: Iterable[str] = (),
+    app_mode: bool = False,
+    nranks: int | None = None,
+) -> HangWatch | None:
+    """The watch for this attempt, started (None without ``--hang-timeout``); call it
+    before the step starts. HangConfigError when the options cannot work."""
+    patterns = list(progress_files or [])
     if timeout is None:
         if patterns or save_timeout is not None:
-            raise WrapperError("--progress-file and --hang-save-timeout need --hang-timeout")
+            raise HangConfigError("--progress-file and --hang-save-timeout need --hang-timeout")
         return None
-    if cfg.app_mode and not patterns:
-        raise WrapperError(
+    if app_mode and not patterns:
+        raise HangConfigError(
             "--hang-timeout with --app-signal needs --progress-file GLOB: an application "
             "without the Python API writes no heartbeats"
         )
     try:
-        history = list(job_events.read_events(cfg.ckpt_dir))
+        history = list(read_events(ckpt_dir))
     except OSError:
         history = []
     try:
         watch = HangWatch(
-            cfg.ckpt_dir,
+            ckpt_dir,
             float(timeout),
             None if save_timeout is None else float(save_timeout),
             patterns,
-            nranks=wrapper.slurm_env.ntasks or None,
+            nranks=nranks,
             events=history,
         )
     except ValueError as exc:
-        raise WrapperError(str(exc)) from None
+        raise HangConfigError(str(exc)) from None
     watch.start()
-    wrapper.log(watch.describe())
     return watch
 
 
-def tick(wrapper: Any) -> None:
-    """One look from the wrapper's main loop; takes the step down when it is hung."""
-    watch: HangWatch | None = getattr(wrapper, "hang", None)
-    child = wrapper.child
-    if watch is None or child is None or child.poll() is not None:
-        return
-    verdict = watch.check()
-    if verdict is None:
-        return
-    wrapper.log(f"{verdict.message()}; taking the step (pid {child.pid}) down")
-    wrapper.event(
-        "hang",
-        **verdict.event_fields(),
-        timeout=watch.timeout,
-        save_timeout=watch.save_timeout,
-        progress_files=watch.patterns or None,
-        elapsed=round(wrapper.elapsed(), 3),
-    )
-    job = wrapper.slurm_env.job_id if wrapper.slurm_env.in_job else None
-    t0 = time.monotonic()
-    taken = kill_step(child, log=wrapper.log, slurm_job=job, environ=wrapper.environ)
-    wrapper.log(f"hung step taken down in {time.monotonic() - t0:.1f} s")
-    wrapper.event("hang_killed", seconds=round(time.monotonic() - t0, 3), **taken)
-
-
-def adjust(wrapper: Any, result: Any) -> Any:
+def adjust(watch: HangWatch | None, result: StepResult) -> StepResult:
     """A crashed result of a step the watch took down says so in its reason."""
-    from dataclasses import replace
-
-    from hpcckpt.job.outcome import Outcome
-
-    watch: HangWatch | None = getattr(wrapper, "hang", None)
     if watch is None or watch.verdict is None or result.outcome is not Outcome.CRASHED:
         return result
     return replace(

@@ -16,19 +16,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpcckpt.policy import DEFAULT_MARGIN, DEFAULT_SAFETY
+from hpcckpt.rundir.events import checkpoint_costs
 
-COST_EVENTS = ("checkpoint", "restart_set")
 #: How many recent checkpoints to look at (the worst of them counts).
 RECENT = 5
 
 
 def measured_cost(events: Iterable[Mapping[str, Any]]) -> float | None:
     """The largest of the last few measured checkpoint durations, or None."""
-    costs = [
-        float(ev["seconds"])
-        for ev in events
-        if ev.get("event") in COST_EVENTS and isinstance(ev.get("seconds"), (int, float))
-    ]
+    costs = checkpoint_costs(events)
     return max(costs[-RECENT:]) if costs else None
 
 

@@ -16,8 +16,9 @@ import enum
 import signal
 from dataclasses import dataclass
 
-from hpcckpt import signames
-from hpcckpt.job.status import FINISHED, STOPPED, RunStatus
+from hpcckpt.rundir import events
+from hpcckpt.rundir.status import FINISHED, STOPPED, RunStatus
+from hpcckpt.signames import signal_name
 
 EXIT_OK = 0
 EXIT_NO_FINISH = 1  # the step exited 0 but never reported finished
@@ -26,10 +27,10 @@ EXIT_NO_FINISH = 1  # the step exited 0 but never reported finished
 class Outcome(enum.Enum):
     """How a step ended, from the wrapper's point of view."""
 
-    FINISHED = "finished"  # the work is done
-    STOPPED = "stopped"  # it checkpointed on a stop request: continue later
-    CRASHED = "crashed"  # anything else
-    POISONED = "poisoned"  # crashed after rejecting its state (job/poison.py): no restart
+    FINISHED = events.OUTCOME_FINISHED  # the work is done
+    STOPPED = events.OUTCOME_STOPPED  # it checkpointed on a stop request: continue later
+    CRASHED = events.OUTCOME_CRASHED  # anything else
+    POISONED = events.OUTCOME_POISONED  # crashed after rejecting its state: no restart
 
 
 @dataclass(frozen=True)
@@ -38,14 +39,6 @@ class StepResult:
     returncode: int  # as Popen reports it: negative = killed by that signal
     status: RunStatus | None  # the last status of *this* attempt, None if none
     reason: str
-
-
-def signal_name(sig: int) -> str:
-    """``USR1`` for SIGUSR1 (Slurm's spelling); the number if unknown."""
-    try:
-        return signames.short_name(sig)
-    except ValueError:
-        return str(sig)
 
 
 def describe_returncode(returncode: int) -> str:

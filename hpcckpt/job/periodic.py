@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hpcckpt.policy import CostTracker, job_mtbf, make_policy, parse_duration
+from hpcckpt.rundir.events import RESTART_SET, checkpoint_costs
 
 AUTO = "auto"
 #: Assumed cost of the first checkpoint of an application we know nothing about.
@@ -33,10 +34,8 @@ class PeriodicSchedule:
         history: Iterable[Mapping[str, Any]] = (),
     ) -> None:
         self.costs = CostTracker()
-        for ev in history:
-            seconds = ev.get("seconds")
-            if ev.get("event") == "restart_set" and isinstance(seconds, (int, float)):
-                self.costs.add(max(0.0, float(seconds)))
+        for seconds in checkpoint_costs(history, kinds=(RESTART_SET,)):
+            self.costs.add(max(0.0, seconds))
         text = str(every).strip().lower()
         if text == AUTO:
             m = parse_duration(mtbf) if mtbf is not None else None

@@ -14,20 +14,20 @@ non-zero exit, and a message saying which ranks and arrays were at fault.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from hpcckpt.job.outcome import Outcome, StepResult, crash_exit_code
-
-REJECTED_EVENT = "rejected"
+from hpcckpt.rundir.events import REJECTED
 
 
 def rejection_of(events: Iterable[Mapping[str, Any]], attempt: str) -> dict[str, Any] | None:
     """The newest ``rejected`` event written by this attempt, or None."""
     found = None
     for ev in events:
-        if ev.get("event") == REJECTED_EVENT and ev.get("attempt") == attempt:
+        if ev.get("event") == REJECTED and ev.get("attempt") == attempt:
             found = dict(ev)
     return found
 
@@ -43,7 +43,9 @@ def describe(rejection: Mapping[str, Any]) -> str:
     )
 
 
-def classify_poisoned(result: StepResult, events: Iterable[Mapping[str, Any]] | None, attempt: str):
+def classify_poisoned(
+    result: StepResult, events: Iterable[Mapping[str, Any]] | None, attempt: str
+) -> tuple[StepResult, dict[str, Any] | None]:
     """``result`` turned into a POISONED one if this crashed attempt rejected a checkpoint."""
     if result.outcome is not Outcome.CRASHED or events is None:
         return result, None
@@ -56,37 +58,24 @@ def classify_poisoned(result: StepResult, events: Iterable[Mapping[str, Any]] | 
     return poisoned, rejection
 
 
-def after_poison(wrapper: Any, result: StepResult, step: int | None) -> int:
-    """Give up after a poisoned attempt: log, event ``give_up``, non-zero exit."""
-    code = crash_exit_code(result.returncode)
-    wrapper.log(f"step stopped on a poisoned state: {result.reason}")
-    wrapper.log(
+def give_up_messages(result: StepResult, ckpt_dir: str | os.PathLike[str]) -> list[str]:
+    """What the wrapper says when it gives up after a poisoned attempt."""
+    return [
+        f"step stopped on a poisoned state: {result.reason}",
         "not continuing: restarting would resume from the last good checkpoint and most "
         "likely compute the same non-finite values again. What to do: inspect the rejected "
-        f"state (hpcckpt ls / hpcckpt inspect in {wrapper.config.ckpt_dir}), fix the cause "
+        f"state (hpcckpt ls / hpcckpt inspect in {ckpt_dir}), fix the cause "
         "(time step, input, validate function), then submit again; the last good "
-        "checkpoint is untouched"
-    )
-    wrapper.event(
-        "give_up",
-        reason="poisoned state: " + result.reason,
-        poisoned=True,
-        exit_code=result.returncode,
-        step=step,
-        wrapper_exit=code,
-    )
-    return code
+        "checkpoint is untouched",
+    ]
 
 
-def check(wrapper: Any, result: StepResult) -> StepResult:
-    """The wrapper's hook: read the log and classify (poisoned or unchanged)."""
-    from hpcckpt.job import events
-
-    if result.outcome is not Outcome.CRASHED:
-        return result
-    try:
-        log = list(events.read_events(wrapper.config.ckpt_dir))
-    except OSError:
-        return result
-    poisoned, _ = classify_poisoned(result, log, wrapper.attempt)
-    return poisoned
+def give_up_fields(result: StepResult, step: int | None) -> dict[str, Any]:
+    """The fields of the ``give_up`` event after a poisoned attempt."""
+    return {
+        "reason": "poisoned state: " + result.reason,
+        "poisoned": True,
+        "exit_code": result.returncode,
+        "step": step,
+        "wrapper_exit": crash_exit_code(result.returncode),
+    }

@@ -35,18 +35,18 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hpcckpt.job import budget, events, nodes, slurm
+from hpcckpt import slurm
+from hpcckpt.job import budget
+from hpcckpt.job.budget import NODE_FAILURE_CAUSE
 from hpcckpt.job.outcome import EXIT_OK, Outcome, classify
-from hpcckpt.job.status import read_status
+from hpcckpt.rundir import events
+from hpcckpt.rundir.env import SRUN_ENV
+from hpcckpt.rundir.status import read_status
 
-#: The ``cause`` of continuations after a node failure (events ``requeue``, ``relaunch``).
-NODE_FAILURE_CAUSE = "node_failure"
 #: How long to wait for Slurm's own requeue once a node failure is seen.
 REQUEUE_WAIT = 15.0
 #: srun options the wrapper sets itself with --spare-nodes.
 _PLACEMENT = ("-N", "--nodes", "-w", "--nodelist", "-x", "--exclude")
-#: Wrapper events that end an attempt: a previous attempt without any was cut off.
-_ENDS = {"step_end", "finished", "crashed", "stopped", "requeue", "chain", "give_up"}
 _REQUEUED_STATES = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
 
 
@@ -58,7 +58,7 @@ def is_srun(command: Sequence[str], environ: Mapping[str, str]) -> bool:
     """True if the step's launcher is srun (or ``$HPCCKPT_SRUN``)."""
     if not command:
         return False
-    alt = environ.get("HPCCKPT_SRUN")
+    alt = environ.get(SRUN_ENV)
     return os.path.basename(command[0]) == "srun" or (bool(alt) and command[0] == alt)
 
 
@@ -107,7 +107,7 @@ def cut_off_attempt(log: Sequence[Mapping[str, Any]], current: str) -> dict[str,
         return None
     prev = starts[-1]
     token = prev.get("attempt")
-    ended = any(e.get("attempt") == token and e.get("event") in _ENDS for e in log)
+    ended = any(e.get("attempt") == token and e.get("event") in events.END_EVENTS for e in log)
     return None if ended else dict(prev)
 
 
@@ -149,7 +149,7 @@ class NodeFailures:
             raise RelaunchError("--spare-nodes needs srun as the launcher: use `hpcckpt srun`")
         if w.config.app_mode:
             raise RelaunchError("--spare-nodes is for applications using the Checkpointer")
-        self.alloc = nodes.allocation(self.environ)
+        self.alloc = slurm.allocation(self.environ)
         total = len(self.alloc) or w.slurm_env.num_nodes
         self.need = total - self.spare
         if self.need < 1:
@@ -167,8 +167,8 @@ class NodeFailures:
         try:
             down = [
                 n
-                for n, s in nodes.node_states(self.alloc, environ=self.environ).items()
-                if nodes.is_failed(s)
+                for n, s in slurm.node_states(self.alloc, environ=self.environ).items()
+                if slurm.is_failed(s)
             ]
         except slurm.SlurmError as exc:
             w.log(f"note: cannot ask sinfo for node states: {exc}")
@@ -187,8 +187,8 @@ class NodeFailures:
         prev = cut_off_attempt(log, w.attempt)
         if prev is None or not prev.get("nodes"):
             return
-        prev_nodes = nodes.expand_hostlist(str(prev["nodes"]))
-        reasons = nodes.down_since(prev_nodes, environ=self.environ)
+        prev_nodes = slurm.expand_hostlist(str(prev["nodes"]))
+        reasons = slurm.down_since(prev_nodes, environ=self.environ)
         started = prev.get("time") or 0.0
         hits = {n: r for n, r in reasons.items() if r[1] is None or r[1] >= started - 1}
         if not hits:
@@ -234,7 +234,7 @@ class NodeFailures:
             failed = self.failed_nodes()
             if not failed:
                 return
-            info = nodes.job_nodes(w.slurm_env.job_id, environ=self.environ)
+            info = slurm.job_nodes(w.slurm_env.job_id, environ=self.environ)
         except (slurm.SlurmError, OSError, ValueError) as exc:
             w.log(f"note: cannot check for a node failure: {exc}")
             return
@@ -277,11 +277,11 @@ class NodeFailures:
 
     def failed_nodes(self) -> dict[str, str]:
         """``{node: state}`` of the allocation's nodes that sinfo shows failed."""
-        candidates = nodes.allocation(self.environ)
+        candidates = slurm.allocation(self.environ)
         if not candidates:
             return {}
-        states = nodes.node_states(candidates, environ=self.environ)
-        return {n: s for n, s in states.items() if nodes.is_failed(s)}
+        states = slurm.node_states(candidates, environ=self.environ)
+        return {n: s for n, s in states.items() if slurm.is_failed(s)}
 
     def after_step(self, rc: int, extra: Mapping[str, str]) -> tuple[int, int | None]:
         """Handle a node failure; returns (the step's final rc, the wrapper's exit or None).
@@ -351,7 +351,7 @@ class NodeFailures:
             w.log("a stop request is under way: not relaunching; requeueing instead")
             return "requeue", 0
         try:
-            current = nodes.job_nodes(w.slurm_env.job_id, environ=self.environ).nodes
+            current = slurm.job_nodes(w.slurm_env.job_id, environ=self.environ).nodes
         except slurm.SlurmError:
             current = []
         candidates = [n for n in (current or self.alloc) if n not in self.lost]
@@ -427,7 +427,7 @@ class NodeFailures:
         info = None
         while True:
             try:
-                info = nodes.job_nodes(job, environ=self.environ)
+                info = slurm.job_nodes(job, environ=self.environ)
             except slurm.SlurmError as exc:
                 w.log(f"note: cannot ask scontrol about job {job}: {exc}")
                 info = None

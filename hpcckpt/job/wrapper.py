@@ -28,7 +28,6 @@ grace period. If the wrapper itself is SIGKILLed, the child gets SIGTERM from th
 from __future__ import annotations
 
 import os
-import secrets
 import select
 import shlex
 import signal
@@ -37,15 +36,24 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, TextIO
 
-from hpcckpt import signames
-from hpcckpt.job import budget, early_signals, events, hang, leadtime, poison, slurm, verbosity
+from hpcckpt import procfs
+from hpcckpt.job import budget, early_signals, hang, leadtime, poison, step
+from hpcckpt.job.config import (
+    EXIT_CONTINUE_FAILED,
+    EXIT_INTERNAL,
+    EXIT_NOT_EXECUTABLE,
+    EXIT_NOT_FOUND,
+    EXIT_USAGE,
+    WrapperConfig,
+    WrapperError,
+    new_attempt_token,
+    prepare_ckpt_dir,
+    step_environment,
+)
 from hpcckpt.job.outcome import (
-    EXIT_NO_FINISH,
     EXIT_OK,
     Outcome,
     StepResult,
@@ -53,231 +61,16 @@ from hpcckpt.job.outcome import (
     classify_app,
     crash_exit_code,
     describe_returncode,
-    signal_name,
 )
-from hpcckpt.job.status import (
-    ATTEMPT_ENV,
-    DIR_ENV,
-    FINISHED,
-    RUNNING,
-    STOPPED,
-    RunStatus,
-    read_status,
-)
+from hpcckpt.rundir import events, verbosity
+from hpcckpt.rundir.env import INTERVAL_ENV, LOG_LEVEL_ENV, RESTART_ENV, SCONTROL_ENV
+from hpcckpt.rundir.status import FINISHED, RUNNING, STOPPED, RunStatus, read_status
+from hpcckpt.signames import signal_name
+from hpcckpt.slurm import commands as slurm
+from hpcckpt.slurm import env as slurm_env
+from hpcckpt.slurm.runner import SlurmError
 
-__all__ = [
-    "EXIT_CONTINUE_FAILED",
-    "EXIT_INTERNAL",
-    "EXIT_NOT_EXECUTABLE",
-    "EXIT_NOT_FOUND",
-    "EXIT_NO_FINISH",
-    "EXIT_OK",
-    "EXIT_REQUEUE_FAILED",
-    "EXIT_USAGE",
-    "Outcome",
-    "StepResult",
-    "Wrapper",
-    "WrapperConfig",
-    "WrapperError",
-    "classify",
-    "classify_app",
-    "crash_exit_code",
-    "describe_returncode",
-    "parse_signal",
-    "run_wrapper",
-    "signal_name",
-]
-
-#: The stop signal's name (``USR1``) for the application, which may choose to listen to it.
-SIGNAL_ENV = "HPCCKPT_SIGNAL"
-#: ``1`` when the step resumes (a restart set exists, or this is a restart), else ``0``.
-RESTART_ENV = "HPCCKPT_RESTART"
-#: The periodic checkpoint interval in whole seconds (``--ckpt-every``), for the app's flags.
-INTERVAL_ENV = "HPCCKPT_INTERVAL"
-#: Override the ``srun`` that ``hpcckpt srun`` runs (tests; unusual installs).
-SRUN_ENV = "HPCCKPT_SRUN"
-#: Open MPI's MPI-IO component. Its default, ``ompio``, made collective HDF5 writes about
-#: ten times slower than ``romio321`` on this kind of machine (0.27 vs 3.4 GB/s, 2 ranks);
-#: so the step gets ``romio321`` unless the user chose a component.
-MPI_IO_ENV = "OMPI_MCA_io"
-MPI_IO_DEFAULT = "romio321"
-
-EXIT_USAGE = 2
-EXIT_CONTINUE_FAILED = 3  # requeue or chain submission failed (the checkpoint is safe)
-EXIT_REQUEUE_FAILED = EXIT_CONTINUE_FAILED
-EXIT_INTERNAL = 70  # the wrapper itself failed (EX_SOFTWARE)
-EXIT_NOT_EXECUTABLE = 126
-EXIT_NOT_FOUND = 127
-
-#: Grace between SIGTERM and SIGKILL when the wrapper must take the step down itself.
-KILL_GRACE = 10.0
-
-_UNCATCHABLE = {signal.SIGKILL, signal.SIGSTOP}
-
-
-class WrapperError(Exception):
-    """A configuration problem found before the step starts (exit status 2)."""
-
-
-def parse_signal(value: str | int) -> signal.Signals:
-    """``USR1``, ``SIGUSR1``, ``usr1`` or ``10`` → ``signal.SIGUSR1``; ValueError otherwise."""
-    sig = signames.parse_signal(value)
-    if sig in _UNCATCHABLE or sig == signal.SIGCHLD:
-        raise ValueError(f"{sig.name} cannot serve as the stop signal")
-    return sig
-
-
-def resolve_ckpt_dir(option: str | os.PathLike[str] | None, environ: Mapping[str, str]) -> Path:
-    """``--ckpt-dir``, else ``$HPCCKPT_DIR``, made absolute; WrapperError if neither is set."""
-    value = option if option not in (None, "") else environ.get(DIR_ENV)
-    if not value:
-        raise WrapperError(
-            f"no checkpoint directory: pass --ckpt-dir DIR or set {DIR_ENV} "
-            "(a directory on a file system every node can reach)"
-        )
-    return Path(os.path.abspath(os.path.expanduser(os.fspath(value))))
-
-
-def prepare_ckpt_dir(path: Path) -> None:
-    """Create the directory owner-only (0700) if missing; fail clearly if unusable."""
-    try:
-        if not path.is_dir():
-            path.mkdir(mode=0o700, parents=True, exist_ok=True)
-            path.chmod(0o700)
-    except OSError as exc:
-        raise WrapperError(f"cannot create the checkpoint directory {path}: {exc}") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise WrapperError(f"the checkpoint directory {path} is not writable by this user")
-
-
-def restart_number(env: slurm.SlurmEnv, environ: Mapping[str, str]) -> int:
-    """``SLURM_RESTART_COUNT`` + ``HPCCKPT_CHAIN_COUNT``: how many runs came before."""
-    from hpcckpt.job.chain import chain_count
-
-    return env.restart_count + chain_count(environ)
-
-
-def new_attempt_token(env: slurm.SlurmEnv, restart: int | None = None) -> str:
-    """Fresh per wrapper start: ``<job id or 'local'>.<restart number>.<random>``."""
-    n = env.restart_count if restart is None else restart
-    return f"{env.job_id or 'local'}.{n}.{secrets.token_hex(6)}"
-
-
-def step_environment(
-    base: Mapping[str, str],
-    ckpt_dir: Path,
-    attempt: str,
-    stop_signal: signal.Signals,
-    extra: Mapping[str, str] | None = None,
-) -> dict[str, str]:
-    """The step's environment: ours plus the contract variables and the MPI-IO default."""
-    env = dict(base)
-    env[DIR_ENV] = str(ckpt_dir)
-    env[ATTEMPT_ENV] = attempt
-    env[SIGNAL_ENV] = signal_name(stop_signal)
-    env.setdefault(MPI_IO_ENV, MPI_IO_DEFAULT)
-    env.update(extra or {})
-    return env
-
-
-def srun_command(args: Sequence[str], environ: Mapping[str, str] | None = None) -> list[str]:
-    """``srun`` (or ``$HPCCKPT_SRUN``) followed by the user's arguments, untouched."""
-    env = os.environ if environ is None else environ
-    return [env.get(SRUN_ENV) or "srun", *args]
-
-
-@dataclass
-class WrapperConfig:
-    command: list[str]
-    ckpt_dir: Path
-    stop_signal: signal.Signals = signal.SIGUSR1
-    requeue: bool | None = None  # None: requeue when inside a Slurm job (unless chain)
-    requeue_timeout: float = slurm.REQUEUE_TIMEOUT
-    poll_interval: float = 0.25  # status/file polling while something is pending
-    environ: Mapping[str, str] | None = None  # default: os.environ
-    # continuing
-    chain: bool = False
-    max_restarts: int = budget.DEFAULT_MAX_RESTARTS
-    min_progress: float = budget.DEFAULT_MIN_PROGRESS
-    # applications without the Python API
-    app_signal: signal.Signals | None = None
-    app_ready: float = 5.0  # seconds after the start before a signal may reach the app
-    restart_files: list[str] = field(default_factory=list)
-    restart_marker: str | None = None
-    settle: float = 2.0
-    keep_sets: int = 2
-    restart_timeout: float = 600.0
-    ckpt_every: str | None = None
-    mtbf: str | None = None
-    # hang detection (job/hang.py)
-    hang_timeout: float | None = None
-    hang_save_timeout: float | None = None
-    progress_files: list[str] = field(default_factory=list)
-    # node failures (job/relaunch.py): step on N-K nodes, relaunch on the K spares
-    spare_nodes: int = 0
-    # how much to say: verbosity.QUIET, NORMAL or VERBOSE (--quiet / --verbose)
-    verbosity: int = verbosity.NORMAL
-
-    @property
-    def app_mode(self) -> bool:
-        return self.app_signal is not None
-
-    def check(self) -> None:
-        if not self.app_mode:
-            for name, value in (
-                ("--restart-files", self.restart_files),
-                ("--ckpt-every", self.ckpt_every),
-                ("--restart-marker", self.restart_marker),
-            ):
-                if value:
-                    raise WrapperError(
-                        f"{name} is for applications without the Python API: add --app-signal "
-                        "SIG (the Checkpointer schedules and records its own checkpoints)"
-                    )
-        if self.restart_marker and not self.restart_files:
-            raise WrapperError("--restart-marker needs --restart-files GLOB")
-        if self.chain and self.requeue:
-            raise WrapperError("--chain and --requeue exclude each other: choose one")
-        if self.max_restarts < 0:
-            raise WrapperError("--max-restarts must be 0 or more")
-
-
-def _pdeathsig_setter() -> Callable[[], None] | None:
-    """A preexec function asking the kernel to SIGTERM the child if the wrapper dies."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def setup() -> None:  # runs in the child between fork and exec
-        prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the wrapper died before prctl took effect
-            os._exit(EXIT_INTERNAL)
-
-    return setup
-
-
-def process_start_monotonic() -> float:
-    """When this process was exec'd, on the ``time.monotonic()`` clock (Linux; else now).
-
-    Elapsed times in the log then count from the wrapper's exec, which is what matters
-    when judging how early Slurm's signal came.
-    """
-    now = time.monotonic()
-    try:
-        with open("/proc/self/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - started
-    except (OSError, IndexError, ValueError, AttributeError):
-        return now
-    return now - age if 0 <= age < 86400 * 365 else now
-
+__all__ = ["Wrapper", "run_wrapper"]
 
 #: Levels of :meth:`Wrapper.log` lines: shown even with --quiet, or only with --verbose.
 WARN, DETAIL = verbosity.QUIET, verbosity.VERBOSE
@@ -291,10 +84,10 @@ class Wrapper:
         self.environ: Mapping[str, str] = os.environ if config.environ is None else config.environ
         self.log_stream = log if log is not None else sys.stderr
         self.verbosity = config.verbosity
-        self.slurm_env = slurm.SlurmEnv.from_environ(self.environ)
-        self.restart = restart_number(self.slurm_env, self.environ)
+        self.slurm_env = slurm_env.SlurmEnv.from_environ(self.environ)
+        self.restart = events.restart_number(self.environ)
         self.attempt = new_attempt_token(self.slurm_env, self.restart)
-        self.t0 = process_start_monotonic()
+        self.t0 = procfs.process_start_monotonic()
         self.child: subprocess.Popen[bytes] | None = None
         self.child_started: float | None = None
         self._queue: deque[tuple[int, float | None]] = deque()
@@ -318,7 +111,7 @@ class Wrapper:
         self._ended_by_wrapper = False
         self._lead_thread: threading.Thread | None = None
         self.hang: hang.HangWatch | None = None  # --hang-timeout (job/hang.py)
-        self.node_failures: Any = None  # relaunch.NodeFailures (issue 11)
+        self.node_failures: Any = None  # relaunch.NodeFailures: node failures, --spare-nodes
 
     # -- logging -------------------------------------------------------------------------
     def log(self, message: str, level: int = verbosity.NORMAL) -> None:
@@ -571,7 +364,7 @@ class Wrapper:
                 f"{self._requested_name} could be forwarded; not forwarding"
             )
 
-    # -- lead time (issue 3) ---------------------------------------------------------------
+    # -- lead time: was the stop signal early enough for a checkpoint? ---------------------
     def _start_lead_check(self) -> None:
         job = self.slurm_env.job_id
         if job is None or self._lead_thread is not None or self._requested_wall is None:
@@ -597,7 +390,7 @@ class Wrapper:
                         needed=round(result.needed, 1),
                         suggested_signal=f"B:{name}@{result.suggested}",
                     )
-            except (slurm.SlurmError, OSError, ValueError) as exc:
+            except (SlurmError, OSError, ValueError) as exc:
                 self.log(f"note: cannot check the signal's lead time: {exc}")
 
         self._lead_thread = threading.Thread(target=check, name="hpcckpt-lead", daemon=True)
@@ -697,7 +490,7 @@ class Wrapper:
     def _end_step(self) -> None:
         """The stop checkpoint is complete and the step still runs: end it (TERM, KILL)."""
         self._ended_by_wrapper = True
-        self._terminate_child(reason="its restart files are complete", log_it=False)
+        self._terminate_child(reason="its restart files are complete")
 
     def prepare_app(self) -> dict[str, str]:
         """Set up app mode; returns the extra environment for the step."""
@@ -751,28 +544,21 @@ class Wrapper:
 
     # -- ending the step -------------------------------------------------------------------
     def _kill_child(self, sig: signal.Signals) -> None:
-        if self.child is None:
-            return
-        try:
-            os.kill(self.child.pid, sig)
-        except ProcessLookupError:
-            pass
+        if self.child is not None:
+            step.send(self.child, sig)
 
-    def _terminate_child(self, reason: str = "", log_it: bool = True) -> None:
-        """Take the step down: SIGTERM to the launcher, SIGKILL after a grace."""
+    def _terminate_child(self, reason: str = "") -> dict[str, Any]:
+        """Take the step down (:func:`hpcckpt.job.step.take_down`); what it took."""
         child = self.child
         if child is None or child.poll() is not None:
-            return
+            return {}
         why = f" ({reason})" if reason else ""
         self.log(
-            f"taking the step (pid {child.pid}) down{why}: SIGTERM, SIGKILL after {KILL_GRACE:g} s"
+            f"taking the step (pid {child.pid}) down{why}: SIGTERM, SIGKILL after "
+            f"{step.KILL_GRACE:g} s"
         )
-        self._kill_child(signal.SIGTERM)
-        try:
-            child.wait(timeout=KILL_GRACE)
-        except subprocess.TimeoutExpired:
-            self._kill_child(signal.SIGKILL)
-            child.wait()
+        job = self.slurm_env.job_id if self.slurm_env.in_job else None
+        return step.take_down(child, log=self.log, slurm_job=job, environ=self.environ)
 
     # -- the run -------------------------------------------------------------------------
     def start_child(self, extra: Mapping[str, str] | None = None) -> int | None:
@@ -782,7 +568,7 @@ class Wrapper:
             self.environ, self.config.ckpt_dir, self.attempt, self.forward_signal, extra
         )
         if self.verbosity != verbosity.NORMAL:
-            env[verbosity.LOG_LEVEL_ENV] = verbosity.level_name(self.verbosity)
+            env[LOG_LEVEL_ENV] = verbosity.level_name(self.verbosity)
         self.log(
             "step environment: "
             + " ".join(
@@ -791,7 +577,7 @@ class Wrapper:
             DETAIL,
         )
         try:
-            self.child = subprocess.Popen(cmd, env=env, preexec_fn=_pdeathsig_setter())
+            self.child = step.start(cmd, env, exit_code_if_orphaned=EXIT_INTERNAL)
         except FileNotFoundError:
             self.log(f"cannot start the step: command not found: {cmd[0]}", WARN)
             return EXIT_NOT_FOUND
@@ -818,9 +604,9 @@ class Wrapper:
             self.check_held()
             if self.config.app_mode:
                 self._tick_app()
-            hang.tick(self)  # --hang-timeout: a silent step is taken down
+            self._check_hang()
             if self.node_failures is not None:
-                self.node_failures.tick()  # issue 11: a stop signal may mean a node failed
+                self.node_failures.tick()  # a stop signal may mean that a node failed
             rc = self.child.poll()
             if rc is not None:
                 return rc
@@ -849,6 +635,57 @@ class Wrapper:
             return EXIT_INTERNAL
         finally:
             self.restore_handlers()
+
+    # -- hang and poison -------------------------------------------------------------------
+    def _start_hang_watch(self) -> hang.HangWatch | None:
+        cfg = self.config
+        try:
+            watch = hang.start_watch(
+                ckpt_dir=cfg.ckpt_dir,
+                timeout=cfg.hang_timeout,
+                save_timeout=cfg.hang_save_timeout,
+                progress_files=cfg.progress_files,
+                app_mode=cfg.app_mode,
+                nranks=self.slurm_env.ntasks or None,
+            )
+        except hang.HangConfigError as exc:
+            raise WrapperError(str(exc)) from None
+        if watch is not None:
+            self.log(watch.describe())
+        return watch
+
+    def _check_hang(self) -> None:
+        """--hang-timeout: take a step whose ranks went silent down (it ends as a crash)."""
+        watch, child = self.hang, self.child
+        if watch is None or child is None or child.poll() is not None:
+            return
+        verdict = watch.check()
+        if verdict is None:
+            return
+        self.log(f"{verdict.message()}; taking the step (pid {child.pid}) down")
+        self.event(
+            "hang",
+            **verdict.event_fields(),
+            timeout=watch.timeout,
+            save_timeout=watch.save_timeout,
+            progress_files=watch.patterns or None,
+            elapsed=round(self.elapsed(), 3),
+        )
+        t0 = time.monotonic()
+        job = self.slurm_env.job_id if self.slurm_env.in_job else None
+        taken = step.take_down(child, log=self.log, slurm_job=job, environ=self.environ)
+        self.log(f"hung step taken down in {time.monotonic() - t0:.1f} s")
+        self.event("hang_killed", seconds=round(time.monotonic() - t0, 3), **taken)
+
+    def _poisoned(self, result: StepResult) -> StepResult:
+        """A crash after this attempt rejected its state is ``poisoned`` (job/poison.py)."""
+        if result.outcome is not Outcome.CRASHED:
+            return result
+        try:
+            log = list(events.read_events(self.config.ckpt_dir))
+        except OSError:
+            return result
+        return poison.classify_poisoned(result, log, self.attempt)[0]
 
     @property
     def continuation(self) -> str | None:
@@ -881,9 +718,9 @@ class Wrapper:
             chain=self.continuation == "chain",
             max_restarts=cfg.max_restarts,
             pid=os.getpid(),
-            nodes=self.environ.get("SLURM_JOB_NODELIST"),  # issue 11: which node failed
+            nodes=slurm_env.nodelist(self.environ),  # which node failed, at the next start
         )
-        from hpcckpt.job import relaunch  # issue 11: node failures, --spare-nodes
+        from hpcckpt.job import relaunch  # loaded here: it needs the wrapper's state (below)
 
         node_failures = self.node_failures = relaunch.NodeFailures(self)
         try:
@@ -891,7 +728,7 @@ class Wrapper:
         except relaunch.RelaunchError as exc:
             raise WrapperError(str(exc)) from None
         extra = self.prepare_app() if cfg.app_mode else {}
-        self.hang = hang.start_watch(self)  # clears the heartbeats of earlier attempts
+        self.hang = self._start_hang_watch()  # clears the heartbeats of earlier attempts
         failed = self.start_child(extra)
         if failed is not None:
             self.event("crashed", exit_code=failed, reason="the step could not be started")
@@ -924,7 +761,7 @@ class Wrapper:
                 f"the held {self._requested_name} was never forwarded: the step exited "
                 "before the application was ready for it"
             )
-        result = poison.check(self, hang.adjust(self, self._result(rc)))  # issue 10
+        result = self._poisoned(hang.adjust(self.hang, self._result(rc)))
         st = result.status
         step = st.step if st is not None else None
         self.event(
@@ -951,7 +788,10 @@ class Wrapper:
                 )
             return self.after_stop(step)
         if result.outcome is Outcome.POISONED:  # rejected state: never requeue into it
-            return poison.after_poison(self, result, step)
+            for line in poison.give_up_messages(result, self.config.ckpt_dir):
+                self.log(line)
+            self.event("give_up", **poison.give_up_fields(result, step))
+            return crash_exit_code(rc)
         return self.after_crash(result, step)
 
     def after_crash(self, result: StepResult, step: int | None) -> int:
@@ -1029,12 +869,12 @@ class Wrapper:
             return EXIT_CONTINUE_FAILED
         try:
             slurm.requeue(job, timeout=self.config.requeue_timeout, environ=self.environ)
-        except (slurm.SlurmError, ValueError) as exc:
+        except (SlurmError, ValueError) as exc:
             self.log(f"requeue failed: {exc}", WARN)
             self.log(
                 f"the checkpoint{at_step} is safe in {self.config.ckpt_dir}: resubmit the same "
                 "batch script (sbatch) to resume; make sure it has #SBATCH --requeue and that "
-                f"scontrol works on the compute nodes (or set {slurm.SCONTROL_ENV}), or use "
+                f"scontrol works on the compute nodes (or set {SCONTROL_ENV}), or use "
                 "--chain"
             )
             self.event("requeue_failed", job_id=job, error=str(exc), cause=cause)
@@ -1046,7 +886,7 @@ class Wrapper:
         return EXIT_OK
 
     def _chain(self, job: str, cause: str, step: int | None, at_step: str) -> int:
-        from hpcckpt.job import chain
+        from hpcckpt.slurm import chain  # only when chaining
 
         self.log(f"submitting the next job of the chain (sbatch --dependency=afterany:{job})")
         if not self.event("chain", job_id=job, step=step, cause=cause) and cause == "crash":
@@ -1061,7 +901,7 @@ class Wrapper:
                 ckpt_dir=str(self.config.ckpt_dir),
                 timeout=self.config.requeue_timeout,
             )
-        except (chain.ChainError, slurm.SlurmError, ValueError, OSError) as exc:
+        except (chain.ChainError, SlurmError, ValueError, OSError) as exc:
             self.log(f"chain failed: {exc}", WARN)
             self.log(
                 f"the checkpoint{at_step} is safe in {self.config.ckpt_dir}: submit the same "

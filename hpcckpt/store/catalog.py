@@ -72,23 +72,21 @@ def list_directory(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
                 "reason": "unfinished save; the next save removes it",
             }
         )
-    rows.extend(_rejected_rows(root))  # the poisoned-state guard (coord/validate.py)
+    rows.extend(_rejected_rows(root))  # kept aside by the poisoned-state guard (coord/validate.py)
     rows.sort(key=lambda row: (row["step"] if row["step"] is not None else -1, row["file"]))
     return rows
 
 
 def _rejected_rows(root: Path) -> list[dict[str, Any]]:
     """Checkpoints kept aside as ``ckpt-<step>.h5.rejected``: their state failed the check."""
-    from hpcckpt.coord import validate  # numpy only; no MPI
-
     rows = []
-    for p in validate.rejected_files(root):
-        info = validate.read_rejected_info(p)
+    for p in layout.rejected_files(root):
+        info = layout.read_rejected_info(p)
         problems = info.get("problems") or {}
         reason = "; ".join(f"rank {r}: {m}" for r, m in problems.items()) or "state rejected"
         rows.append(
             {
-                "step": validate.rejected_step(p.name),
+                "step": layout.rejected_step(p.name),
                 "file": p.name,
                 "size": _size(p),
                 "time": info.get("time"),

@@ -29,7 +29,6 @@ base and deltas it is built on. See docs/format.md.
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from collections.abc import Collection
@@ -428,7 +427,3 @@ def _write_delta(
         extents.append(Extent(base + pos * array.itemsize, _bytes(flat[e0:e1])))
         pos += e1 - e0
     return (pos - first) * array.dtype.itemsize
-
-
-def file_bytes(path: Path) -> int:
-    return os.stat(path).st_size

@@ -14,6 +14,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hpcckpt.store.safety import write_private
 
@@ -23,6 +24,10 @@ PARTIAL = ".partial"
 BAD = ".bad"
 #: Left by rank 0 while a restore reads a checkpoint; still there = that read killed us.
 READING = ".reading"
+#: Suffix of a checkpoint kept aside because its state failed the check (coord/validate.py).
+REJECTED = ".rejected"
+#: Sidecar next to it: JSON with the step, the ranks and their problems.
+REJECTED_INFO = ".rejected.json"
 _NAME = re.compile(r"^ckpt-(\d{10,})\.h5$")
 _PARTIAL_NAME = re.compile(r"^ckpt-(\d{10,})\.h5\.partial$")
 
@@ -100,3 +105,34 @@ def read_bad(path: Path) -> str | None:
         return str(json.loads(path.with_name(path.name + BAD).read_text()).get("reason"))
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def rejected_name(step: int) -> str:
+    """``ckpt-<step>.h5.rejected``: a file restore never reads."""
+    return checkpoint_name(step) + REJECTED
+
+
+def rejected_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """Rejected checkpoints kept in ``directory``, oldest step first."""
+    root = Path(directory)
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    return sorted(root / n for n in names if n.startswith("ckpt-") and n.endswith(".h5" + REJECTED))
+
+
+def rejected_step(name: str) -> int | None:
+    """The step of a ``ckpt-<step>.h5.rejected`` file name, or None."""
+    if not name.endswith(REJECTED):
+        return None
+    return step_of(name[: -len(REJECTED)])
+
+
+def read_rejected_info(path: Path) -> dict[str, Any]:
+    """The sidecar of a rejected checkpoint (empty when missing or unreadable)."""
+    try:
+        data = json.loads(path.with_name(path.name + ".json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hpcckpt import procfs
 from hpcckpt.store.errors import CheckpointError
 from hpcckpt.store.safety import FILE_MODE, write_private
 
@@ -63,14 +64,7 @@ def _boot_id() -> str | None:
 
 def _start_ticks(pid: int) -> int | None:
     """The start time of process ``pid`` in clock ticks since boot (Linux), or None."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    try:
-        return int(text.rsplit(")", 1)[1].split()[19])
-    except (IndexError, ValueError):
-        return None
+    return procfs.start_ticks(pid)
 
 
 def _alive(pid: int) -> bool:
@@ -121,6 +115,7 @@ class DirectoryLock:
         stale_after: float = STALE_AFTER,
         mode: int = FILE_MODE,
         wait: float | None = None,
+        job_id: str | None = None,
     ) -> None:
         self.directory = Path(directory).absolute()
         self.path = self.directory / LOCK_NAME
@@ -132,7 +127,7 @@ class DirectoryLock:
         self.owner = {
             "host": socket.gethostname(),
             "pid": os.getpid(),
-            "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID"),
+            "job_id": job_id,
             "user": os.environ.get("USER") or str(os.getuid()),
             "since": time.time(),
             "boot_id": _boot_id(),

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpcckpt.cli.main import cli
-from hpcckpt.job.events import read_events
+from hpcckpt.rundir.events import read_events
 from hpcckpt.store import fast_tier, layout
 from hpcckpt.store.reader import CheckpointReader
 from tests.mpi_helpers import mpirun

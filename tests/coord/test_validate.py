@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hpcckpt.coord import validate
-from hpcckpt.job.events import read_events
+from hpcckpt.rundir.events import read_events
 from hpcckpt.store import catalog
 from tests.job.test_wrapper import Wrapped, clean_env
 from tests.mpi_helpers import mpi_env, mpirun, mpirun_cmd

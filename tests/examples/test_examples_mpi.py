@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpcckpt.job.events import read_events
-from hpcckpt.job.status import read_status
+from hpcckpt.rundir.events import read_events
+from hpcckpt.rundir.status import read_status
 from hpcckpt.store import layout
 from tests.mpi_helpers import EXAMPLES, mpirun, start_mpirun, stop, wait_for
 

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from hpcckpt import procfs
 from hpcckpt.cli.cluster import COMMANDS
-from hpcckpt.job import cluster as cl
-from hpcckpt.job.cluster import ClusterConfig, ClusterError, LocalCluster, render_slurm_conf
+from hpcckpt.cluster import ClusterConfig, ClusterError, LocalCluster, render_slurm_conf
+from hpcckpt.cluster import config as cl
 
 RANK_SCRIPT = (
     "from mpi4py import MPI; import os; c = MPI.COMM_WORLD; "
@@ -198,7 +199,7 @@ def test_fail_node_and_restore(slurm_cluster_nodes, tmp_path: Path) -> None:
     waited = cluster.fail_node("n2", timeout=90)
     assert cluster.node_states()["n2"].startswith("down")
     assert cluster.slurmd_pid("n2") is None
-    assert not any(cl.pid_alive(p) for p in victims)
+    assert not any(procfs.pid_alive(p) for p in victims)
     assert waited < 60
     info = cluster.wait_job(job, ("PENDING", "REQUEUED", "NODE_FAIL"), timeout=60)
     assert int(info.get("Restarts", "0")) >= 1 or info["JobState"] == "NODE_FAIL", info
@@ -217,7 +218,7 @@ def test_up_recovers_from_killed_daemons(slurm_cluster_nodes) -> None:
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while any(cl.pid_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(procfs.pid_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not cluster.is_running()
     cluster = slurm_cluster_nodes(2)

@@ -16,11 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from hpcckpt.job import budget, chain, leadtime, slurm
-from hpcckpt.job.events import append_event, read_events
+from hpcckpt import slurm
+from hpcckpt.job import budget, leadtime
 from hpcckpt.job.outcome import Outcome, classify_app
 from hpcckpt.job.periodic import PeriodicSchedule
 from hpcckpt.job.restart_files import RestartFiles
+from hpcckpt.rundir.env import SCONTROL_ENV
+from hpcckpt.rundir.events import append_event, read_events
+from hpcckpt.slurm import chain
 from tests.job.test_wrapper import Wrapped, app, clean_env, fake, kinds, wait_state
 
 # -- budget -------------------------------------------------------------------------------
@@ -118,7 +121,7 @@ def test_chain_spec_from_the_environment(tmp_path):
 
 
 def test_chain_without_script_or_scontrol_fails_clearly(tmp_path):
-    env = {slurm.SCONTROL_ENV: str(tmp_path / "missing")}
+    env = {SCONTROL_ENV: str(tmp_path / "missing")}
     with pytest.raises(chain.ChainError, match="HPCCKPT_CHAIN_SCRIPT"):
         chain.find_spec("77", env)
 

@@ -17,7 +17,7 @@ import shutil
 import numpy as np
 import pytest
 
-from hpcckpt.job.events import read_events
+from hpcckpt.rundir.events import read_events
 from hpcckpt.store import layout
 from tests.job.test_wrapper_slurm import cluster_env, heat_reference, heat_script, log_of
 from tests.mpi_helpers import ROOT

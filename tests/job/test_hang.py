@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from hpcckpt.job import hang
-from hpcckpt.job.events import read_events
-from hpcckpt.job.heartbeat import Heartbeat
+from hpcckpt import procfs
+from hpcckpt.job import hang, step
 from hpcckpt.job.outcome import Outcome, StepResult
 from hpcckpt.job.poison import classify_poisoned, rejection_of
+from hpcckpt.rundir.events import checkpoint_costs, read_events
+from hpcckpt.rundir.heartbeat import Heartbeat
 from tests.job.test_wrapper import Wrapped, clean_env
 from tests.mpi_helpers import mpi_env, mpirun_cmd
 
@@ -78,7 +79,7 @@ def test_default_save_timeout_follows_the_measured_cost():
     assert hang.default_save_timeout(30) == 120
     assert hang.default_save_timeout(30, [2.0, 50.0]) == 180
     events = [{"event": "checkpoint", "seconds": 4.5}, {"event": "restart_set", "seconds": 7}]
-    assert hang.measured_costs(events) == [4.5, 7.0]
+    assert checkpoint_costs(events) == [4.5, 7.0]
 
 
 def test_timeouts_are_checked():
@@ -135,11 +136,11 @@ def test_kill_step_leaves_no_orphans(tmp_path):
     )
     child = subprocess.Popen([sys.executable, "-c", script])
     time.sleep(1.0)
-    below = hang.descendants(child.pid)
+    below = procfs.descendants(child.pid)
     assert len(below) == 1
-    taken = hang.kill_step(child, grace=1.0)
+    taken = step.take_down(child, grace=1.0)
     assert taken["killed_launcher"] and taken["leftovers_killed"] == sorted(below)
-    assert not hang.alive(below)
+    assert not procfs.alive(below)
 
 
 def _leftovers(marker: str) -> list[int]:

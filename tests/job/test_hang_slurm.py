@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpcckpt.job.events import read_events
+from hpcckpt.rundir.events import read_events
 from tests.job.test_wrapper_slurm import cluster_env, log_of, write_script
 from tests.mpi_helpers import ROOT, mpirun
 from tests.slurm_helpers import follow, sbatch

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpcckpt.job.events import read_events
-from hpcckpt.job.report import analyze
+from hpcckpt.report import analyze
+from hpcckpt.rundir.events import read_events
 from tests.mpi_helpers import EXAMPLES, ROOT, mpirun
 from tests.slurm_helpers import follow, sbatch, wait_for_event
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hpcckpt.job import budget, nodes, relaunch
-from hpcckpt.job.report import analyze, format_report
+from hpcckpt import slurm as nodes
+from hpcckpt.job import budget, relaunch
+from hpcckpt.report import analyze, format_report
 
 
 @pytest.mark.parametrize(
@@ -24,12 +25,10 @@ def test_expand_hostlist(text, expected):
     assert nodes.expand_hostlist(text) == expected
 
 
-def test_failed_states_and_srun_message():
+def test_failed_states():
     assert all(map(nodes.is_failed, ["down*", "down", "idle*", "fail", "down+drain"]))
     assert not any(map(nodes.is_failed, ["idle", "mixed", "allocated", "completing", ""]))
     assert nodes.parse_sinfo("n1 mixed\nn2 down*\n") == {"n1": "mixed", "n2": "down*"}
-    text = "srun: error: Node failure on n2\nsrun: error: Node failure on n2\n"
-    assert nodes.parse_srun_failure(text) == ["n2"]
 
 
 def test_spare_planning():

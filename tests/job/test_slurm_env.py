@@ -1,4 +1,4 @@
-"""hpcckpt.job.slurm: environment parsing and the scontrol/squeue calls (with fake commands)."""
+"""hpcckpt.slurm: environment parsing and the scontrol/squeue calls (with fake commands)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcckpt.job import slurm
+from hpcckpt import slurm
+from hpcckpt.rundir.env import SCONTROL_ENV, SQUEUE_ENV
 
 
 def fake_command(tmp_path: Path, name: str, body: str) -> str:
@@ -108,23 +109,20 @@ def test_parse_end_time_garbage():
         slurm.parse_end_time("tomorrow-ish")
 
 
-def test_end_time_and_seconds_left_via_squeue(tmp_path):
+def test_end_time_via_squeue(tmp_path):
     end = datetime.fromtimestamp(int(time.time()) + 600)
     stamp = end.strftime("%Y-%m-%dT%H:%M:%S")
     args_file = tmp_path / "args"
     squeue = fake_command(tmp_path, "squeue", f'echo "$@" > {args_file}; echo {stamp}')
-    env = {slurm.SQUEUE_ENV: squeue}
+    env = {SQUEUE_ENV: squeue}
     assert slurm.end_time("4242", environ=env) == end
     assert args_file.read_text().split() == ["-h", "-j", "4242", "-o", "%e"]
-    left = slurm.seconds_left("4242", environ=env)
-    assert left is not None and 590 < left <= 600
 
 
 def test_end_time_unknown_and_garbage(tmp_path):
-    env = {slurm.SQUEUE_ENV: fake_command(tmp_path, "squeue", "echo Unknown")}
+    env = {SQUEUE_ENV: fake_command(tmp_path, "squeue", "echo Unknown")}
     assert slurm.end_time("1", environ=env) is None
-    assert slurm.seconds_left("1", environ=env) is None
-    env = {slurm.SQUEUE_ENV: fake_command(tmp_path, "squeue2", "echo soon")}
+    env = {SQUEUE_ENV: fake_command(tmp_path, "squeue2", "echo soon")}
     with pytest.raises(slurm.SlurmError, match="unexpected end time"):
         slurm.end_time("1", environ=env)
 
@@ -135,12 +133,12 @@ def test_end_time_unknown_and_garbage(tmp_path):
 def test_requeue_runs_scontrol_with_an_argument_list(tmp_path):
     args_file = tmp_path / "args"
     scontrol = fake_command(tmp_path, "scontrol", f'printf "%s\\n" "$@" > {args_file}')
-    slurm.requeue("4242", environ={slurm.SCONTROL_ENV: scontrol})
+    slurm.requeue("4242", environ={SCONTROL_ENV: scontrol})
     assert args_file.read_text().splitlines() == ["requeue", "4242"]
 
 
 def test_requeue_missing_scontrol(tmp_path):
-    env = {slurm.SCONTROL_ENV: str(tmp_path / "no-such-scontrol")}
+    env = {SCONTROL_ENV: str(tmp_path / "no-such-scontrol")}
     with pytest.raises(slurm.SlurmCommandNotFound, match="not found.*HPCCKPT_SCONTROL"):
         slurm.requeue("1", environ=env)
 
@@ -152,7 +150,7 @@ def test_requeue_not_executable(tmp_path):
     if os.access(path, os.X_OK):  # pragma: no cover - root on some file systems
         pytest.skip("this user can execute a 0644 file here")
     with pytest.raises(slurm.SlurmCommandNotFound, match="cannot be executed"):
-        slurm.requeue("1", environ={slurm.SCONTROL_ENV: str(path)})
+        slurm.requeue("1", environ={SCONTROL_ENV: str(path)})
 
 
 def test_requeue_failing_scontrol_reports_stderr(tmp_path):
@@ -162,7 +160,7 @@ def test_requeue_failing_scontrol_reports_stderr(tmp_path):
         'echo "Requested operation is presently disabled for job 1" >&2; exit 1',
     )
     with pytest.raises(slurm.SlurmCommandFailed, match="presently disabled") as info:
-        slurm.requeue("1", environ={slurm.SCONTROL_ENV: scontrol})
+        slurm.requeue("1", environ={SCONTROL_ENV: scontrol})
     assert info.value.returncode == 1
     assert "exit status 1" in str(info.value)
 
@@ -173,7 +171,7 @@ def test_requeue_hanging_scontrol_times_out_and_is_killed(tmp_path):
     scontrol = fake_command(tmp_path, "scontrol", f"sleep 30 & echo $! > {pidfile}; wait")
     t0 = time.monotonic()
     with pytest.raises(slurm.SlurmCommandTimeout, match=r"did not finish within 0\.5 s"):
-        slurm.requeue("1", timeout=0.5, environ={slurm.SCONTROL_ENV: scontrol})
+        slurm.requeue("1", timeout=0.5, environ={SCONTROL_ENV: scontrol})
     assert time.monotonic() - t0 < 5
     sleeper = int(pidfile.read_text())
     deadline = time.monotonic() + 5
@@ -189,4 +187,4 @@ def test_requeue_hanging_scontrol_times_out_and_is_killed(tmp_path):
 def test_requeue_rejects_a_strange_job_id(tmp_path):
     scontrol = fake_command(tmp_path, "scontrol", "exit 0")
     with pytest.raises(ValueError):
-        slurm.requeue("--help", environ={slurm.SCONTROL_ENV: scontrol})
+        slurm.requeue("--help", environ={SCONTROL_ENV: scontrol})

@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpcckpt.cli.main import cli
-from hpcckpt.job import templates
+from hpcckpt.slurm import templates
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 NAMES = ["chain", "mpirun", "python-api", "requeue", "restart-files"]

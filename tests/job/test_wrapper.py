@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcckpt.job import wrapper
-from hpcckpt.job.status import FINISHED, RUNNING, STOPPED, RunStatus, read_status, write_status
+from hpcckpt.job import config, outcome
+from hpcckpt.rundir.status import FINISHED, RUNNING, STOPPED, RunStatus, read_status, write_status
 
 REPO = Path(__file__).resolve().parents[2]
 APP = Path(__file__).resolve().parent / "apps" / "contract_app.py"
@@ -145,13 +145,13 @@ def fake(tmp_path: Path, name: str, body: str) -> str:
 
 @pytest.mark.parametrize("text", ["USR1", "usr1", "SIGUSR1", "10", " SigUsr1 "])
 def test_parse_signal_spellings(text):
-    assert wrapper.parse_signal(text) is signal.SIGUSR1
+    assert config.parse_signal(text) is signal.SIGUSR1
 
 
 @pytest.mark.parametrize("text", ["KILL", "SIGSTOP", "9", "CHLD", "USR3", "", "999"])
 def test_parse_signal_rejects(text):
     with pytest.raises(ValueError):
-        wrapper.parse_signal(text)
+        config.parse_signal(text)
 
 
 def test_classify():
@@ -160,19 +160,19 @@ def test_classify():
     def st(state, attempt=mine):
         return RunStatus(state=state, attempt=attempt, step=7)
 
-    O = wrapper.Outcome
-    assert wrapper.classify(0, st(FINISHED), mine).outcome is O.FINISHED
-    assert wrapper.classify(0, st(STOPPED), mine).outcome is O.STOPPED
+    O = outcome.Outcome
+    assert outcome.classify(0, st(FINISHED), mine).outcome is O.FINISHED
+    assert outcome.classify(0, st(STOPPED), mine).outcome is O.STOPPED
     # the status file is authoritative once the application reported
-    assert wrapper.classify(-9, st(STOPPED), mine).outcome is O.STOPPED
-    assert wrapper.classify(1, st(FINISHED), mine).outcome is O.FINISHED
+    assert outcome.classify(-9, st(STOPPED), mine).outcome is O.STOPPED
+    assert outcome.classify(1, st(FINISHED), mine).outcome is O.FINISHED
     # stale (another attempt's token), absent or still running: crashed
     for status in (st(FINISHED, "old"), None, st(RUNNING)):
-        result = wrapper.classify(0, status, mine)
+        result = outcome.classify(0, status, mine)
         assert result.outcome is O.CRASHED
         assert "finish()" in result.reason
-    assert wrapper.classify(-11, None, mine).reason.startswith("killed by signal SIGSEGV")
-    assert [wrapper.crash_exit_code(rc) for rc in (3, -9, -15, 0)] == [3, 137, 143, 1]
+    assert outcome.classify(-11, None, mine).reason.startswith("killed by signal SIGSEGV")
+    assert [outcome.crash_exit_code(rc) for rc in (3, -9, -15, 0)] == [3, 137, 143, 1]
 
 
 # -- outside Slurm -------------------------------------------------------------------------
@@ -395,7 +395,7 @@ def stop_under_fake_slurm(tmp_path: Path, scontrol: str, *options: str) -> Wrapp
 
 def test_requeue_with_missing_scontrol_fails_clearly(tmp_path):
     w = stop_under_fake_slurm(tmp_path, str(tmp_path / "nonexistent" / "scontrol"))
-    assert w.wait() == wrapper.EXIT_REQUEUE_FAILED, w.stderr
+    assert w.wait() == config.EXIT_CONTINUE_FAILED, w.stderr
     assert "not found" in w.wait_line("requeue failed")
     w.wait_line("resubmit the same batch script")
     assert kinds(tmp_path / "ck")[-2:] == ["requeue", "requeue_failed"]
@@ -404,7 +404,7 @@ def test_requeue_with_missing_scontrol_fails_clearly(tmp_path):
 def test_requeue_with_failing_scontrol(tmp_path):
     scontrol = fake(tmp_path, "scontrol", 'echo "Job is not requeueable" >&2; exit 1')
     w = stop_under_fake_slurm(tmp_path, scontrol)
-    assert w.wait() == wrapper.EXIT_REQUEUE_FAILED, w.stderr
+    assert w.wait() == config.EXIT_CONTINUE_FAILED, w.stderr
     assert "Job is not requeueable" in w.wait_line("requeue failed")
 
 
@@ -412,7 +412,7 @@ def test_requeue_with_hanging_scontrol_times_out(tmp_path):
     scontrol = fake(tmp_path, "scontrol", "sleep 60")
     w = stop_under_fake_slurm(tmp_path, scontrol, "--requeue-timeout", "1")
     t0 = time.monotonic()
-    assert w.wait() == wrapper.EXIT_REQUEUE_FAILED, w.stderr
+    assert w.wait() == config.EXIT_CONTINUE_FAILED, w.stderr
     assert time.monotonic() - t0 < 15
     assert "did not finish within 1 s" in w.wait_line("requeue failed")
 

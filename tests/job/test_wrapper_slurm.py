@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpcckpt.job.events import read_events
+from hpcckpt.rundir.events import read_events
 from tests.mpi_helpers import EXAMPLES, ROOT, mpi_env, mpirun
 from tests.slurm_helpers import (
     follow,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from mpi4py import MPI
 
-from hpcckpt import Checkpointer
+from hpcckpt import Checkpointer, slurm
 from hpcckpt.store import lock as lock_module
 from hpcckpt.store.lock import LOCK_NAME, DirectoryLock, DirectoryLocked, read_owner
 
@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 HOLDER = textwrap.dedent(
     """
     import sys, time
+    from hpcckpt import slurm
     from hpcckpt.store.lock import DirectoryLock
-    lock = DirectoryLock(sys.argv[1], refresh=0.2).acquire()
+    lock = DirectoryLock(sys.argv[1], refresh=0.2, job_id=slurm.job_id()).acquire()
     print("held", flush=True)
     time.sleep(float(sys.argv[2]))
     lock.release() if sys.argv[3] == "release" else None
@@ -125,7 +126,7 @@ def test_same_slurm_job_requeued_takes_over(tmp_path, monkeypatch, reliability_l
     d.mkdir()
     _fake_lock(d, age=5, job_id="99")
     monkeypatch.setenv("SLURM_JOB_ID", "99")
-    lock = DirectoryLock(d).acquire()
+    lock = DirectoryLock(d, job_id=slurm.job_id()).acquire()  # as the Checkpointer does
     lock.release()
     reliability_log.add(
         "lock", case="same Slurm job id (requeued)", result="taken over", outcome="ok"

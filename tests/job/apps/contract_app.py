@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from hpcckpt.job.status import FINISHED, RUNNING, STOPPED, RunStatus, write_status
+from hpcckpt.rundir.status import FINISHED, RUNNING, STOPPED, RunStatus, write_status
 
 DIR = Path(os.environ["HPCCKPT_DIR"])
 ATTEMPT = os.environ.get("HPCCKPT_ATTEMPT")

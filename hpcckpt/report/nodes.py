@@ -1,7 +1,7 @@
-"""The report's node failures: which node, when, what it cost (issue 11).
+"""The report's node failures: which node, when, what it cost.
 
 Reads the ``node_failure`` and ``relaunch`` events (written by
-:mod:`hpcckpt.job.relaunch`) next to the attempts :func:`hpcckpt.job.report.analyze`
+:mod:`hpcckpt.job.relaunch`) next to the attempts :func:`hpcckpt.report.analysis.analyze`
 built. Times are seconds since the report's ``t0``.
 
 - ``lost_seconds``: work since the last committed checkpoint (or the restore) until
@@ -18,9 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-
-def _r(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)
+from hpcckpt.report.format import rounded
 
 
 def analyze_node_failures(
@@ -65,43 +63,12 @@ def analyze_node_failures(
             {
                 "attempt": rows[i]["index"] if i is not None else None,
                 "node": ev.get("node"),
-                "time": _r(when - t0),
+                "time": rounded(when - t0),
                 "action": action,
                 "detected": ev.get("detected"),
-                "lost_seconds": _r(when - safe) if safe is not None else None,
-                "queue_seconds": _r(queue),
-                "resume_seconds": _r(resume),
+                "lost_seconds": rounded(when - safe) if safe is not None else None,
+                "queue_seconds": rounded(queue),
+                "resume_seconds": rounded(resume),
             }
         )
     return out
-
-
-_ACTIONS = {
-    "relaunch": "relaunched on the spare node(s) inside the allocation",
-    "requeue": "requeued by the wrapper (no spare left)",
-    "requeued_by_slurm": "requeued by Slurm",
-    "give_up": "not continued: restart budget spent",
-    "none": "not continued",
-}
-
-
-def format_lines(report: Mapping[str, Any]) -> list[str]:
-    """The "Node failures" section of the text report (empty if there was none)."""
-    from hpcckpt.job.report import _dur
-
-    failures = report.get("node_failures") or []
-    if not failures:
-        return []
-    lines = ["", "Node failures"]
-    for f in failures:
-        cost = [f"lost {_dur(f['lost_seconds'])}"]
-        if f["queue_seconds"] is not None:
-            cost.append(f"queue wait {_dur(f['queue_seconds'])}")
-        if f["resume_seconds"] is not None:
-            cost.append(f"resumed {_dur(f['resume_seconds'])} later")
-        seen = " (seen at the next start)" if f["detected"] == "at_restart" else ""
-        lines.append(
-            f"  attempt {f['attempt'] or '?'}: node {f['node']} failed at {_dur(f['time'])}"
-            f"{seen}; {_ACTIONS.get(str(f['action']), str(f['action']))}; " + ", ".join(cost)
-        )
-    return lines

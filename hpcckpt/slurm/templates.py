@@ -20,7 +20,8 @@ import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-TEMPLATES_ENV = "HPCCKPT_TEMPLATES"
+from hpcckpt.rundir.env import TEMPLATES_ENV
+
 SUFFIX = ".sbatch"
 
 _SBATCH = re.compile(r"^#SBATCH\s+--([A-Za-z][A-Za-z0-9-]*)(?:[=\s]\S.*)?$")

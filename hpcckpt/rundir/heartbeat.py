@@ -80,18 +80,6 @@ def clear_heartbeats(directory: str | os.PathLike[str]) -> None:
         (folder / name).unlink(missing_ok=True)
 
 
-def silent_ranks(
-    beats: dict[int, Heartbeat], now: float, timeout: float, save_timeout: float | None = None
-) -> list[Heartbeat]:
-    """Heartbeats older than ``timeout`` (``save_timeout`` for a rank in a save), oldest first."""
-    silent = []
-    for beat in beats.values():
-        limit = save_timeout if beat.phase == "save" and save_timeout is not None else timeout
-        if now - beat.time > limit:
-            silent.append(beat)
-    return sorted(silent, key=lambda b: b.time)
-
-
 class HeartbeatWriter:
     """Rate-limited heartbeat of one rank: ``beat()`` is cheap to call every step."""
 

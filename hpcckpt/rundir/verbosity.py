@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-LOG_LEVEL_ENV = "HPCCKPT_LOG_LEVEL"
+from hpcckpt.rundir.env import LOG_LEVEL_ENV
+
 QUIET, NORMAL, VERBOSE = -1, 0, 1
 _NAMES = {"quiet": QUIET, "normal": NORMAL, "verbose": VERBOSE}
 

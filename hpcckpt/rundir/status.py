@@ -16,8 +16,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 STATUS_FILE = "hpcckpt-status.json"
-ATTEMPT_ENV = "HPCCKPT_ATTEMPT"
-DIR_ENV = "HPCCKPT_DIR"
 
 RUNNING = "running"
 STOPPED = "stopped"

@@ -30,13 +30,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpcckpt.job import slurm
-from hpcckpt.job.events import ATTEMPT_ENV, CHAIN_COUNT_ENV
-
-CHAIN_SCRIPT_ENV = "HPCCKPT_CHAIN_SCRIPT"
-CHAIN_ARGS_ENV = "HPCCKPT_CHAIN_ARGS"
-SBATCH_ARGS_ENV = "HPCCKPT_SBATCH_ARGS"
-DIR_ENV = "HPCCKPT_DIR"
+from hpcckpt.rundir.env import (
+    ATTEMPT_ENV,
+    CHAIN_ARGS_ENV,
+    CHAIN_COUNT_ENV,
+    CHAIN_SCRIPT_ENV,
+    DIR_ENV,
+    SBATCH_ARGS_ENV,
+    chain_count,
+)
+from hpcckpt.slurm import commands
+from hpcckpt.slurm.env import is_slurm_variable
+from hpcckpt.slurm.runner import QUERY_TIMEOUT, SUBMIT_TIMEOUT, SlurmError, check_job_id
 
 #: scontrol's key -> the sbatch option carrying it.
 _CARRIED = (
@@ -54,12 +59,6 @@ _DROPPED = ("--dependency", "-d", "--export", "--parsable")
 
 class ChainError(RuntimeError):
     """The next job could not be described or submitted; the message says what to do."""
-
-
-def chain_count(environ: Mapping[str, str]) -> int:
-    """This job's position in the chain (``$HPCCKPT_CHAIN_COUNT``; 0 for the first)."""
-    value = (environ.get(CHAIN_COUNT_ENV) or "").strip()
-    return int(value) if value.isdigit() else 0
 
 
 @dataclass
@@ -98,9 +97,7 @@ def carried_options(info: Mapping[str, str]) -> list[str]:
     return out
 
 
-def find_spec(
-    job: str, environ: Mapping[str, str], *, timeout: float = slurm.QUERY_TIMEOUT
-) -> ChainSpec:
+def find_spec(job: str, environ: Mapping[str, str], *, timeout: float = QUERY_TIMEOUT) -> ChainSpec:
     """What to submit as the next link (see the module doc); ChainError if unknown."""
     info: dict[str, str] | None = None
     info_error = ""
@@ -109,8 +106,8 @@ def find_spec(
         nonlocal info, info_error
         if info is None and not info_error:
             try:
-                info = slurm.show_job(job, timeout=timeout, environ=environ)
-            except (slurm.SlurmError, ValueError) as exc:
+                info = commands.show_job(job, timeout=timeout, environ=environ)
+            except (SlurmError, ValueError) as exc:
                 info_error = str(exc)
         return info
 
@@ -144,11 +141,7 @@ def next_environment(
     environ: Mapping[str, str], *, ckpt_dir: str, next_count: int, sbatch_args: Sequence[str]
 ) -> dict[str, str]:
     """The environment sbatch runs with (and, by --export=ALL, the next job starts with)."""
-    env = {
-        k: v
-        for k, v in environ.items()
-        if not (k.startswith("SLURM_") and k != "SLURM_CONF") and k != ATTEMPT_ENV
-    }
+    env = {k: v for k, v in environ.items() if not is_slurm_variable(k) and k != ATTEMPT_ENV}
     env[CHAIN_COUNT_ENV] = str(next_count)
     env[DIR_ENV] = ckpt_dir
     env[SBATCH_ARGS_ENV] = shlex.join(sbatch_args)
@@ -158,7 +151,7 @@ def next_environment(
 def submit_argv(spec: ChainSpec, job: str) -> list[str]:
     """sbatch's arguments (without ``sbatch --parsable``) for the next link."""
     return [
-        f"--dependency=afterany:{slurm.check_job_id(job)}",
+        f"--dependency=afterany:{check_job_id(job)}",
         *spec.sbatch_args,
         "--export=ALL",
         spec.script,
@@ -171,13 +164,13 @@ def submit_next(
     environ: Mapping[str, str],
     *,
     ckpt_dir: str,
-    timeout: float = slurm.SUBMIT_TIMEOUT,
+    timeout: float = SUBMIT_TIMEOUT,
 ) -> tuple[str, ChainSpec, int]:
     """Submit the next link; returns (new job id, what was submitted, its chain count)."""
-    spec = find_spec(job, environ, timeout=min(timeout, slurm.QUERY_TIMEOUT))
+    spec = find_spec(job, environ, timeout=min(timeout, QUERY_TIMEOUT))
     count = chain_count(environ) + 1
     env = next_environment(
         environ, ckpt_dir=ckpt_dir, next_count=count, sbatch_args=spec.sbatch_args
     )
-    new = slurm.submit(submit_argv(spec, job), timeout=timeout, environ=environ, env=env)
+    new = commands.submit(submit_argv(spec, job), timeout=timeout, environ=environ, env=env)
     return new, spec, count

@@ -1,7 +1,7 @@
 """The timeline of ``hpcckpt report --plot``: one row per attempt, and where the time went.
 
 Imported only when a plot is asked for; needs matplotlib (``pip install matplotlib``).
-Draws the dict returned by :func:`hpcckpt.job.report.analyze`.
+Draws the dict returned by :func:`hpcckpt.report.analysis.analyze`.
 """
 
 from __future__ import annotations
@@ -9,6 +9,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from typing import Any
+
+from hpcckpt.report.format import dur, pct
+from hpcckpt.report.model import STOPPED, UNKNOWN
 
 __all__ = ["COLORS", "LABELS", "plot_report"]
 
@@ -29,12 +32,8 @@ LABELS = {
     "unrecorded": "end not recorded (lost or idle)",
     "queue": "waiting (queue, or until rerun)",
 }
-_OUTCOME = {
-    "finished": "finished",
-    "stopped": "stopped",
-    "crashed": "crashed",
-    "unknown": "no end event",
-}
+#: How an outcome is labelled where it is not its own name.
+_OUTCOME = {UNKNOWN: "no end event"}
 
 
 def _unit(span: float) -> tuple[float, str]:
@@ -43,10 +42,6 @@ def _unit(span: float) -> tuple[float, str]:
     if span >= 180:
         return 60.0, "minutes"
     return 1.0, "seconds"
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
 
 
 def _row_label(a: Mapping[str, Any]) -> str:
@@ -61,8 +56,6 @@ def _row_label(a: Mapping[str, Any]) -> str:
 
 
 def _panel_text(report: Mapping[str, Any]) -> str:
-    from hpcckpt.job.report import _dur
-
     tm, ck, iv, fl = report["time"], report["checkpoints"], report["interval"], report["failures"]
     run = tm["run_seconds"] or 0.0
     wall = tm["wall_seconds"] or 0.0
@@ -76,29 +69,29 @@ def _panel_text(report: Mapping[str, Any]) -> str:
         f"  checkpoints   {share(tm['checkpoint_seconds'], run)}",
         f"  start/restore {share(tm['overhead_seconds'], run)}",
         f"  lost work     {share(tm['lost_seconds'], run)}",
-        f"  run {_dur(run)}, wall {_dur(wall)}",
-        f"  waiting {_dur(tm['queue_seconds'])}",
+        f"  run {dur(run)}, wall {dur(wall)}",
+        f"  waiting {dur(tm['queue_seconds'])}",
     ]
     if tm["unrecorded_seconds"]:
-        lines.append(f"  unrecorded {_dur(tm['unrecorded_seconds'])}")
+        lines.append(f"  unrecorded {dur(tm['unrecorded_seconds'])}")
     lines += [
         "",
         f"Checkpoints: {ck['count']}",
-        f"  cost mean {_dur(ck['mean_seconds'])}",
-        f"  cost max  {_dur(ck['max_seconds'])}",
+        f"  cost mean {dur(ck['mean_seconds'])}",
+        f"  cost max  {dur(ck['max_seconds'])}",
     ]
     if ck["by_reason"]:
         lines.append("  " + ", ".join(f"{k} {v}" for k, v in ck["by_reason"].items()))
-    lines += ["", "Interval", f"  used  {_dur(iv['used_seconds'])}"]
+    lines += ["", "Interval", f"  used  {dur(iv['used_seconds'])}"]
     if fl["mtbf_seconds"] is None:
         lines.append("  no failure observed")
         if iv["young_lower_bound_seconds"] is not None:
-            lines.append(f"  Young >= {_dur(iv['young_lower_bound_seconds'])}")
+            lines.append(f"  Young >= {dur(iv['young_lower_bound_seconds'])}")
     else:
         lines += [
-            f"  Young {_dur(iv['young_seconds'])}",
-            f"  Daly  {_dur(iv['daly_seconds'])}",
-            f"  (MTBF {_dur(fl['mtbf_seconds'])}: {fl['count']} failure"
+            f"  Young {dur(iv['young_seconds'])}",
+            f"  Daly  {dur(iv['daly_seconds'])}",
+            f"  (MTBF {dur(fl['mtbf_seconds'])}: {fl['count']} failure"
             f"{'s' if fl['count'] != 1 else ''})",
         ]
     return "\n".join(lines)
@@ -107,7 +100,7 @@ def _panel_text(report: Mapping[str, Any]) -> str:
 def plot_report(
     report: Mapping[str, Any], path: str | os.PathLike[str], *, title: str | None = None
 ) -> None:
-    """Draw the timeline of ``report`` (from :func:`~hpcckpt.job.report.analyze`) into ``path``.
+    """Draw the timeline of ``report`` (:func:`~hpcckpt.report.analysis.analyze`) into ``path``.
 
     ``title`` (e.g. the directory) goes before the counts of attempts, checkpoints and
     failures in the figure's title.
@@ -170,7 +163,7 @@ def plot_report(
                 linewidth=1.6,
             )
         outcome = _OUTCOME.get(a["outcome"], a["outcome"])
-        if a["outcome"] == "stopped" and a.get("stop_reason"):
+        if a["outcome"] == STOPPED and a.get("stop_reason"):
             outcome += f" ({a['stop_reason']})"
         if a.get("requeued"):
             outcome += ", requeued"
@@ -178,9 +171,7 @@ def plot_report(
             outcome += f" ({a['launches']} launches)"
         lost = a["seconds"].get("lost") or 0.0
         if lost:
-            from hpcckpt.job.report import _dur
-
-            outcome += f", lost {_dur(lost)}"
+            outcome += f", lost {dur(lost)}"
         end = max([s["end"] for s in a["segments"]] + [a["end"] or 0.0]) / scale
         ax.text(
             end + span / scale * 0.01,
@@ -245,8 +236,8 @@ def plot_report(
     )
     title = counts if title is None else f"{title}: {counts}"
     fig.suptitle(
-        f"{title}\nuseful-work efficiency {_pct(eff['run'])} of run time, "
-        f"{_pct(eff['wall'])} of wall time (with waiting)",
+        f"{title}\nuseful-work efficiency {pct(eff['run'])} of run time, "
+        f"{pct(eff['wall'])} of wall time (with waiting)",
         fontsize=11,
         x=0.02,
         ha="left",
