@@ -11,12 +11,17 @@ lead, the next time-limit checkpoint may be cut off by SIGKILL: say so, and whic
 from __future__ import annotations
 
 import math
+import os
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hpcckpt.job.reporting import WARN, Reporter
 from hpcckpt.policy import DEFAULT_MARGIN, DEFAULT_SAFETY
-from hpcckpt.rundir.events import checkpoint_costs
+from hpcckpt.rundir.events import checkpoint_costs, read_events
+from hpcckpt.slurm import commands
+from hpcckpt.slurm.runner import SlurmError
 
 #: How many recent checkpoints to look at (the worst of them counts).
 RECENT = 5
@@ -61,3 +66,41 @@ def warning_text(check: LeadCheck, signal_name: str) -> str:
         f"the checkpoint may be cut off at the limit. Use #SBATCH "
         f"--signal=B:{signal_name}@{check.suggested} (or more)"
     )
+
+
+def start_check(
+    reporter: Reporter,
+    *,
+    job: str,
+    arrived: float,
+    signal_name: str,
+    ckpt_dir: str | os.PathLike[str],
+    environ: Mapping[str, str],
+) -> threading.Thread:
+    """Check the lead of a stop signal that ``arrived`` (Unix time) in the background
+    (squeue may be slow); warn through ``reporter`` if it is too short."""
+
+    def check() -> None:
+        try:
+            cost = measured_cost(read_events(ckpt_dir))
+            if cost is None:
+                return
+            end = commands.end_time(job, environ=environ)
+            if end is None:
+                return
+            result = check_lead(cost, end.timestamp() - arrived)
+            if result.too_short:
+                reporter.log(warning_text(result, signal_name), WARN)
+                reporter.event(
+                    "lead_time_warning",
+                    lead=round(result.lead, 1),
+                    cost=round(result.cost, 3),
+                    needed=round(result.needed, 1),
+                    suggested_signal=f"B:{signal_name}@{result.suggested}",
+                )
+        except (SlurmError, OSError, ValueError) as exc:
+            reporter.log(f"note: cannot check the signal's lead time: {exc}")
+
+    thread = threading.Thread(target=check, name="hpcckpt-lead", daemon=True)
+    thread.start()
+    return thread

@@ -1,9 +1,13 @@
 """Node failures: tell them from crashes, relaunch on spare nodes, or let Slurm requeue.
 
-The wrapper (:mod:`hpcckpt.job.wrapper`) holds one :class:`NodeFailures` and calls it
-twice: :meth:`NodeFailures.before_start` before the first launch of the step, and
-:meth:`NodeFailures.after_step` when the step has ended. See docs/wrapper.md,
-"Node failures".
+The wrapper (:mod:`hpcckpt.job.wrapper`) holds one :class:`NodeFailures`, built on a
+narrow view of itself (:class:`RelaunchContext`), and calls it three times:
+:meth:`NodeFailures.before_start` gives the command of the first launch (on N-K nodes
+with ``--spare-nodes``), :meth:`NodeFailures.tick` from the main loop, and
+:meth:`NodeFailures.after_step` when the step has ended, which returns a decision the
+wrapper acts on: :class:`Relaunch` (start the step again on these nodes),
+:class:`Continued` (Slurm requeued the job, or the wrapper did: exit with this status)
+or :data:`NO_FAILURE` (decide as for any step). See docs/wrapper.md, "Node failures".
 
 What Slurm does when a node of a running job dies (Slurm 22.05, measured on the local
 cluster, ``SlurmdTimeout=10``):
@@ -33,15 +37,19 @@ import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from hpcckpt import slurm
 from hpcckpt.job import budget
 from hpcckpt.job.budget import NODE_FAILURE_CAUSE
+from hpcckpt.job.config import WrapperConfig
 from hpcckpt.job.outcome import EXIT_OK, Outcome, classify
+from hpcckpt.job.reporting import Reporter
 from hpcckpt.rundir import events
 from hpcckpt.rundir.env import SRUN_ENV
-from hpcckpt.rundir.status import read_status
+from hpcckpt.rundir.status import RunStatus, read_status
+from hpcckpt.slurm.env import SlurmEnv
 
 #: How long to wait for Slurm's own requeue once a node failure is seen.
 REQUEUE_WAIT = 15.0
@@ -111,13 +119,66 @@ def cut_off_attempt(log: Sequence[Mapping[str, Any]], current: str) -> dict[str,
     return None if ended else dict(prev)
 
 
+class RelaunchContext(Reporter, Protocol):
+    """What node-failure handling needs to know of the wrapper, and may ask of it."""
+
+    config: WrapperConfig
+    slurm_env: SlurmEnv
+    environ: Mapping[str, str]
+    attempt: str
+    restart: int
+
+    @property
+    def stop_requested(self) -> bool:
+        """A stop request (signal) has arrived in this attempt."""
+        ...
+
+    @property
+    def stop_forwarded(self) -> bool:
+        """A stop request has reached the step."""
+        ...
+
+    @property
+    def continuation(self) -> str | None: ...
+
+    def elapsed(self, t: float | None = None) -> float: ...
+
+    def own_status(self) -> RunStatus | None: ...
+
+    def continue_job(self, cause: str, step: int | None) -> int: ...
+
+
+@dataclass(frozen=True)
+class Relaunch:
+    """Start the step again on ``nodes`` (``command`` places it there)."""
+
+    nodes: list[str]
+    command: list[str]
+
+
+@dataclass(frozen=True)
+class Continued:
+    """The job continues elsewhere (requeued by Slurm or by the wrapper): exit with this."""
+
+    exit_code: int
+
+
+@dataclass(frozen=True)
+class NoFailure:
+    """No node failure to handle: decide as for any step."""
+
+
+NO_FAILURE = NoFailure()
+Decision = Relaunch | Continued | NoFailure
+
+
 class NodeFailures:
     """Node-failure handling for one wrapper run (see the module docstring)."""
 
-    def __init__(self, wrapper: Any) -> None:
-        self.w = wrapper
-        self.spare = int(getattr(wrapper.config, "spare_nodes", 0) or 0)
-        self.base = list(wrapper.config.command)
+    def __init__(self, ctx: RelaunchContext) -> None:
+        self.w = ctx
+        self.spare = int(ctx.config.spare_nodes or 0)
+        self.base = list(ctx.config.command)
         self.alloc: list[str] = []
         self.need = 0
         self.ranks: int | None = None
@@ -131,17 +192,19 @@ class NodeFailures:
         return self.w.environ
 
     # -- before the first launch -------------------------------------------------------------
-    def before_start(self) -> None:
-        """Record a node failure that killed the previous run; set up --spare-nodes."""
+    def before_start(self) -> list[str]:
+        """Record a node failure that killed the previous run; set up --spare-nodes.
+
+        Returns the command of the first launch (the user's, or placed on N-K nodes).
+        """
         if self.w.slurm_env.in_job and self.w.restart > 0:
             try:
                 self._previous_run()
             except (slurm.SlurmError, OSError, ValueError) as exc:
                 self.w.log(f"note: cannot check the previous run's nodes: {exc}")
-        if self.spare:
-            self._setup_spares()
+        return self._setup_spares() if self.spare else list(self.base)
 
-    def _setup_spares(self) -> None:
+    def _setup_spares(self) -> list[str]:
         w = self.w
         if not w.slurm_env.in_job:
             raise RelaunchError("--spare-nodes works inside a Slurm job only")
@@ -174,12 +237,12 @@ class NodeFailures:
             w.log(f"note: cannot ask sinfo for node states: {exc}")
             down = []
         chosen = choose_nodes(self.alloc, down, self.need) or self.alloc[: self.need]
-        w.config.command = srun_command(self.base, chosen, self.ranks)
         ranks = f"{self.ranks} ranks" if self.ranks else "ranks as srun decides"
         w.log(
             f"spare nodes: the step runs on {len(chosen)} of {total} nodes "
             f"({','.join(chosen)}; {ranks}), {self.spare} kept spare for relaunches"
         )
+        return srun_command(self.base, chosen, self.ranks)
 
     def _previous_run(self) -> None:
         w = self.w
@@ -219,7 +282,7 @@ class NodeFailures:
         step. So the events are written now, in the background, not after the step.
         """
         w = self.w
-        if self._signal_check is not None or w._requested_at is None or self.spare:
+        if self._signal_check is not None or not w.stop_requested or self.spare:
             return
         if not w.slurm_env.in_job:
             return
@@ -271,7 +334,7 @@ class NodeFailures:
         if rc == 0:
             return False
         if self.w.config.app_mode:
-            return self.w._forwarded_at is None
+            return not self.w.stop_forwarded
         result = classify(rc, read_status(self.w.config.ckpt_dir), self.w.attempt)
         return result.outcome is Outcome.CRASHED
 
@@ -283,51 +346,45 @@ class NodeFailures:
         states = slurm.node_states(candidates, environ=self.environ)
         return {n: s for n, s in states.items() if slurm.is_failed(s)}
 
-    def after_step(self, rc: int, extra: Mapping[str, str]) -> tuple[int, int | None]:
-        """Handle a node failure; returns (the step's final rc, the wrapper's exit or None).
-
-        None means "no node failure to handle here": the wrapper decides as usual.
-        """
+    def after_step(self, rc: int) -> Decision:
+        """Was the step lost with a node? What to do about it (see the module docstring)."""
         w = self.w
         if self._signal_check is not None:
             self._signal_check.join(timeout=10.0)
         if self._requeued_by_slurm is not None:  # events written at the signal
             self._step_end(rc, self._requeued_by_slurm["step"], self._requeued_by_slurm["node"])
-            return rc, EXIT_OK
-        while w.slurm_env.in_job and self._crashed(rc):
-            try:
-                failed = {n: s for n, s in self.failed_nodes().items() if n not in self.lost}
-            except slurm.SlurmError as exc:
-                w.log(f"note: cannot ask sinfo whether a node failed: {exc}")
-                return rc, None
-            if not failed:
-                return rc, None
-            self.lost += sorted(failed)
-            status = w.own_status()
-            step = status.step if status is not None else None
-            node = sorted(failed)[0]
-            which = ", ".join(f"{n} ({s})" for n, s in sorted(failed.items()))
-            w.log(f"node failure: {which}; the step ended with exit status {rc}")
-            fields = dict(
-                node=node,
-                nodes=sorted(failed),
-                state=failed[node],
-                step=step,
-                exit_code=rc,
-                detected="step_end",
-            )
-            if self.spare:
-                what, value = self._relaunch(step, fields, extra)
-                if what == "requeue":
-                    return rc, self._requeue_myself(rc, step, fields)
-                if what == "exit":  # the relaunched step could not start
-                    return value, value
-                if what == "decide":  # budget spent: the wrapper's crash path gives up
-                    return rc, None
-                rc = value
-                continue
-            return rc, self._slurm_requeues(rc, step, fields)
-        return rc, None
+            return Continued(EXIT_OK)
+        if not (w.slurm_env.in_job and self._crashed(rc)):
+            return NO_FAILURE
+        try:
+            failed = {n: s for n, s in self.failed_nodes().items() if n not in self.lost}
+        except slurm.SlurmError as exc:
+            w.log(f"note: cannot ask sinfo whether a node failed: {exc}")
+            return NO_FAILURE
+        if not failed:
+            return NO_FAILURE
+        self.lost += sorted(failed)
+        status = w.own_status()
+        step = status.step if status is not None else None
+        node = sorted(failed)[0]
+        which = ", ".join(f"{n} ({s})" for n, s in sorted(failed.items()))
+        w.log(f"node failure: {which}; the step ended with exit status {rc}")
+        fields = dict(
+            node=node,
+            nodes=sorted(failed),
+            state=failed[node],
+            step=step,
+            exit_code=rc,
+            detected="step_end",
+        )
+        if not self.spare:
+            return self._slurm_requeues(rc, step, fields)
+        what = self._relaunch(step, fields)
+        if what == "requeue":
+            return self._requeue_myself(rc, step, fields)
+        if isinstance(what, Relaunch):
+            return what
+        return NO_FAILURE  # restart budget spent: the wrapper's crash path gives up
 
     def _budget_left(self) -> tuple[bool, int]:
         try:
@@ -337,19 +394,13 @@ class NodeFailures:
         used = budget.crash_restarts_used(log)
         return used < self.w.config.max_restarts, used
 
-    def _relaunch(
-        self, step: int | None, fields: dict[str, Any], extra: Mapping[str, str]
-    ) -> tuple[str, int]:
-        """Relaunch on healthy nodes.
-
-        Returns ``("rc", new step's rc)``, ``("requeue", 0)`` (no spare left, or a stop
-        request under way), ``("decide", 0)`` (restart budget spent) or ``("exit", code)``
-        (the relaunched step could not start).
-        """
+    def _relaunch(self, step: int | None, fields: dict[str, Any]) -> Relaunch | str:
+        """Where to relaunch: a :class:`Relaunch`, ``"requeue"`` (no spare left, or a stop
+        request under way) or ``"decide"`` (restart budget spent)."""
         w = self.w
-        if w._requested_at is not None:
+        if w.stop_requested:
             w.log("a stop request is under way: not relaunching; requeueing instead")
-            return "requeue", 0
+            return "requeue"
         try:
             current = slurm.job_nodes(w.slurm_env.job_id, environ=self.environ).nodes
         except slurm.SlurmError:
@@ -361,7 +412,7 @@ class NodeFailures:
                 f"no spare node left ({len(candidates)} healthy, the step needs {self.need}): "
                 "requeueing the job"
             )
-            return "requeue", 0
+            return "requeue"
         ok, used = self._budget_left()
         if not ok:
             w.event("node_failure", action="give_up", **fields)
@@ -369,7 +420,7 @@ class NodeFailures:
                 f"not relaunching: {used} restart(s) after failures already "
                 f"(--max-restarts {w.config.max_restarts})"
             )
-            return "decide", 0
+            return "decide"
         spare_left = len(candidates) - self.need
         self.relaunches += 1
         w.event("node_failure", action="relaunch", **fields)
@@ -385,27 +436,21 @@ class NodeFailures:
             step=step,
             max_restarts=w.config.max_restarts,
         )
-        w.config.command = srun_command(self.base, chosen, self.ranks)
         at = f" from the checkpoint at step {step}" if step is not None else ""
         w.log(
             f"relaunching the step on {','.join(chosen)}{at} (without {', '.join(self.lost)}; "
             f"{spare_left} spare node(s) left; restart {used + 1} of {w.config.max_restarts})"
         )
-        w.child = None
-        failed = w.start_child(extra)
-        if failed is not None:
-            w.event("crashed", exit_code=failed, reason="the relaunched step could not start")
-            return "exit", failed
-        return "rc", w.wait_child()
+        return Relaunch(chosen, srun_command(self.base, chosen, self.ranks))
 
-    def _requeue_myself(self, rc: int, step: int | None, fields: dict[str, Any]) -> int | None:
+    def _requeue_myself(self, rc: int, step: int | None, fields: dict[str, Any]) -> Decision:
         """--no-kill job without a spare: Slurm will not requeue it, so the wrapper does."""
         w = self.w
         w.event("node_failure", action="requeue", **fields)
         if w.continuation is None or not self._budget_left()[0]:
-            return None  # the wrapper's crash path says why it does not continue
+            return NO_FAILURE  # the wrapper's crash path says why it does not continue
         self._step_end(rc, step, fields["node"])
-        return w.continue_job(NODE_FAILURE_CAUSE, step)
+        return Continued(w.continue_job(NODE_FAILURE_CAUSE, step))
 
     def _step_end(self, rc: int, step: int | None, node: Any) -> None:
         """The wrapper's ``step_end`` event for a step lost with a node."""
@@ -419,7 +464,7 @@ class NodeFailures:
             node_failure=node,
         )
 
-    def _slurm_requeues(self, rc: int, step: int | None, fields: dict[str, Any]) -> int | None:
+    def _slurm_requeues(self, rc: int, step: int | None, fields: dict[str, Any]) -> Decision:
         """Without --no-kill Slurm requeues a --requeue job itself: do not requeue twice."""
         w = self.w
         job = w.slurm_env.job_id
@@ -454,11 +499,11 @@ class NodeFailures:
                 f"{info.restarts}); not requeueing again. The next run resumes from the last "
                 "good checkpoint"
             )
-            return EXIT_OK
+            return Continued(EXIT_OK)
         w.event("node_failure", action="none", **fields)
         if info is not None and not info.requeue:
             w.log(
                 f"job {job} is not requeueable (submit it with --requeue): Slurm ends it "
                 "NODE_FAIL; resubmit the same batch script to resume from the last checkpoint"
             )
-        return None
+        return NO_FAILURE

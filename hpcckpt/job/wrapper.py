@@ -28,21 +28,19 @@ grace period. If the wrapper itself is SIGKILLed, the child gets SIGTERM from th
 from __future__ import annotations
 
 import os
-import select
 import shlex
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Mapping
 from typing import Any, TextIO
 
 from hpcckpt import procfs
-from hpcckpt.job import budget, early_signals, hang, leadtime, poison, step
+from hpcckpt.job import hang, leadtime, poison, relaunch, step
+from hpcckpt.job.appmode import AppMode
 from hpcckpt.job.config import (
-    EXIT_CONTINUE_FAILED,
     EXIT_INTERNAL,
     EXIT_NOT_EXECUTABLE,
     EXIT_NOT_FOUND,
@@ -53,27 +51,24 @@ from hpcckpt.job.config import (
     prepare_ckpt_dir,
     step_environment,
 )
+from hpcckpt.job.continuation import Continuation
 from hpcckpt.job.outcome import (
     EXIT_OK,
     Outcome,
     StepResult,
     classify,
-    classify_app,
-    crash_exit_code,
     describe_returncode,
 )
+from hpcckpt.job.reporting import DETAIL, WARN
+from hpcckpt.job.signal_queue import SignalQueue
+from hpcckpt.job.stop import StopRequest
 from hpcckpt.rundir import events, verbosity
-from hpcckpt.rundir.env import INTERVAL_ENV, LOG_LEVEL_ENV, RESTART_ENV, SCONTROL_ENV
+from hpcckpt.rundir.env import LOG_LEVEL_ENV
 from hpcckpt.rundir.status import FINISHED, RUNNING, STOPPED, RunStatus, read_status
 from hpcckpt.signames import signal_name
-from hpcckpt.slurm import commands as slurm
 from hpcckpt.slurm import env as slurm_env
-from hpcckpt.slurm.runner import SlurmError
 
 __all__ = ["Wrapper", "run_wrapper"]
-
-#: Levels of :meth:`Wrapper.log` lines: shown even with --quiet, or only with --verbose.
-WARN, DETAIL = verbosity.QUIET, verbosity.VERBOSE
 
 
 class Wrapper:
@@ -87,31 +82,21 @@ class Wrapper:
         self.slurm_env = slurm_env.SlurmEnv.from_environ(self.environ)
         self.restart = events.restart_number(self.environ)
         self.attempt = new_attempt_token(self.slurm_env, self.restart)
+        self.continuing = Continuation(
+            self, config, self.slurm_env, self.environ, attempt=self.attempt, restart=self.restart
+        )
         self.t0 = procfs.process_start_monotonic()
         self.child: subprocess.Popen[bytes] | None = None
         self.child_started: float | None = None
-        self._queue: deque[tuple[int, float | None]] = deque()
-        self._wake_r = self._wake_w = -1
-        self._old_handlers: dict[int, Any] = {}
-        self._old_wakeup = -1
+        self.signals = SignalQueue()
         # Stop-request state: requested -> (held) -> forwarded, at most once per attempt.
-        self._requested_at: float | None = None
-        self._requested_wall: float | None = None
-        self._requested_name = ""
-        self._forwarded_at: float | None = None
-        self._held = False
-        self._interrupts = 0
+        self.stop = StopRequest()
+        self.command: list[str] = list(config.command)  # placed on nodes by --spare-nodes
         # Applications without the API: restart files and the periodic signal.
-        self.files: Any = None  # restart_files.RestartFiles when --restart-files is given
-        self.schedule: Any = None  # periodic.PeriodicSchedule when --ckpt-every is given
-        self._pending: Any = None  # restart_files.PendingSet being watched
-        self._set_after_stop = False
-        self._stop_set_registered = False
-        self._stop_cost: float | None = None
-        self._ended_by_wrapper = False
+        self.app = AppMode(self, config, attempt=self.attempt)  # used with --app-signal
         self._lead_thread: threading.Thread | None = None
         self.hang: hang.HangWatch | None = None  # --hang-timeout (job/hang.py)
-        self.node_failures: Any = None  # relaunch.NodeFailures: node failures, --spare-nodes
+        self.node_failures: relaunch.NodeFailures | None = None  # --spare-nodes, node failures
 
     # -- logging -------------------------------------------------------------------------
     def log(self, message: str, level: int = verbosity.NORMAL) -> None:
@@ -154,44 +139,6 @@ class Wrapper:
         """What a stop request becomes for the step: --app-signal, else --signal."""
         return self.config.app_signal or self.config.stop_signal
 
-    def _on_signal(self, signum: int, _frame: object) -> None:
-        self._queue.append((signum, time.monotonic()))
-
-    def _on_child(self, _signum: int, _frame: object) -> None:
-        pass  # the wakeup fd already woke the main loop
-
-    def install_handlers(self) -> None:
-        """Take over from early_signals: our handlers first, then adopt what it recorded."""
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
-        self._old_wakeup = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
-        for sig in self.stop_signals:
-            self._old_handlers[sig] = signal.signal(sig, self._on_signal)
-        self._old_handlers[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, self._on_child)
-        for sig in early_signals.take():  # arrived while Python was importing
-            self._queue.append((sig, None))
-
-    def restore_handlers(self) -> None:
-        for sig, old in self._old_handlers.items():
-            try:
-                signal.signal(sig, old if old is not None else signal.SIG_DFL)
-            except (TypeError, ValueError):
-                signal.signal(sig, signal.SIG_DFL)
-        self._old_handlers.clear()
-        signal.set_wakeup_fd(self._old_wakeup)
-        for fd in (self._wake_r, self._wake_w):
-            if fd >= 0:
-                os.close(fd)
-        self._wake_r = self._wake_w = -1
-
-    def _drain_wakeup(self) -> None:
-        try:
-            while os.read(self._wake_r, 512):
-                pass
-        except BlockingIOError:
-            pass
-
     def own_status(self) -> RunStatus | None:
         status = read_status(self.config.ckpt_dir)
         return status if status is not None and status.attempt == self.attempt else None
@@ -217,36 +164,34 @@ class Wrapper:
         if signum not in (self.config.stop_signal, signal.SIGTERM, signal.SIGINT):
             note = f" (not the configured --signal {signal_name(self.config.stop_signal)})"
         if signum == signal.SIGINT:
-            self._interrupts += 1
-            if self._interrupts >= 3 and self.child is not None and self.child.poll() is None:
-                hard = signal.SIGKILL if self._interrupts >= 4 else signal.SIGTERM
+            self.stop.interrupts += 1
+            if self.stop.interrupts >= 3 and self.child is not None and self.child.poll() is None:
+                hard = signal.SIGKILL if self.stop.interrupts >= 4 else signal.SIGTERM
                 self.log(
-                    f"interrupt #{self._interrupts}: sending {signal_name(hard)} to the step "
+                    f"interrupt #{self.stop.interrupts}: sending {signal_name(hard)} to the step "
                     f"(pid {self.child.pid}); no checkpoint will be taken"
                 )
                 self._kill_child(hard)
                 self.event("signal", name=name, elapsed=elapsed, forwarded=False, killed=True)
                 return
-        if self._forwarded_at is not None or (self._requested_at is not None and not self._held):
+        if self.stop.under_way:
             self.log(
                 f"signal {name} received {when}{note}; a stop request is already under way; "
                 "not forwarding it again"
             )
             self.event("signal", name=name, elapsed=elapsed, forwarded=False, duplicate=True)
             return
-        if self._held:
+        if self.stop.held:
             self.log(
                 f"signal {name} received {when}{note}; a stop request is already held until "
                 "the application is ready for it"
             )
             self.event("signal", name=name, elapsed=elapsed, forwarded=False, duplicate=True)
             return
-        self._requested_at = time.monotonic() if t is None else t
-        self._requested_wall = time.time() - (time.monotonic() - self._requested_at)
-        self._requested_name = name
+        self.stop.request(name, t)
         self._start_lead_check()
         if self.child is None or self.child.poll() is not None:
-            self._held = True
+            self.stop.hold()
             self.log(f"signal {name} received {when}{note}; held until the step is running")
             self.event("signal", name=name, elapsed=elapsed, forwarded=False, held=True)
             return
@@ -257,7 +202,7 @@ class Wrapper:
                     "signal", name=name, elapsed=elapsed, forwarded=True, as_signal=self._fwd_name()
                 )
             else:
-                self._held = True
+                self.stop.hold()
                 self.log(
                     f"signal {name} received {when}{note}; held until the application has run "
                     f"{self.config.app_ready:g} s (--app-ready)"
@@ -278,7 +223,7 @@ class Wrapper:
             )
             self.event("signal", name=name, elapsed=elapsed, forwarded=False, app_state=state)
         else:
-            self._held = True
+            self.stop.hold()
             self.log(
                 f"signal {name} received {when}{note}; held: the application has not "
                 "reported running yet (forwarding as soon as it does)"
@@ -293,7 +238,7 @@ class Wrapper:
         assert self.child is not None
         sig = self.forward_signal if sig is None else sig
         fwd = signal_name(sig)
-        as_ = "" if fwd == self._requested_name else f" as {fwd}"
+        as_ = "" if fwd == self.stop.name else f" as {fwd}"
         subject = f"{subject} " if subject else ""
         try:
             os.kill(self.child.pid, sig)
@@ -304,30 +249,19 @@ class Wrapper:
         return True
 
     def _forward(self, what: str, subject: str = "") -> None:
-        self._held = False
-        self._forwarded_at = time.monotonic()
+        self.stop.forward()
         self._send(what, subject)
 
     def _stop_app(self, what: str, subject: str = "") -> None:
-        """A stop request for an application without the API (see docs/wrapper.md)."""
-        self._held = False
-        self._forwarded_at = time.monotonic()
-        if self._pending is not None:
-            self._pending.stop = True
-            self.log(
-                f"{what}; a checkpoint of the application is under way (signalled "
-                f"{time.monotonic() - self._pending.signal_mono:.1f} s ago): stopping once "
-                "its restart files are complete"
-            )
-            return
-        if self._send(what, subject) and self.files is not None:
-            self._pending = self.files.begin(stop=True)
+        """A stop request for an application without the API (job/appmode.py)."""
+        self.stop.forward()
+        self.app.stop(what, lambda: self._send(what, subject))
 
     def _forwarded_event(self, held_for: float) -> None:
         """The event for a held stop request that has now reached the step."""
         self.event(
             "signal_forwarded",
-            name=self._requested_name,
+            name=self.stop.name,
             as_signal=self._fwd_name(),
             elapsed=round(self.elapsed(), 3),
             held_for=round(held_for, 3),
@@ -335,14 +269,14 @@ class Wrapper:
 
     def check_held(self) -> None:
         """While a stop request is held, forward it once the application is ready."""
-        if not self._held or self.child is None:
+        if not self.stop.held or self.child is None:
             return
         if self.config.app_mode:
             if self.app_ready():
-                held_for = time.monotonic() - (self._requested_at or self.t0)
+                held_for = self.stop.held_for(self.t0)
                 self._stop_app(
                     f"the application has run {self.config.app_ready:g} s",
-                    f"{self._requested_name} held for {held_for:.1f} s",
+                    f"{self.stop.name} held for {held_for:.1f} s",
                 )
                 self._forwarded_event(held_for)
             return
@@ -350,197 +284,41 @@ class Wrapper:
         if status is None:
             return
         if status.state == RUNNING:
-            held_for = time.monotonic() - (self._requested_at or self.t0)
+            held_for = self.stop.held_for(self.t0)
             step = f" (step {status.step})" if status.step is not None else ""
             self._forward(
                 f"application reported running{step} {self.elapsed():.1f} s after start",
-                f"{self._requested_name} held for {held_for:.1f} s",
+                f"{self.stop.name} held for {held_for:.1f} s",
             )
             self._forwarded_event(held_for)
         else:
-            self._held = False
+            self.stop.drop()
             self.log(
                 f"the application reported {status.state} before the held "
-                f"{self._requested_name} could be forwarded; not forwarding"
+                f"{self.stop.name} could be forwarded; not forwarding"
             )
 
     # -- lead time: was the stop signal early enough for a checkpoint? ---------------------
     def _start_lead_check(self) -> None:
         job = self.slurm_env.job_id
-        if job is None or self._lead_thread is not None or self._requested_wall is None:
+        if job is None or self._lead_thread is not None or self.stop.requested_wall is None:
             return
-        arrived = self._requested_wall
-        name = signal_name(self.config.stop_signal)
-
-        def check() -> None:
-            try:
-                cost = leadtime.measured_cost(events.read_events(self.config.ckpt_dir))
-                if cost is None:
-                    return
-                end = slurm.end_time(job, environ=self.environ)
-                if end is None:
-                    return
-                result = leadtime.check_lead(cost, end.timestamp() - arrived)
-                if result.too_short:
-                    self.log(leadtime.warning_text(result, name), WARN)
-                    self.event(
-                        "lead_time_warning",
-                        lead=round(result.lead, 1),
-                        cost=round(result.cost, 3),
-                        needed=round(result.needed, 1),
-                        suggested_signal=f"B:{name}@{result.suggested}",
-                    )
-            except (SlurmError, OSError, ValueError) as exc:
-                self.log(f"note: cannot check the signal's lead time: {exc}")
-
-        self._lead_thread = threading.Thread(target=check, name="hpcckpt-lead", daemon=True)
-        self._lead_thread.start()
-
-    # -- applications without the API: periodic checkpoints, restart files ---------------
-    def _tick_app(self) -> None:
-        """One pass of the app-mode bookkeeping (periodic signal, watching restart files)."""
-        if self.files is not None and self._pending is not None:
-            pending = self._pending
-            if self.files.poll(pending):
-                self._pending = None
-                self._on_files_complete(pending)
-            elif time.monotonic() - pending.signal_mono > self.config.restart_timeout:
-                self._pending = None
-                self.log(
-                    f"warning: the restart files were not complete {self.config.restart_timeout:g}"
-                    " s after the signal (--restart-timeout); not registering them"
-                )
-                self.event("restart_timeout", stop=pending.stop)
-        if (
-            self.schedule is not None
-            and self._pending is None
-            and self._forwarded_at is None
-            and not self._held
-            and self.app_ready()
-            and self.schedule.due(time.monotonic())
-        ):
-            assert self.child is not None
-            interval = self.schedule.interval()
-            try:
-                os.kill(self.child.pid, self.forward_signal)
-            except ProcessLookupError:
-                return
-            self.log(
-                f"periodic checkpoint: sent {self._fwd_name()} to step (pid {self.child.pid}) "
-                f"{self.elapsed():.1f} s after start (every {interval:.0f} s, "
-                f"{self.schedule.describe()})"
-            )
-            self.event("checkpoint_request", signal=self._fwd_name(), interval=round(interval, 3))
-            if self.files is not None:
-                self._pending = self.files.begin(stop=False)
-            else:
-                self.schedule.checkpointed(time.monotonic(), None)
-
-    def _on_files_complete(self, pending: Any) -> None:
-        cost = self.files.cost(pending)
-        if self.schedule is not None:
-            self.schedule.checkpointed(time.monotonic(), cost)
-        if pending.stop:
-            self._set_after_stop = True
-            self._stop_cost = cost
-            self.log(f"restart files complete {cost:.1f} s after the stop signal; ending the step")
-            self._end_step()
-            return
-        self._register(cost, stop=False)
-
-    def _register(self, cost: float | None, stop: bool) -> bool:
-        try:
-            got = self.files.register(attempt=self.attempt, seconds=cost)
-        except OSError as exc:
-            self.log(f"warning: cannot keep the restart files aside: {exc}", WARN)
-            self.event("restart_set_failed", error=str(exc), stop=stop)
-            return False
-        secs = "" if cost is None else f" written in {cost:.1f} s,"
-        self.log(
-            f"restart set {got.number}:{secs} {len(got.files)} file(s), {got.bytes} bytes, "
-            f"checksummed and kept in {got.path}"
+        self._lead_thread = leadtime.start_check(
+            self,
+            job=job,
+            arrived=self.stop.requested_wall,
+            signal_name=signal_name(self.config.stop_signal),
+            ckpt_dir=self.config.ckpt_dir,
+            environ=self.environ,
         )
-        self.event(
-            "restart_set",
-            set=got.number,
-            files=len(got.files),
-            bytes=got.bytes,
-            seconds=None if cost is None else round(cost, 6),
-            stop=stop,
-        )
-        return True
 
-    def _finish_pending(self) -> None:
-        """The step exited while its restart files were watched: give them time to settle."""
-        if self.files is None or self._pending is None:
-            return
-        pending, self._pending = self._pending, None
-        deadline = time.monotonic() + self.config.settle * 2 + 1.0
-        while time.monotonic() < deadline:
-            if self.files.poll(pending):
-                cost = self.files.cost(pending)
-                if pending.stop:
-                    self._set_after_stop = True
-                    self._stop_cost = cost
-                else:
-                    self._register(cost, stop=False)
-                return
-            time.sleep(min(self.config.poll_interval, 0.1))
+    # -- applications without the API (job/appmode.py) --------------------------------------
+    def signal_step(self) -> bool:
+        """Send the step the application's signal (the periodic checkpoint request)."""
+        return self.child is not None and step.send(self.child, self.forward_signal)
 
-    def _end_step(self) -> None:
-        """The stop checkpoint is complete and the step still runs: end it (TERM, KILL)."""
-        self._ended_by_wrapper = True
-        self._terminate_child(reason="its restart files are complete")
-
-    def prepare_app(self) -> dict[str, str]:
-        """Set up app mode; returns the extra environment for the step."""
-        cfg = self.config
-        extra: dict[str, str] = {}
-        resuming = self.restart > 0
-        if cfg.restart_files:
-            from hpcckpt.job.restart_files import RestartFiles
-
-            self.files = RestartFiles(
-                cfg.restart_files,
-                cfg.ckpt_dir,
-                marker=cfg.restart_marker,
-                settle=cfg.settle,
-                keep=cfg.keep_sets,
-            )
-            try:
-                number, wrong = self.files.ensure_good()
-            except OSError as exc:
-                raise WrapperError(f"cannot check the restart files: {exc}") from None
-            for problem in wrong:
-                self.log(f"restart files: {problem}")
-            if number is not None:
-                resuming = True
-                restored = bool(wrong)
-                self.log(
-                    f"restart files: set {number} is good"
-                    + ("; copied it back over the damaged live files" if restored else "")
-                )
-                self.event("restart_files_checked", set=number, restored=restored, problems=wrong)
-        if cfg.ckpt_every:
-            from hpcckpt.job.periodic import PeriodicSchedule
-
-            try:
-                history = list(events.read_events(cfg.ckpt_dir))
-            except OSError:
-                history = []
-            try:
-                self.schedule = PeriodicSchedule(
-                    cfg.ckpt_every,
-                    start=time.monotonic(),
-                    nodes=self.slurm_env.num_nodes,
-                    mtbf=cfg.mtbf,
-                    history=history,
-                )
-            except ValueError as exc:
-                raise WrapperError(f"--ckpt-every {cfg.ckpt_every}: {exc}") from None
-            extra[INTERVAL_ENV] = str(max(1, round(self.schedule.interval())))
-        extra[RESTART_ENV] = "1" if resuming else "0"
-        return extra
+    def end_step(self, reason: str) -> None:
+        self._terminate_child(reason=reason)
 
     # -- ending the step -------------------------------------------------------------------
     def _kill_child(self, sig: signal.Signals) -> None:
@@ -563,7 +341,7 @@ class Wrapper:
     # -- the run -------------------------------------------------------------------------
     def start_child(self, extra: Mapping[str, str] | None = None) -> int | None:
         """Start the step; returns an exit status if it could not be started."""
-        cmd = self.config.command
+        cmd = self.command
         env = step_environment(
             self.environ, self.config.ckpt_dir, self.attempt, self.forward_signal, extra
         )
@@ -598,30 +376,31 @@ class Wrapper:
         """The main loop: handle signals, forward held requests, until the step exits."""
         assert self.child is not None
         while True:
-            self._drain_wakeup()
-            while self._queue:
-                self.handle_signal(*self._queue.popleft())
+            while (got := self.signals.pop()) is not None:
+                self.handle_signal(*got)
             self.check_held()
             if self.config.app_mode:
-                self._tick_app()
+                assert self.child is not None
+                self.app.tick(
+                    may_signal=not (self.stop.forwarded or self.stop.held) and self.app_ready(),
+                    signal=self._fwd_name(),
+                    pid=self.child.pid,
+                )
             self._check_hang()
             if self.node_failures is not None:
                 self.node_failures.tick()  # a stop signal may mean that a node failed
             rc = self.child.poll()
             if rc is not None:
                 return rc
-            busy = self._held or self._pending is not None
+            busy = self.stop.held or self.app.busy
             timeout = self.config.poll_interval if busy else 1.0
-            if self.schedule is not None:
-                timeout = min(timeout, max(0.05, self.schedule.next_at() - time.monotonic()))
-            try:
-                select.select([self._wake_r], [], [], timeout)
-            except InterruptedError:  # pragma: no cover - PEP 475 retries for us
-                pass
+            if self.app.schedule is not None:
+                timeout = min(timeout, max(0.05, self.app.schedule.next_at() - time.monotonic()))
+            self.signals.wait(timeout)
 
     def run(self) -> int:
         """Run the step to its end and decide; returns the wrapper's exit status."""
-        self.install_handlers()
+        self.signals.install(self.stop_signals)
         try:
             return self._run()
         except WrapperError as exc:
@@ -634,7 +413,7 @@ class Wrapper:
                 raise
             return EXIT_INTERNAL
         finally:
-            self.restore_handlers()
+            self.signals.restore()
 
     # -- hang and poison -------------------------------------------------------------------
     def _start_hang_watch(self) -> hang.HangWatch | None:
@@ -690,12 +469,11 @@ class Wrapper:
     @property
     def continuation(self) -> str | None:
         """How this job continues: "chain", "requeue", or None (outside Slurm / disabled)."""
-        if not self.slurm_env.in_job:
-            return None
-        if self.config.chain:
-            return "chain"
-        requeue = True if self.config.requeue is None else self.config.requeue
-        return "requeue" if requeue else None
+        return self.continuing.how
+
+    def continue_job(self, cause: str, step: int | None) -> int:
+        """Requeue this job or submit the next link of the chain (job/continuation.py)."""
+        return self.continuing.continue_job(cause, step)
 
     def _run(self) -> int:
         cfg = self.config
@@ -720,45 +498,65 @@ class Wrapper:
             pid=os.getpid(),
             nodes=slurm_env.nodelist(self.environ),  # which node failed, at the next start
         )
-        from hpcckpt.job import relaunch  # loaded here: it needs the wrapper's state (below)
-
         node_failures = self.node_failures = relaunch.NodeFailures(self)
         try:
-            node_failures.before_start()
+            self.command = node_failures.before_start()
         except relaunch.RelaunchError as exc:
             raise WrapperError(str(exc)) from None
-        extra = self.prepare_app() if cfg.app_mode else {}
+        extra = (
+            self.app.prepare(restart=self.restart, nodes=self.slurm_env.num_nodes)
+            if cfg.app_mode
+            else {}
+        )
         self.hang = self._start_hang_watch()  # clears the heartbeats of earlier attempts
         failed = self.start_child(extra)
         if failed is not None:
             self.event("crashed", exit_code=failed, reason="the step could not be started")
             return failed
-        rc = self.wait_child()
-        rc, code = node_failures.after_step(rc, extra)  # None: no node failure to handle
-        code = self.finish(rc) if code is None else code
-        while self._queue:  # e.g. Slurm's TERM while scontrol requeue ran
-            signum, t = self._queue.popleft()
+        code = self._after_step(self.wait_child(), extra)
+        while (got := self.signals.pop()) is not None:  # e.g. TERM while scontrol requeue ran
+            signum, t = got
             self.log(f"signal {signal_name(signum)} received {self._when(t)}; step already ended")
         if self._lead_thread is not None:
             self._lead_thread.join(timeout=2.0)
         return code
 
+    def _after_step(self, rc: int, extra: Mapping[str, str]) -> int:
+        """Act on node failures (relaunch, or the job was requeued), else decide."""
+        assert self.node_failures is not None
+        while True:
+            decision = self.node_failures.after_step(rc)
+            if isinstance(decision, relaunch.Continued):
+                return decision.exit_code
+            if not isinstance(decision, relaunch.Relaunch):
+                return self.finish(rc)
+            self.command = decision.command
+            self.child = None
+            failed = self.start_child(extra)
+            if failed is not None:
+                self.event(
+                    "crashed", exit_code=failed, reason="the relaunched step could not start"
+                )
+                return failed
+            rc = self.wait_child()
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.stop.requested
+
+    @property
+    def stop_forwarded(self) -> bool:
+        return self.stop.forwarded
+
     def _result(self, rc: int) -> StepResult:
         if not self.config.app_mode:
             return classify(rc, read_status(self.config.ckpt_dir), self.attempt)
-        self._finish_pending()
-        return classify_app(
-            rc,
-            stop_sent=self._forwarded_at is not None,
-            watching_files=self.files is not None,
-            set_after_stop=self._set_after_stop,
-            ended_by_wrapper=self._ended_by_wrapper,
-        )
+        return self.app.outcome(rc, stop_sent=self.stop.forwarded)
 
     def finish(self, rc: int) -> int:
-        if self._held:
+        if self.stop.held:
             self.log(
-                f"the held {self._requested_name} was never forwarded: the step exited "
+                f"the held {self.stop.name} was never forwarded: the step exited "
                 "before the application was ready for it"
             )
         result = self._poisoned(hang.adjust(self.hang, self._result(rc)))
@@ -778,143 +576,17 @@ class Wrapper:
             self.event("finished", step=step)
             return EXIT_OK
         if result.outcome is Outcome.STOPPED:
-            if self.files is not None and self._set_after_stop and not self._stop_set_registered:
-                self._stop_set_registered = True
-                self._register(self._stop_cost, stop=True)
-            if rc != 0 and not self._ended_by_wrapper:
+            self.app.after_stop()
+            if rc != 0 and not self.app.ended_by_wrapper:
                 self.log(
                     f"note: the step ended with {describe_returncode(rc)} after reporting "
                     "stopped; the checkpoint was complete before that"
                 )
-            return self.after_stop(step)
+            return self.continuing.after_stop(step)
         if result.outcome is Outcome.POISONED:  # rejected state: never requeue into it
-            for line in poison.give_up_messages(result, self.config.ckpt_dir):
-                self.log(line)
-            self.event("give_up", **poison.give_up_fields(result, step))
-            return crash_exit_code(rc)
-        return self.after_crash(result, step)
-
-    def after_crash(self, result: StepResult, step: int | None) -> int:
-        rc = result.returncode
-        code = crash_exit_code(rc)
-        self.log(f"step crashed: {result.reason}", WARN)
-        self.event("crashed", exit_code=rc, reason=result.reason, step=step, wrapper_exit=code)
-        how = self.continuation
-        if how is None:
-            if self.slurm_env.in_job:
-                self.log(
-                    "not continuing: requeue disabled (--no-requeue); submit the batch script "
-                    f"again to resume from the last checkpoint in {self.config.ckpt_dir}"
-                )
-            return code
+            return self.continuing.after_poison(result, step)
         runtime = time.monotonic() - (self.child_started or self.t0)
-        try:
-            log = list(events.read_events(self.config.ckpt_dir))
-        except OSError:
-            log = None
-        decision = budget.decide_after_crash(
-            log,
-            attempt=self.attempt,
-            restart=self.restart,
-            runtime=runtime,
-            max_restarts=self.config.max_restarts,
-            min_progress=self.config.min_progress,
-        )
-        if not decision.restart:
-            self.log(decision.message, WARN)
-            self.log(
-                f"job {self.slurm_env.job_id}: restart {self.restart} of this computation, "
-                f"{decision.used} after crashes (--max-restarts {self.config.max_restarts}); "
-                f"the last good checkpoint stays in {self.config.ckpt_dir}. What to do: read "
-                "the application's errors above, fix the cause, then submit the same batch "
-                "script again (it resumes from that checkpoint with a fresh restart budget)",
-                WARN,
-            )
-            self.event(
-                "give_up",
-                reason=decision.message,
-                crash_restarts=decision.used,
-                max_restarts=self.config.max_restarts,
-                progress=decision.progress,
-                wrapper_exit=code,
-            )
-            return code
-        self.log(decision.message)
-        cont = self.continue_job("crash", step)
-        return EXIT_OK if cont == EXIT_OK else cont
-
-    def after_stop(self, step: int | None) -> int:
-        at_step = f" at step {step}" if step is not None else ""
-        how = self.continuation
-        if how is None:
-            why = "requeue disabled (--no-requeue)" if self.slurm_env.in_job else "outside Slurm"
-            self.log(f"stopped{at_step} after checkpoint; run again to resume ({why})")
-            self.event("stopped", step=step, requeued=False, reason=why)
-            return EXIT_OK
-        self.log(f"stopped{at_step} after checkpoint")
-        return self.continue_job("stop", step)
-
-    def continue_job(self, cause: str, step: int | None) -> int:
-        """Requeue this job or submit the next link of the chain; 0 or EXIT_CONTINUE_FAILED."""
-        job = self.slurm_env.job_id
-        assert job is not None
-        at_step = f" at step {step}" if step is not None else ""
-        if self.continuation == "chain":
-            return self._chain(job, cause, step, at_step)
-        self.log(f"requeueing job {job} (scontrol requeue)")
-        if not self.event("requeue", job_id=job, step=step, cause=cause) and cause == "crash":
-            self.log(
-                "not requeueing after a crash: the restart could not be counted in the log", WARN
-            )
-            return EXIT_CONTINUE_FAILED
-        try:
-            slurm.requeue(job, timeout=self.config.requeue_timeout, environ=self.environ)
-        except (SlurmError, ValueError) as exc:
-            self.log(f"requeue failed: {exc}", WARN)
-            self.log(
-                f"the checkpoint{at_step} is safe in {self.config.ckpt_dir}: resubmit the same "
-                "batch script (sbatch) to resume; make sure it has #SBATCH --requeue and that "
-                f"scontrol works on the compute nodes (or set {SCONTROL_ENV}), or use "
-                "--chain"
-            )
-            self.event("requeue_failed", job_id=job, error=str(exc), cause=cause)
-            return EXIT_CONTINUE_FAILED
-        self.log(
-            f"job {job} requeued; Slurm ends this run now and starts it again "
-            "(it may wait about two minutes in PENDING/BeginTime)"
-        )
-        return EXIT_OK
-
-    def _chain(self, job: str, cause: str, step: int | None, at_step: str) -> int:
-        from hpcckpt.slurm import chain  # only when chaining
-
-        self.log(f"submitting the next job of the chain (sbatch --dependency=afterany:{job})")
-        if not self.event("chain", job_id=job, step=step, cause=cause) and cause == "crash":
-            self.log(
-                "not chaining after a crash: the restart could not be counted in the log", WARN
-            )
-            return EXIT_CONTINUE_FAILED
-        try:
-            new, spec, count = chain.submit_next(
-                job,
-                self.environ,
-                ckpt_dir=str(self.config.ckpt_dir),
-                timeout=self.config.requeue_timeout,
-            )
-        except (chain.ChainError, SlurmError, ValueError, OSError) as exc:
-            self.log(f"chain failed: {exc}", WARN)
-            self.log(
-                f"the checkpoint{at_step} is safe in {self.config.ckpt_dir}: submit the same "
-                "batch script again (with the same HPCCKPT_DIR) to resume"
-            )
-            self.event("chain_failed", job_id=job, error=str(exc), cause=cause)
-            return EXIT_CONTINUE_FAILED
-        self.log(
-            f"submitted job {new} (chain link {count}): "
-            f"{shlex.join([spec.script, *spec.script_args])}; it starts when job {job} has ended"
-        )
-        self.event("chain_submitted", job_id=job, next_job=new, chain_next=count, cause=cause)
-        return EXIT_OK
+        return self.continuing.after_crash(result, step, runtime)
 
 
 def run_wrapper(config: WrapperConfig, *, log: TextIO | None = None) -> int:

@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from hpcckpt.policy.formulas import daly, efficiency, young
 from hpcckpt.report.format import mean, median, rounded
 from hpcckpt.report.model import (
     SEGMENT_KINDS,
@@ -196,8 +197,6 @@ def _interval_analysis(
     attempts: list[Attempt], cost: float | None, mtbf: float | None, run: float
 ) -> dict[str, Any]:
     """The interval used (measured, and as the policy reported it) against Young and Daly."""
-    from hpcckpt.policy.formulas import daly, efficiency, young
-
     gaps: list[float] = []
     for att in attempts:
         ref: float | None = None  # the last commit, or the restore (the timer restarts)

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
+from hpcckpt.policy.durations import format_duration
+
 
 def dur(seconds: float | None) -> str:
     """A duration for people (``1h 02m``), ``-`` when unknown."""
-    if seconds is None:
-        return "-"
-    from hpcckpt.policy.durations import format_duration
-
-    return format_duration(seconds)
+    return "-" if seconds is None else format_duration(seconds)
 
 
 def size(n: float | None) -> str:

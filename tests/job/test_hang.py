@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from hpcckpt import procfs
-from hpcckpt.job import hang, step
-from hpcckpt.job.outcome import Outcome, StepResult
-from hpcckpt.job.poison import classify_poisoned, rejection_of
+from hpcckpt.job import hang
 from hpcckpt.rundir.events import checkpoint_costs, read_events
 from hpcckpt.rundir.heartbeat import Heartbeat
 from tests.job.test_wrapper import Wrapped, clean_env
@@ -108,39 +103,6 @@ def test_progress_files_see_growth(tmp_path):
     assert watch.poll(T0 + 3) == T0 + 3 and watch.changed
     assert watch.poll(T0 + 6) == T0 + 3
     assert first != T0 + 3
-
-
-def test_poisoned_outcome_is_decided_from_this_attempts_rejected_event():
-    crashed = StepResult(Outcome.CRASHED, 1, None, "exit status 1")
-    evs = [
-        {"event": "rejected", "attempt": "old", "step": 3, "ranks": [0]},
-        {"event": "rejected", "attempt": "me", "step": 9, "ranks": [1], "arrays": ["u"]},
-    ]
-    assert rejection_of(evs, "me")["step"] == 9
-    result, rej = classify_poisoned(crashed, evs, "me")
-    assert result.outcome is Outcome.POISONED and rej["ranks"] == [1]
-    assert "rank(s) 1" in result.reason and "'u'" in result.reason
-    assert classify_poisoned(crashed, evs[:1], "me")[0] is crashed
-    stopped = StepResult(Outcome.STOPPED, 0, None, "stopped")
-    assert classify_poisoned(stopped, evs, "me")[0] is stopped
-
-
-def test_kill_step_leaves_no_orphans(tmp_path):
-    """A launcher that ignores TERM and has a child that ignores TERM: both gone."""
-    script = (
-        "import signal, subprocess, sys, time\n"
-        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-        "subprocess.Popen([sys.executable, '-c', 'import signal, time; "
-        "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'])\n"
-        "time.sleep(600)\n"
-    )
-    child = subprocess.Popen([sys.executable, "-c", script])
-    time.sleep(1.0)
-    below = procfs.descendants(child.pid)
-    assert len(below) == 1
-    taken = step.take_down(child, grace=1.0)
-    assert taken["killed_launcher"] and taken["leftovers_killed"] == sorted(below)
-    assert not procfs.alive(below)
 
 
 def _leftovers(marker: str) -> list[int]:

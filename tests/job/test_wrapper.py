@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcckpt.job import config, outcome
+from hpcckpt.job import config
 from hpcckpt.rundir.status import FINISHED, RUNNING, STOPPED, RunStatus, read_status, write_status
 
 REPO = Path(__file__).resolve().parents[2]
@@ -141,38 +141,6 @@ def fake(tmp_path: Path, name: str, body: str) -> str:
 
 
 # -- pure functions ------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("text", ["USR1", "usr1", "SIGUSR1", "10", " SigUsr1 "])
-def test_parse_signal_spellings(text):
-    assert config.parse_signal(text) is signal.SIGUSR1
-
-
-@pytest.mark.parametrize("text", ["KILL", "SIGSTOP", "9", "CHLD", "USR3", "", "999"])
-def test_parse_signal_rejects(text):
-    with pytest.raises(ValueError):
-        config.parse_signal(text)
-
-
-def test_classify():
-    mine = "job.0.abc"
-
-    def st(state, attempt=mine):
-        return RunStatus(state=state, attempt=attempt, step=7)
-
-    O = outcome.Outcome
-    assert outcome.classify(0, st(FINISHED), mine).outcome is O.FINISHED
-    assert outcome.classify(0, st(STOPPED), mine).outcome is O.STOPPED
-    # the status file is authoritative once the application reported
-    assert outcome.classify(-9, st(STOPPED), mine).outcome is O.STOPPED
-    assert outcome.classify(1, st(FINISHED), mine).outcome is O.FINISHED
-    # stale (another attempt's token), absent or still running: crashed
-    for status in (st(FINISHED, "old"), None, st(RUNNING)):
-        result = outcome.classify(0, status, mine)
-        assert result.outcome is O.CRASHED
-        assert "finish()" in result.reason
-    assert outcome.classify(-11, None, mine).reason.startswith("killed by signal SIGSEGV")
-    assert [outcome.crash_exit_code(rc) for rc in (3, -9, -15, 0)] == [3, 137, 143, 1]
 
 
 # -- outside Slurm -------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The local Slurm cluster: configuration (no Slurm needed) and real daemons (slurm mark)."""
+"""The local Slurm cluster (hpcckpt/cluster/daemons.py): real daemons, real jobs, node
+failures and recovery."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from click.testing import CliRunner
 
 from hpcckpt import procfs
 from hpcckpt.cli.cluster import COMMANDS
-from hpcckpt.cluster import ClusterConfig, ClusterError, LocalCluster, render_slurm_conf
+from hpcckpt.cluster import ClusterError, LocalCluster
 from hpcckpt.cluster import config as cl
 
 RANK_SCRIPT = (
@@ -51,52 +52,6 @@ def _script(path: Path, body: str) -> Path:
     return path
 
 
-# --------------------------------------------------------------------- no Slurm needed
-
-
-def test_slurm_conf_has_the_keys_the_tests_rely_on(tmp_path: Path) -> None:
-    text = render_slurm_conf(tmp_path, ClusterConfig(nodes=3, port=40000))
-    for key in (
-        "SlurmctldPort=40000",
-        "JobRequeue=1",
-        "ReturnToService=2",
-        "SlurmdTimeout=10",
-        "MpiDefault=pmix",
-        "ProctrackType=proctrack/pgid",
-        "TaskPlugin=task/none",
-        "SelectType=select/cons_tres",
-        "SelectTypeParameters=CR_Core",
-        "SlurmdParameters=config_overrides",
-        "KillWait=10",
-        "AccountingStorageType=accounting_storage/none",
-        f"TmpFS={tmp_path}/tmp-%n",
-        f"SlurmdSpoolDir={tmp_path}/spool/%n",
-    ):
-        assert key in text.splitlines(), key
-    assert "NodeName=n3 NodeHostname=localhost NodeAddr=127.0.0.1 Port=40003 CPUs=2" in text
-    assert "PartitionName=debug Nodes=n1,n2,n3 Default=YES" in text
-
-
-def test_config_rejects_nonsense() -> None:
-    with pytest.raises(ClusterError):
-        ClusterConfig(nodes=0)
-    with pytest.raises(ClusterError):
-        ClusterConfig(port=80)
-
-
-def test_slurm_env_drops_inherited_job_variables() -> None:
-    env = cl.slurm_env("/x/slurm.conf", {"PATH": "/bin", "SLURM_JOB_ID": "7", "SLURM_CONF": "y"})
-    assert env == {"PATH": "/bin", "SLURM_CONF": "/x/slurm.conf"}
-
-
-def test_state_dir_from_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv(cl.DIR_ENV, str(tmp_path / "c"))
-    assert LocalCluster().state_dir == tmp_path / "c"
-    monkeypatch.delenv(cl.DIR_ENV)
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
-    assert LocalCluster().state_dir == tmp_path / "xdg" / "hpcckpt" / "cluster"
-
-
 def test_missing_binaries_name_the_debian_packages(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -116,9 +71,6 @@ def test_down_and_status_of_nothing_are_harmless(tmp_path: Path) -> None:
     assert json.loads(result.output)["running"] is False
     result = runner.invoke(COMMANDS[0], ["fail-node", "n1", "--state-dir", str(tmp_path)])
     assert result.exit_code == 1 and "no cluster configured" in result.output
-
-
-# --------------------------------------------------------------------- a real Slurm
 
 
 @pytest.mark.slurm

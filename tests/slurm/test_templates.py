@@ -1,11 +1,12 @@
-"""Batch-script templates: rendering rules, and golden files of every rendered template.
+"""Batch-script templates (hpcckpt/slurm/templates.py): rendering rules, and golden files
+of every rendered template.
 
-The goldens in tests/job/golden/ are what `hpcckpt submit TEMPLATE --dry-run` prints for
+The goldens in tests/slurm/golden/ are what `hpcckpt submit TEMPLATE --dry-run` prints for
 the options in GOLDEN_ARGS. After changing a template on purpose, regenerate them with
 
-    HPCCKPT_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/job/test_templates.py
+    HPCCKPT_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/slurm/test_templates.py
 
-and review the diff (git diff tests/job/golden) before committing.
+and review the diff (git diff tests/slurm/golden) before committing.
 """
 
 from __future__ import annotations

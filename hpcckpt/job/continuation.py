@@ -1,0 +1,196 @@
+"""Continuing a job after its step: requeue, chain, give up, give up after poison.
+
+After a stop (time limit, preemption) the job continues by ``scontrol requeue`` or, with
+``--chain``, a new job depending on this one (:mod:`hpcckpt.slurm.chain`). After a
+crash it continues only within the restart budget and if the attempt made progress
+(:mod:`hpcckpt.job.budget`); after a poisoned state (:mod:`hpcckpt.job.poison`) never.
+Every decision is one log line and one event, written through the wrapper's
+:class:`Reporter`.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+
+from hpcckpt.job import budget, poison
+from hpcckpt.job.config import EXIT_CONTINUE_FAILED, WrapperConfig
+from hpcckpt.job.outcome import EXIT_OK, StepResult, crash_exit_code
+from hpcckpt.job.reporting import WARN, Reporter
+from hpcckpt.rundir import events
+from hpcckpt.rundir.env import SCONTROL_ENV
+from hpcckpt.slurm import chain
+from hpcckpt.slurm import commands as slurm
+from hpcckpt.slurm.env import SlurmEnv
+from hpcckpt.slurm.runner import SlurmError
+
+
+class Continuation:
+    """How this run of the job continues once its step has ended."""
+
+    def __init__(
+        self,
+        reporter: Reporter,
+        config: WrapperConfig,
+        slurm_env: SlurmEnv,
+        environ: Mapping[str, str],
+        *,
+        attempt: str,
+        restart: int,
+    ) -> None:
+        self.reporter = reporter
+        self.config = config
+        self.slurm_env = slurm_env
+        self.environ = environ
+        self.attempt = attempt
+        self.restart = restart
+
+    @property
+    def how(self) -> str | None:
+        """ "chain", "requeue", or None (outside Slurm, or --no-requeue)."""
+        if not self.slurm_env.in_job:
+            return None
+        if self.config.chain:
+            return "chain"
+        requeue = True if self.config.requeue is None else self.config.requeue
+        return "requeue" if requeue else None
+
+    def after_poison(self, result: StepResult, step: int | None) -> int:
+        """Give up after a poisoned attempt: restarting would compute the same poison."""
+        for line in poison.give_up_messages(result, self.config.ckpt_dir):
+            self.reporter.log(line)
+        self.reporter.event("give_up", **poison.give_up_fields(result, step))
+        return crash_exit_code(result.returncode)
+
+    def after_crash(self, result: StepResult, step: int | None, runtime: float) -> int:
+        """Continue after a crash within the restart budget, else give up (budget.py)."""
+        rc = result.returncode
+        code = crash_exit_code(rc)
+        self.reporter.log(f"step crashed: {result.reason}", WARN)
+        self.reporter.event(
+            "crashed", exit_code=rc, reason=result.reason, step=step, wrapper_exit=code
+        )
+        how = self.how
+        if how is None:
+            if self.slurm_env.in_job:
+                self.reporter.log(
+                    "not continuing: requeue disabled (--no-requeue); submit the batch script "
+                    f"again to resume from the last checkpoint in {self.config.ckpt_dir}"
+                )
+            return code
+        try:
+            log = list(events.read_events(self.config.ckpt_dir))
+        except OSError:
+            log = None
+        decision = budget.decide_after_crash(
+            log,
+            attempt=self.attempt,
+            restart=self.restart,
+            runtime=runtime,
+            max_restarts=self.config.max_restarts,
+            min_progress=self.config.min_progress,
+        )
+        if not decision.restart:
+            self.reporter.log(decision.message, WARN)
+            self.reporter.log(
+                f"job {self.slurm_env.job_id}: restart {self.restart} of this computation, "
+                f"{decision.used} after crashes (--max-restarts {self.config.max_restarts}); "
+                f"the last good checkpoint stays in {self.config.ckpt_dir}. What to do: read "
+                "the application's errors above, fix the cause, then submit the same batch "
+                "script again (it resumes from that checkpoint with a fresh restart budget)",
+                WARN,
+            )
+            self.reporter.event(
+                "give_up",
+                reason=decision.message,
+                crash_restarts=decision.used,
+                max_restarts=self.config.max_restarts,
+                progress=decision.progress,
+                wrapper_exit=code,
+            )
+            return code
+        self.reporter.log(decision.message)
+        cont = self.continue_job("crash", step)
+        return EXIT_OK if cont == EXIT_OK else cont
+
+    def after_stop(self, step: int | None) -> int:
+        """The application checkpointed on a stop request: continue the job later."""
+        at_step = f" at step {step}" if step is not None else ""
+        how = self.how
+        if how is None:
+            why = "requeue disabled (--no-requeue)" if self.slurm_env.in_job else "outside Slurm"
+            self.reporter.log(f"stopped{at_step} after checkpoint; run again to resume ({why})")
+            self.reporter.event("stopped", step=step, requeued=False, reason=why)
+            return EXIT_OK
+        self.reporter.log(f"stopped{at_step} after checkpoint")
+        return self.continue_job("stop", step)
+
+    def continue_job(self, cause: str, step: int | None) -> int:
+        """Requeue this job or submit the next link of the chain; 0 or EXIT_CONTINUE_FAILED."""
+        job = self.slurm_env.job_id
+        assert job is not None
+        at_step = f" at step {step}" if step is not None else ""
+        if self.how == "chain":
+            return self._chain(job, cause, step, at_step)
+        self.reporter.log(f"requeueing job {job} (scontrol requeue)")
+        if (
+            not self.reporter.event("requeue", job_id=job, step=step, cause=cause)
+            and cause == "crash"
+        ):
+            self.reporter.log(
+                "not requeueing after a crash: the restart could not be counted in the log", WARN
+            )
+            return EXIT_CONTINUE_FAILED
+        try:
+            slurm.requeue(job, timeout=self.config.requeue_timeout, environ=self.environ)
+        except (SlurmError, ValueError) as exc:
+            self.reporter.log(f"requeue failed: {exc}", WARN)
+            self.reporter.log(
+                f"the checkpoint{at_step} is safe in {self.config.ckpt_dir}: resubmit the same "
+                "batch script (sbatch) to resume; make sure it has #SBATCH --requeue and that "
+                f"scontrol works on the compute nodes (or set {SCONTROL_ENV}), or use "
+                "--chain"
+            )
+            self.reporter.event("requeue_failed", job_id=job, error=str(exc), cause=cause)
+            return EXIT_CONTINUE_FAILED
+        self.reporter.log(
+            f"job {job} requeued; Slurm ends this run now and starts it again "
+            "(it may wait about two minutes in PENDING/BeginTime)"
+        )
+        return EXIT_OK
+
+    def _chain(self, job: str, cause: str, step: int | None, at_step: str) -> int:
+        self.reporter.log(
+            f"submitting the next job of the chain (sbatch --dependency=afterany:{job})"
+        )
+        if (
+            not self.reporter.event("chain", job_id=job, step=step, cause=cause)
+            and cause == "crash"
+        ):
+            self.reporter.log(
+                "not chaining after a crash: the restart could not be counted in the log", WARN
+            )
+            return EXIT_CONTINUE_FAILED
+        try:
+            new, spec, count = chain.submit_next(
+                job,
+                self.environ,
+                ckpt_dir=str(self.config.ckpt_dir),
+                timeout=self.config.requeue_timeout,
+            )
+        except (chain.ChainError, SlurmError, ValueError, OSError) as exc:
+            self.reporter.log(f"chain failed: {exc}", WARN)
+            self.reporter.log(
+                f"the checkpoint{at_step} is safe in {self.config.ckpt_dir}: submit the same "
+                "batch script again (with the same HPCCKPT_DIR) to resume"
+            )
+            self.reporter.event("chain_failed", job_id=job, error=str(exc), cause=cause)
+            return EXIT_CONTINUE_FAILED
+        self.reporter.log(
+            f"submitted job {new} (chain link {count}): "
+            f"{shlex.join([spec.script, *spec.script_args])}; it starts when job {job} has ended"
+        )
+        self.reporter.event(
+            "chain_submitted", job_id=job, next_job=new, chain_next=count, cause=cause
+        )
+        return EXIT_OK

@@ -1,0 +1,67 @@
+"""The mode for applications without the Python API (hpcckpt/job/appmode.py), end to end."""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+from hpcckpt.rundir.events import read_events
+from tests.job.test_wrapper import Wrapped, app
+
+WRITER = r"""
+import os, signal, sys, time
+d = sys.argv[1]; steps = int(sys.argv[2])
+got = []
+signal.signal(signal.SIGUSR2, lambda *a: got.append(1))
+step = int(open(f"{d}/state").read()) if os.path.exists(f"{d}/state") else 0
+print("HPCCKPT_RESTART=" + os.environ.get("HPCCKPT_RESTART", "?"), flush=True)
+while step < steps:
+    time.sleep(0.02); step += 1
+    if got:
+        got.clear()
+        open(f"{d}/state.tmp", "w").write(str(step)); os.replace(f"{d}/state.tmp", f"{d}/state")
+open(f"{d}/done", "w").write(str(step))
+"""
+
+
+def test_app_signal_stop_then_resume_then_finish(tmp_path):
+    ckpt, work = tmp_path / "ck", tmp_path / "work"
+    work.mkdir()
+    cmd = [sys.executable, "-c", WRITER, str(work), "400"]
+    opts = ["--app-signal", "USR2", "--app-ready", "0.5", "--restart-files", str(work / "state"),
+            "--settle", "0.3"]  # fmt: skip
+    w = Wrapped(ckpt, cmd, *opts)
+    w.wait_line("started step")
+    w.send(signal.SIGUSR1)  # held for --app-ready, then forwarded as USR2
+    assert w.wait() == 0, w.stderr
+    w.wait_line("restart files complete")
+    w.wait_line("stopped after checkpoint; run again to resume")
+    saved = int((work / "state").read_text())
+    assert 0 < saved < 400 and not (work / "done").exists()
+    evs = list(read_events(ckpt))
+    assert [e["outcome"] for e in evs if e["event"] == "step_end"] == ["stopped"]
+    sets = [e for e in evs if e["event"] == "restart_set"]
+    assert len(sets) == 1 and sets[0]["stop"] and sets[0]["seconds"] is not None
+    w2 = Wrapped(ckpt, cmd, *opts)
+    assert w2.wait() == 0, w2.stderr
+    w2.wait_line("application finished")
+    assert (work / "done").read_text() == "400"
+
+
+def test_app_signal_periodic_checkpoints(tmp_path):
+    ckpt, work = tmp_path / "ck", tmp_path / "work"
+    work.mkdir()
+    cmd = [sys.executable, "-c", WRITER, str(work), "150"]
+    w = Wrapped(ckpt, cmd, "--app-signal", "USR2", "--app-ready", "0", "--restart-files",
+                str(work / "state"), "--settle", "0.2", "--ckpt-every", "1")  # fmt: skip
+    assert w.wait() == 0, w.stderr
+    evs = list(read_events(ckpt))
+    assert len([e for e in evs if e["event"] == "checkpoint_request"]) >= 1
+    assert any(e["event"] == "restart_set" and not e["stop"] for e in evs), w.stderr
+    assert evs[-1]["event"] == "finished"
+
+
+def test_app_options_need_app_signal(tmp_path):
+    w = Wrapped(tmp_path / "ck", app("finish"), "--restart-files", "x.*")
+    assert w.wait() == 2
+    assert "add --app-signal" in w.stderr

@@ -1,0 +1,113 @@
+"""Continuing a job (hpcckpt/job/continuation.py) end to end: chains, requeues after a
+crash, the restart budget, with real wrapper processes and fake Slurm commands."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+from hpcckpt.rundir.events import append_event, read_events
+from tests.job.test_wrapper import Wrapped, app, clean_env, fake, kinds, wait_state
+
+
+def _chain_env(tmp_path: Path, sbatch_body: str) -> tuple[dict[str, str], Path]:
+    calls = tmp_path / "sbatch-calls"
+    script = tmp_path / "job.sbatch"
+    script.write_text("#!/bin/bash\n")
+    sbatch = fake(
+        tmp_path,
+        "sbatch",
+        f'printf "%s\\n" "$@" > {calls}; env | grep HPCCKPT_ | sort >> {calls}\n{sbatch_body}',
+    )
+    env = clean_env(
+        SLURM_JOB_ID="500",
+        HPCCKPT_SBATCH=sbatch,
+        HPCCKPT_SCONTROL=str(tmp_path / "no-scontrol"),
+        HPCCKPT_CHAIN_SCRIPT=str(script),
+        HPCCKPT_CHAIN_ARGS="--x 'y z'",
+        HPCCKPT_CHAIN_COUNT="1",
+    )
+    return env, calls
+
+
+def test_stop_in_chain_mode_submits_the_next_job(tmp_path):
+    env, calls = _chain_env(tmp_path, "echo 501")
+    ckpt = tmp_path / "ck"
+    w = Wrapped(ckpt, app("stop"), "--chain", env=env)
+    wait_state(ckpt, "running")
+    w.send(signal.SIGUSR1)
+    assert w.wait() == 0, w.stderr
+    lines = calls.read_text().splitlines()
+    assert lines[:5] == ["--parsable", "--dependency=afterany:500", "--export=ALL",
+                         str(tmp_path / "job.sbatch"), "--x"]  # fmt: skip
+    assert lines[5] == "y z"
+    assert "HPCCKPT_CHAIN_COUNT=2" in lines and f"HPCCKPT_DIR={ckpt}" in lines
+    w.wait_line("submitted job 501 (chain link 2)")
+    evs = list(read_events(ckpt))
+    assert [e["event"] for e in evs][-2:] == ["chain", "chain_submitted"]
+    assert evs[-1]["next_job"] == "501" and evs[0]["chain_count"] == 1 and evs[0]["restart"] == 1
+
+
+def test_chain_with_failing_sbatch(tmp_path):
+    env, _ = _chain_env(tmp_path, "echo 'sbatch: error: QOSMaxSubmitJobPerUserLimit' >&2; exit 1")
+    ckpt = tmp_path / "ck"
+    w = Wrapped(ckpt, app("stop"), "--chain", env=env)
+    wait_state(ckpt, "running")
+    w.send(signal.SIGUSR1)
+    assert w.wait() == 3, w.stderr
+    assert "QOSMaxSubmitJobPerUserLimit" in w.wait_line("chain failed")
+    assert kinds(ckpt)[-1] == "chain_failed"
+
+
+def test_chain_with_hanging_sbatch_times_out(tmp_path):
+    env, _ = _chain_env(tmp_path, "sleep 60")
+    ckpt = tmp_path / "ck"
+    w = Wrapped(ckpt, app("stop"), "--chain", "--requeue-timeout", "1", env=env)
+    wait_state(ckpt, "running")
+    w.send(signal.SIGUSR1)
+    t0 = time.monotonic()
+    assert w.wait() == 3, w.stderr
+    assert time.monotonic() - t0 < 15
+    assert "did not finish within 1 s" in w.wait_line("chain failed")
+
+
+def _fake_slurm(tmp_path: Path, restart: int = 0) -> tuple[dict[str, str], Path]:
+    calls = tmp_path / "scontrol-calls"
+    scontrol = fake(tmp_path, "scontrol", f'echo "$@" >> {calls}')
+    env = clean_env(SLURM_JOB_ID="600", SLURM_RESTART_COUNT=str(restart), HPCCKPT_SCONTROL=scontrol)
+    return env, calls
+
+
+def test_crash_without_progress_gives_up_at_once(tmp_path):
+    env, calls = _fake_slurm(tmp_path)
+    ckpt = tmp_path / "ck"
+    w = Wrapped(ckpt, app("crash"), env=env)
+    assert w.wait() == 3, w.stderr
+    assert not calls.exists()
+    w.wait_line("giving up: the attempt crashed before writing any checkpoint")
+    w.wait_line("fix the cause, then submit the same batch script again")
+    assert kinds(ckpt)[-2:] == ["crashed", "give_up"]
+
+
+def test_crash_after_progress_requeues(tmp_path):
+    env, calls = _fake_slurm(tmp_path)
+    ckpt = tmp_path / "ck"
+    w = Wrapped(ckpt, app("crash"), "--min-progress", "0", env=env)
+    assert w.wait() == 0, w.stderr
+    assert calls.read_text().split() == ["requeue", "600"]
+    evs = list(read_events(ckpt))
+    assert evs[-1]["event"] == "requeue" and evs[-1]["cause"] == "crash"
+
+
+def test_crash_budget_exhausted_from_the_log(tmp_path):
+    env, calls = _fake_slurm(tmp_path, restart=2)
+    ckpt = tmp_path / "ck"
+    ckpt.mkdir()
+    for n in range(2):
+        append_event(ckpt, "wrapper_start", restart=n)
+        append_event(ckpt, "requeue", restart=n, cause="crash")
+    w = Wrapped(ckpt, app("crash"), "--min-progress", "0", "--max-restarts", "2", env=env)
+    assert w.wait() == 3, w.stderr
+    assert not calls.exists()
+    w.wait_line("giving up: 2 restart(s) after crashes already (--max-restarts 2)")

@@ -1,0 +1,49 @@
+"""Slurm's output parsed (hpcckpt/slurm/parse.py)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+
+from hpcckpt import slurm
+from hpcckpt import slurm as nodes
+from hpcckpt.slurm import chain
+
+SHOW = (
+    "JobId=77 JobName=sim Restarts=0 TimeLimit=00:30:00 Partition=debug NumNodes=2 "
+    "NumTasks=8 Command=/home/u/run.sbatch a b WorkDir=/home/u StdOut=/home/u/o.txt Power="
+)
+
+
+def test_parse_show_job_keeps_command_with_spaces():
+    info = slurm.parse_show_job(SHOW)
+    assert info["Command"] == "/home/u/run.sbatch a b"
+    assert info["WorkDir"] == "/home/u" and info["NumTasks"] == "8"
+    assert chain.carried_options(info) == [
+        "--job-name=sim", "--time=00:30:00", "--nodes=2", "--ntasks=8", "--partition=debug",
+        "--chdir=/home/u",
+    ]  # fmt: skip
+
+
+def test_parse_end_time():
+    assert slurm.parse_end_time("2026-11-22T04:15:00\n") == datetime(2026, 11, 22, 4, 15, 0)
+    assert slurm.parse_end_time("2026-11-22T04:15:00\n2026-11-22T05:00:00\n") == datetime(
+        2026, 11, 22, 4, 15
+    )
+
+
+@pytest.mark.parametrize("text", ["Unknown", "Unknown\n", "N/A", "NONE", "", "\n"])
+def test_parse_end_time_unknown(text):
+    assert slurm.parse_end_time(text) is None
+
+
+def test_parse_end_time_garbage():
+    with pytest.raises(ValueError, match="unexpected end time"):
+        slurm.parse_end_time("tomorrow-ish")
+
+
+def test_failed_states():
+    assert all(map(nodes.is_failed, ["down*", "down", "idle*", "fail", "down+drain"]))
+    assert not any(map(nodes.is_failed, ["idle", "mixed", "allocated", "completing", ""]))
+    assert nodes.parse_sinfo("n1 mixed\nn2 down*\n") == {"n1": "mixed", "n2": "down*"}
