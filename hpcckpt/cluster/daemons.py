@@ -17,6 +17,10 @@ Layout of the state directory (default ``$XDG_STATE_HOME/hpcckpt/cluster``)::
 
 Everything here uses the standard library only; every command is an argument list
 run with a timeout.
+
+Over 500 lines on purpose: :class:`LocalCluster` is one object whose methods share its
+state directory, lock and daemon bookkeeping; configuration, munge, /proc and Slurm
+commands live in config.py, munge.py, hpcckpt.procfs and hpcckpt.slurm.
 """
 
 from __future__ import annotations

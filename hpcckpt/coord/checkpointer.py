@@ -3,6 +3,9 @@
 It joins the *when* (interval, step count, stop signals) with the *where* (the
 store) over MPI. All public methods are collective: every rank of ``comm`` calls
 them in the same order with the same step.
+
+Over 500 lines on purpose: it is the one public class, and every method is a collective
+step whose order the ranks must agree on; the mechanics live in policy/, store/, rundir/.
 """
 
 from __future__ import annotations
@@ -257,7 +260,7 @@ class Checkpointer:
         self.comm.Barrier()
         self._report(job_status.RUNNING)
         self._event(
-            "start",
+            job_events.START,
             pid=os.getpid(),
             policy=self.describe_schedule(),
             end_time=self.deadline.end_time,
@@ -393,17 +396,17 @@ class Checkpointer:
         self._last_save_time = time.monotonic()
         if result is None:
             log.info("no checkpoint in %s: starting from the beginning", self.directory)
-            self._event("restore", step=None)
+            self._event(job_events.RESTORE, step=None)
             return None
         for step, reason in result.skipped:
-            self._event("skip_bad", step=step, reason=reason)
+            self._event(job_events.SKIP_BAD, step=step, reason=reason)
         where = "node-local copy " if result.source == "cache" else ""
         log.info("restored step %d from %s%s", result.step, where, result.path.name)
-        self._event("restore", step=result.step, path=result.path.name, tier=result.source)
+        self._event(job_events.RESTORE, step=result.step, path=result.path.name, tier=result.source)
         if result.source == "cache":
             # The directory must hold the newest durable checkpoint: drain the copy
             # restored from (as it is, in the background) before the run goes on.
-            self._event("checkpoint_begin", step=result.step, reason="restored")
+            self._event(job_events.CHECKPOINT_BEGIN, step=result.step, reason="restored")
             self._begin_staged(result.step, state, "restored", time.perf_counter(), redrain=True)
             self._last_save_time = time.monotonic()
         self._last_save_step = result.step
@@ -464,7 +467,7 @@ class Checkpointer:
         self._complete_pending()  # at most one background write: wait for the previous
         stop = self._stop_pending
         reason = stop or ("steps" if self.policy is None else "interval")
-        self._event("checkpoint_begin", step=step, reason=reason)
+        self._event(job_events.CHECKPOINT_BEGIN, step=step, reason=reason)
         self._heartbeat.beat(step, "save", force=True)
         _validate_guard(self, step, state, event=self._event)  # PoisonedState on every rank
         if self.staged and not stop:
@@ -513,7 +516,7 @@ class Checkpointer:
             blocked,
         )
         self._event(
-            "checkpoint_staged",
+            job_events.CHECKPOINT_STAGED,
             step=step,
             blocked_seconds=round(blocked, 6),
             bytes=pending.bytes_total,
@@ -607,7 +610,7 @@ class Checkpointer:
         if result.blocked_seconds is not None:
             extra["blocked_seconds"] = result.blocked_seconds
         self._event(
-            "checkpoint",
+            job_events.CHECKPOINT,
             step=step,
             seconds=round(result.seconds, 6),
             bytes=result.bytes_written,
@@ -624,7 +627,7 @@ class Checkpointer:
             sig = self._signals.received
             why = f"signal {sig.name}" if stop == "signal" and sig else stop
             self._report(job_status.STOPPED, step, why)
-            self._event("stop", step=step, reason=stop, signal=sig.name if sig else None)
+            self._event(job_events.STOP, step=step, reason=stop, signal=sig.name if sig else None)
             log.info("stop requested (%s): checkpoint of step %d committed, leaving", why, step)
 
     def finish(self) -> None:
@@ -652,7 +655,7 @@ class Checkpointer:
                 pass
         self._finished = True
         self._report(job_status.FINISHED, self._last_save_step, "finish() called")
-        self._event("finish", step=self._last_step_seen, last_step=self._last_save_step)
+        self._event(job_events.FINISH, step=self._last_step_seen, last_step=self._last_save_step)
         self._signals.close()
         self._release_lock()
 
@@ -681,7 +684,9 @@ class Checkpointer:
         """
         self._heartbeat.beat(step, force=True)
         fields = {"background": True} if staged else {}
-        self._event("checkpoint_failed", step=step, reason=reason, error=str(exc)[:2000], **fields)
+        self._event(
+            job_events.CHECKPOINT_FAILED, step=step, reason=reason, error=str(exc)[:2000], **fields
+        )
         if self.on_save_error == "raise":
             return True
         log.warning("checkpoint of step %d failed; going on (on_save_error='warn'): %s", step, exc)
@@ -689,7 +694,7 @@ class Checkpointer:
         if stop:
             self._stop_requested = True
             self._report(job_status.STOPPED, self._last_save_step, f"{stop}; checkpoint failed")
-            self._event("stop", step=step, reason=stop, checkpoint_failed=True)
+            self._event(job_events.STOP, step=step, reason=stop, checkpoint_failed=True)
         return False
 
     def __enter__(self) -> Checkpointer:

@@ -79,7 +79,9 @@ class AppMode:
                     f"restart files: set {number} is good"
                     + ("; copied it back over the damaged live files" if restored else "")
                 )
-                ctx.event("restart_files_checked", set=number, restored=restored, problems=wrong)
+                ctx.event(
+                    events.RESTART_FILES_CHECKED, set=number, restored=restored, problems=wrong
+                )
         if cfg.ckpt_every:
             try:
                 history = list(events.read_events(cfg.ckpt_dir))
@@ -134,7 +136,7 @@ class AppMode:
                     f"warning: the restart files were not complete {cfg.restart_timeout:g}"
                     " s after the signal (--restart-timeout); not registering them"
                 )
-                ctx.event("restart_timeout", stop=pending.stop)
+                ctx.event(events.RESTART_TIMEOUT, stop=pending.stop)
         schedule = self.schedule
         if (
             schedule is not None
@@ -149,7 +151,7 @@ class AppMode:
                 f"periodic checkpoint: sent {signal} to step (pid {pid}) {ctx.elapsed():.1f} s "
                 f"after start (every {interval:.0f} s, {schedule.describe()})"
             )
-            ctx.event("checkpoint_request", signal=signal, interval=round(interval, 3))
+            ctx.event(events.CHECKPOINT_REQUEST, signal=signal, interval=round(interval, 3))
             if self.files is not None:
                 self.pending = self.files.begin(stop=False)
             else:
@@ -177,7 +179,7 @@ class AppMode:
             got = self.files.register(attempt=self.attempt, seconds=cost)
         except OSError as exc:
             ctx.log(f"warning: cannot keep the restart files aside: {exc}", WARN)
-            ctx.event("restart_set_failed", error=str(exc), stop=stop)
+            ctx.event(events.RESTART_SET_FAILED, error=str(exc), stop=stop)
             return False
         secs = "" if cost is None else f" written in {cost:.1f} s,"
         ctx.log(
@@ -185,7 +187,7 @@ class AppMode:
             f"checksummed and kept in {got.path}"
         )
         ctx.event(
-            "restart_set",
+            events.RESTART_SET,
             set=got.number,
             files=len(got.files),
             bytes=got.bytes,

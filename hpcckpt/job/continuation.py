@@ -59,7 +59,7 @@ class Continuation:
         """Give up after a poisoned attempt: restarting would compute the same poison."""
         for line in poison.give_up_messages(result, self.config.ckpt_dir):
             self.reporter.log(line)
-        self.reporter.event("give_up", **poison.give_up_fields(result, step))
+        self.reporter.event(events.GIVE_UP, **poison.give_up_fields(result, step))
         return crash_exit_code(result.returncode)
 
     def after_crash(self, result: StepResult, step: int | None, runtime: float) -> int:
@@ -68,7 +68,7 @@ class Continuation:
         code = crash_exit_code(rc)
         self.reporter.log(f"step crashed: {result.reason}", WARN)
         self.reporter.event(
-            "crashed", exit_code=rc, reason=result.reason, step=step, wrapper_exit=code
+            events.CRASHED, exit_code=rc, reason=result.reason, step=step, wrapper_exit=code
         )
         how = self.how
         if how is None:
@@ -101,7 +101,7 @@ class Continuation:
                 WARN,
             )
             self.reporter.event(
-                "give_up",
+                events.GIVE_UP,
                 reason=decision.message,
                 crash_restarts=decision.used,
                 max_restarts=self.config.max_restarts,
@@ -120,7 +120,7 @@ class Continuation:
         if how is None:
             why = "requeue disabled (--no-requeue)" if self.slurm_env.in_job else "outside Slurm"
             self.reporter.log(f"stopped{at_step} after checkpoint; run again to resume ({why})")
-            self.reporter.event("stopped", step=step, requeued=False, reason=why)
+            self.reporter.event(events.STOPPED, step=step, requeued=False, reason=why)
             return EXIT_OK
         self.reporter.log(f"stopped{at_step} after checkpoint")
         return self.continue_job("stop", step)
@@ -134,7 +134,7 @@ class Continuation:
             return self._chain(job, cause, step, at_step)
         self.reporter.log(f"requeueing job {job} (scontrol requeue)")
         if (
-            not self.reporter.event("requeue", job_id=job, step=step, cause=cause)
+            not self.reporter.event(events.REQUEUE, job_id=job, step=step, cause=cause)
             and cause == "crash"
         ):
             self.reporter.log(
@@ -151,7 +151,7 @@ class Continuation:
                 f"scontrol works on the compute nodes (or set {SCONTROL_ENV}), or use "
                 "--chain"
             )
-            self.reporter.event("requeue_failed", job_id=job, error=str(exc), cause=cause)
+            self.reporter.event(events.REQUEUE_FAILED, job_id=job, error=str(exc), cause=cause)
             return EXIT_CONTINUE_FAILED
         self.reporter.log(
             f"job {job} requeued; Slurm ends this run now and starts it again "
@@ -164,7 +164,7 @@ class Continuation:
             f"submitting the next job of the chain (sbatch --dependency=afterany:{job})"
         )
         if (
-            not self.reporter.event("chain", job_id=job, step=step, cause=cause)
+            not self.reporter.event(events.CHAIN, job_id=job, step=step, cause=cause)
             and cause == "crash"
         ):
             self.reporter.log(
@@ -184,13 +184,13 @@ class Continuation:
                 f"the checkpoint{at_step} is safe in {self.config.ckpt_dir}: submit the same "
                 "batch script again (with the same HPCCKPT_DIR) to resume"
             )
-            self.reporter.event("chain_failed", job_id=job, error=str(exc), cause=cause)
+            self.reporter.event(events.CHAIN_FAILED, job_id=job, error=str(exc), cause=cause)
             return EXIT_CONTINUE_FAILED
         self.reporter.log(
             f"submitted job {new} (chain link {count}): "
             f"{shlex.join([spec.script, *spec.script_args])}; it starts when job {job} has ended"
         )
         self.reporter.event(
-            "chain_submitted", job_id=job, next_job=new, chain_next=count, cause=cause
+            events.CHAIN_SUBMITTED, job_id=job, next_job=new, chain_next=count, cause=cause
         )
         return EXIT_OK

@@ -19,6 +19,7 @@ from typing import Any
 
 from hpcckpt.job.reporting import WARN, Reporter
 from hpcckpt.policy import DEFAULT_MARGIN, DEFAULT_SAFETY
+from hpcckpt.rundir import events
 from hpcckpt.rundir.events import checkpoint_costs, read_events
 from hpcckpt.slurm import commands
 from hpcckpt.slurm.runner import SlurmError
@@ -92,7 +93,7 @@ def start_check(
             if result.too_short:
                 reporter.log(warning_text(result, signal_name), WARN)
                 reporter.event(
-                    "lead_time_warning",
+                    events.LEAD_TIME_WARNING,
                     lead=round(result.lead, 1),
                     cost=round(result.cost, 3),
                     needed=round(result.needed, 1),

@@ -29,6 +29,9 @@ cluster, ``SlurmdTimeout=10``):
 
 Every relaunch and every requeue after a node failure counts against the restart
 budget (``--max-restarts``; :mod:`hpcckpt.job.budget`).
+
+About 500 lines: the decisions after a node failure and the Slurm facts they rest on
+(measured, above) belong together.
 """
 
 from __future__ import annotations
@@ -263,7 +266,7 @@ class NodeFailures:
             f"{node} failed ({reason}); Slurm requeued the job"
         )
         w.event(
-            "node_failure",
+            events.NODE_FAILURE,
             node=node,
             nodes=sorted(hits),
             reason=reason,
@@ -318,9 +321,9 @@ class NodeFailures:
             f"Slurm cancelled and requeued job {w.slurm_env.job_id} itself (Restarts="
             f"{info.restarts}): not requeueing again"
         )
-        w.event("node_failure", action="requeued_by_slurm", **fields)
+        w.event(events.NODE_FAILURE, action="requeued_by_slurm", **fields)
         w.event(
-            "requeue",
+            events.REQUEUE,
             job_id=w.slurm_env.job_id,
             step=fields["step"],
             cause=NODE_FAILURE_CAUSE,
@@ -415,7 +418,7 @@ class NodeFailures:
             return "requeue"
         ok, used = self._budget_left()
         if not ok:
-            w.event("node_failure", action="give_up", **fields)
+            w.event(events.NODE_FAILURE, action="give_up", **fields)
             w.log(
                 f"not relaunching: {used} restart(s) after failures already "
                 f"(--max-restarts {w.config.max_restarts})"
@@ -423,9 +426,9 @@ class NodeFailures:
             return "decide"
         spare_left = len(candidates) - self.need
         self.relaunches += 1
-        w.event("node_failure", action="relaunch", **fields)
+        w.event(events.NODE_FAILURE, action="relaunch", **fields)
         w.event(
-            "relaunch",
+            events.RELAUNCH,
             node=fields["node"],
             reason=f"node failure: {fields['node']} {fields['state']}",
             cause=NODE_FAILURE_CAUSE,
@@ -446,7 +449,7 @@ class NodeFailures:
     def _requeue_myself(self, rc: int, step: int | None, fields: dict[str, Any]) -> Decision:
         """--no-kill job without a spare: Slurm will not requeue it, so the wrapper does."""
         w = self.w
-        w.event("node_failure", action="requeue", **fields)
+        w.event(events.NODE_FAILURE, action="requeue", **fields)
         if w.continuation is None or not self._budget_left()[0]:
             return NO_FAILURE  # the wrapper's crash path says why it does not continue
         self._step_end(rc, step, fields["node"])
@@ -455,7 +458,7 @@ class NodeFailures:
     def _step_end(self, rc: int, step: int | None, node: Any) -> None:
         """The wrapper's ``step_end`` event for a step lost with a node."""
         self.w.event(
-            "step_end",
+            events.STEP_END,
             exit_code=rc,
             outcome="crashed",
             state=None,
@@ -485,9 +488,9 @@ class NodeFailures:
         if requeued:
             assert info is not None
             self._step_end(rc, step, fields["node"])
-            w.event("node_failure", action="requeued_by_slurm", **fields)
+            w.event(events.NODE_FAILURE, action="requeued_by_slurm", **fields)
             w.event(
-                "requeue",
+                events.REQUEUE,
                 job_id=job,
                 step=step,
                 cause=NODE_FAILURE_CAUSE,
@@ -500,7 +503,7 @@ class NodeFailures:
                 "good checkpoint"
             )
             return Continued(EXIT_OK)
-        w.event("node_failure", action="none", **fields)
+        w.event(events.NODE_FAILURE, action="none", **fields)
         if info is not None and not info.requeue:
             w.log(
                 f"job {job} is not requeueable (submit it with --requeue): Slurm ends it "

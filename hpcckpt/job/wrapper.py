@@ -23,6 +23,10 @@ us. Because the child shares our group we never ``killpg`` it; to end the step w
 SIGTERM to the launcher (srun and mpirun then take their tasks down), SIGKILL after a
 grace period. If the wrapper itself is SIGKILLed, the child gets SIGTERM from the kernel
 (``PR_SET_PDEATHSIG``), and inside Slurm proctrack cleans up anyway.
+
+Over 500 lines on purpose: the main loop and the stop-signal handling (hold, forward,
+duplicates, interrupts) need the child, the status file and the stop request together;
+everything that decides something else lives in the modules imported below.
 """
 
 from __future__ import annotations
@@ -172,34 +176,38 @@ class Wrapper:
                     f"(pid {self.child.pid}); no checkpoint will be taken"
                 )
                 self._kill_child(hard)
-                self.event("signal", name=name, elapsed=elapsed, forwarded=False, killed=True)
+                self.event(events.SIGNAL, name=name, elapsed=elapsed, forwarded=False, killed=True)
                 return
         if self.stop.under_way:
             self.log(
                 f"signal {name} received {when}{note}; a stop request is already under way; "
                 "not forwarding it again"
             )
-            self.event("signal", name=name, elapsed=elapsed, forwarded=False, duplicate=True)
+            self.event(events.SIGNAL, name=name, elapsed=elapsed, forwarded=False, duplicate=True)
             return
         if self.stop.held:
             self.log(
                 f"signal {name} received {when}{note}; a stop request is already held until "
                 "the application is ready for it"
             )
-            self.event("signal", name=name, elapsed=elapsed, forwarded=False, duplicate=True)
+            self.event(events.SIGNAL, name=name, elapsed=elapsed, forwarded=False, duplicate=True)
             return
         self.stop.request(name, t)
         self._start_lead_check()
         if self.child is None or self.child.poll() is not None:
             self.stop.hold()
             self.log(f"signal {name} received {when}{note}; held until the step is running")
-            self.event("signal", name=name, elapsed=elapsed, forwarded=False, held=True)
+            self.event(events.SIGNAL, name=name, elapsed=elapsed, forwarded=False, held=True)
             return
         if self.config.app_mode:
             if self.app_ready():
                 self._stop_app(f"signal {name} received {when}{note}")
                 self.event(
-                    "signal", name=name, elapsed=elapsed, forwarded=True, as_signal=self._fwd_name()
+                    events.SIGNAL,
+                    name=name,
+                    elapsed=elapsed,
+                    forwarded=True,
+                    as_signal=self._fwd_name(),
                 )
             else:
                 self.stop.hold()
@@ -207,28 +215,32 @@ class Wrapper:
                     f"signal {name} received {when}{note}; held until the application has run "
                     f"{self.config.app_ready:g} s (--app-ready)"
                 )
-                self.event("signal", name=name, elapsed=elapsed, forwarded=False, held=True)
+                self.event(events.SIGNAL, name=name, elapsed=elapsed, forwarded=False, held=True)
             return
         status = self.own_status()
         state = status.state if status is not None else None
         if state == RUNNING:
             self._forward(f"signal {name} received {when}{note}")
             self.event(
-                "signal", name=name, elapsed=elapsed, forwarded=True, as_signal=self._fwd_name()
+                events.SIGNAL,
+                name=name,
+                elapsed=elapsed,
+                forwarded=True,
+                as_signal=self._fwd_name(),
             )
         elif state in (STOPPED, FINISHED):
             self.log(
                 f"signal {name} received {when}{note}; the application already reported "
                 f"{state}; not forwarding"
             )
-            self.event("signal", name=name, elapsed=elapsed, forwarded=False, app_state=state)
+            self.event(events.SIGNAL, name=name, elapsed=elapsed, forwarded=False, app_state=state)
         else:
             self.stop.hold()
             self.log(
                 f"signal {name} received {when}{note}; held: the application has not "
                 "reported running yet (forwarding as soon as it does)"
             )
-            self.event("signal", name=name, elapsed=elapsed, forwarded=False, held=True)
+            self.event(events.SIGNAL, name=name, elapsed=elapsed, forwarded=False, held=True)
 
     def _fwd_name(self) -> str:
         return signal_name(self.forward_signal)
@@ -260,7 +272,7 @@ class Wrapper:
     def _forwarded_event(self, held_for: float) -> None:
         """The event for a held stop request that has now reached the step."""
         self.event(
-            "signal_forwarded",
+            events.SIGNAL_FORWARDED,
             name=self.stop.name,
             as_signal=self._fwd_name(),
             elapsed=round(self.elapsed(), 3),
@@ -443,7 +455,7 @@ class Wrapper:
             return
         self.log(f"{verdict.message()}; taking the step (pid {child.pid}) down")
         self.event(
-            "hang",
+            events.HANG,
             **verdict.event_fields(),
             timeout=watch.timeout,
             save_timeout=watch.save_timeout,
@@ -454,7 +466,7 @@ class Wrapper:
         job = self.slurm_env.job_id if self.slurm_env.in_job else None
         taken = step.take_down(child, log=self.log, slurm_job=job, environ=self.environ)
         self.log(f"hung step taken down in {time.monotonic() - t0:.1f} s")
-        self.event("hang_killed", seconds=round(time.monotonic() - t0, 3), **taken)
+        self.event(events.HANG_KILLED, seconds=round(time.monotonic() - t0, 3), **taken)
 
     def _poisoned(self, result: StepResult) -> StepResult:
         """A crash after this attempt rejected its state is ``poisoned`` (job/poison.py)."""
@@ -488,7 +500,7 @@ class Wrapper:
             f"continue by {cont}"
         )
         self.event(
-            "wrapper_start",
+            events.WRAPPER_START,
             command=list(cfg.command),
             signal=signal_name(cfg.stop_signal),
             app_signal=signal_name(cfg.app_signal) if cfg.app_signal else None,
@@ -511,7 +523,7 @@ class Wrapper:
         self.hang = self._start_hang_watch()  # clears the heartbeats of earlier attempts
         failed = self.start_child(extra)
         if failed is not None:
-            self.event("crashed", exit_code=failed, reason="the step could not be started")
+            self.event(events.CRASHED, exit_code=failed, reason="the step could not be started")
             return failed
         code = self._after_step(self.wait_child(), extra)
         while (got := self.signals.pop()) is not None:  # e.g. TERM while scontrol requeue ran
@@ -535,7 +547,7 @@ class Wrapper:
             failed = self.start_child(extra)
             if failed is not None:
                 self.event(
-                    "crashed", exit_code=failed, reason="the relaunched step could not start"
+                    events.CRASHED, exit_code=failed, reason="the relaunched step could not start"
                 )
                 return failed
             rc = self.wait_child()
@@ -563,7 +575,7 @@ class Wrapper:
         st = result.status
         step = st.step if st is not None else None
         self.event(
-            "step_end",
+            events.STEP_END,
             exit_code=rc,
             outcome=result.outcome.value,
             state=st.state if st is not None else None,
@@ -573,7 +585,7 @@ class Wrapper:
         if result.outcome is Outcome.FINISHED:
             last = f", last checkpoint at step {step}" if step is not None else ""
             self.log(f"application finished ({describe_returncode(rc)}{last}); done")
-            self.event("finished", step=step)
+            self.event(events.FINISHED, step=step)
             return EXIT_OK
         if result.outcome is Outcome.STOPPED:
             self.app.after_stop()

@@ -13,6 +13,9 @@ only the blocks that changed since its parent, and names the files of its chain
 is present, not marked bad and the very file it was written against (by uid), and
 :meth:`CheckpointReader.rank_array` assembles a rank's array from the newest copy of
 each block in the chain, verifying every block against its hash.
+
+Over 500 lines on purpose: verifying and reading a checkpoint (per-rank slices,
+resharding, checksums) is one path a restore follows end to end.
 """
 
 from __future__ import annotations

@@ -28,6 +28,9 @@ and remembers the hashes of the last committed (or restored) checkpoint; the nex
 save writes only the blocks whose hash changed, into a file that names the files it
 is built on (its chain). The chain is bounded (``max_chain``, ``max_chain_fraction``):
 past either bound, or when the layout changed, the save is a full checkpoint.
+
+Over 500 lines on purpose: the commit protocol (write, verify, rename, fsync, retain)
+is one sequence that must be read as a whole to be trusted.
 """
 
 from __future__ import annotations

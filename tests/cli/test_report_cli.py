@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from hpcckpt.cli.report import COMMANDS, report
 
-DATA = Path(__file__).resolve().parents[1] / "job" / "data"
+DATA = Path(__file__).resolve().parents[1] / "report" / "data"
 
 
 @pytest.fixture
