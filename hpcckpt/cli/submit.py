@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from hpcckpt import slurm
+from hpcckpt.rundir.env import DIR_ENV
 from hpcckpt.slurm import chain, templates
 
 #: Options that become ``#SBATCH --NAME=VALUE`` lines (click name -> sbatch name).
@@ -114,7 +115,7 @@ def submit(
             sbatch["signal"], name = templates.signal_spec(signal_spec)
             values["STOP_SIGNAL"] = name
         if ckpt_dir:
-            values["HPCCKPT_DIR"] = shlex.quote(os.path.abspath(os.path.expanduser(ckpt_dir)))
+            values[DIR_ENV] = shlex.quote(os.path.abspath(os.path.expanduser(ckpt_dir)))
         if command:
             values["APP"] = templates.bash_array(command)
         for item in settings:
