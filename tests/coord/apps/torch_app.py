@@ -71,7 +71,10 @@ def main() -> int:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Linear(FEATURES, 32), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(32, 1)
+        torch.nn.Linear(FEATURES, 32),
+        torch.nn.ReLU(),
+        torch.nn.Dropout(0.2),
+        torch.nn.Linear(32, 1),
     )
     # A frozen lookup table: its blocks never change, so saves after the first are incremental.
     model.register_buffer("table", torch.arange(16384, dtype=torch.float32))
