@@ -50,7 +50,7 @@ def check_supported(tensor: Any) -> str | None:
         return "a quantized tensor is not supported; save .dequantize() or its int_repr()"
     if tensor.device.type == "meta":
         return "a tensor on the meta device has no values to save"
-    if tensor.element_size() not in _RAW:
+    if tensor.element_size() not in (*_RAW, 16):
         return f"torch dtype {dtype_name(tensor)} has no byte-sized elements"
     return None
 
