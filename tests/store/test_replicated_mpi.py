@@ -69,6 +69,7 @@ def test_replicated_arrays_are_stored_once_from_rank_0(straight, tmp_path):
         w = f["state/model/0.weight"]
         assert w.shape == (32, 8) and bool(w.attrs["replicated"])
         assert list(w.attrs["rank_offsets"]) == [0, 32, 32]
+        assert json.loads(w.attrs["rank_shapes"]) == [[32, 8], [0, 8]]
         assert w.attrs["torch_dtype"] == "float32"
         step = f["state/optim/state/0/step"]  # AdamW's 0-d step tensor, made by the first step
         assert step[...].tolist() == [4.0]

@@ -126,6 +126,8 @@ def test_plain_h5py_reads_tensors_and_names_their_dtype(store, tmp_path):
         # bfloat16 is the upper half of a float32: shift the bits back
         as_f32 = (raw[...].astype(np.uint32) << 16).view(np.float32)
         assert as_f32.tolist() == [1.0, -2.5, 3.140625]
+        back = torch.from_numpy(raw[...].view(np.int16)).view(torch.bfloat16)
+        assert torch.equal(back, bf)
 
 
 def test_a_tensor_of_another_shape_or_dtype_is_refused_untouched(store):
@@ -144,8 +146,21 @@ def test_unsupported_tensors_name_their_key_path():
 
 def test_numpy_free_dtypes_are_stored_as_raw_unsigned_bits():
     assert tensors.storage_dtype("bfloat16") == np.dtype("<u2")
-    assert tensors.storage_dtype("float8_e4m3fn") == np.dtype("u1")
+    assert tensors.storage_dtype("complex32") == np.dtype("<u4")
+    for name in ("e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz", "e8m0fnu"):
+        assert tensors.storage_dtype(f"float8_{name}") == np.dtype("u1")
     assert tensors.storage_dtype("float32") == np.dtype("float32")
+
+
+def test_complex32_round_trips_as_two_float16s(store, tmp_path):
+    value = torch.tensor([1 + 2j, -0.5 + 0.25j], dtype=torch.complex64).to(torch.complex32)
+    store.save(1, {"c": value})
+    with h5py.File(tmp_path / "ck" / "ckpt-0000000001.h5", "r") as f:
+        assert f["state/c"].attrs["torch_dtype"] == "complex32"
+        assert f["state/c"][...].view(np.float16).tolist() == [1.0, 2.0, -0.5, 0.25]
+    state: dict = {}
+    store.restore(state)
+    assert same(state["c"], value)
 
 
 def test_decode_without_a_checkpoint_file():
