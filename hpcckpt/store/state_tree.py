@@ -308,7 +308,11 @@ def check_fits(
             return f"state[{tree['path']!r}]: array missing from the checkpoint"
         if isinstance(target, np.ndarray):
             have = f"{target.dtype}{list(target.shape)}"
-            fits = target.shape == data.shape and target.dtype == data.dtype
+            fits = (
+                target.shape == data.shape
+                and target.dtype == data.dtype
+                and tree.get(TAG) == "array"  # a saved tensor does not go into a numpy array
+            )
         elif tensors.is_tensor(target):
             have = f"torch.{tensors.dtype_name(target)}{list(target.shape)}"
             fits = tuple(target.shape) == data.shape and tensors.dtype_name(target) == tree.get(

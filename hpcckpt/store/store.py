@@ -907,8 +907,11 @@ def _read_targets(
     for name in wanted:
         info = reader.arrays[name]
         held = lookup(state, name, targets)
+        if tensors.is_tensor(held) != bool(info.torch_dtype) and held is not None:
+            if tensors.is_tensor(held) or isinstance(held, np.ndarray):
+                return {}  # a tensor for an array or the reverse: check_fits refuses it
         if tensors.is_tensor(held):
-            if tensors.dtype_name(held) != (info.torch_dtype or tensors.dtype_name(held)):
+            if tensors.dtype_name(held) != info.torch_dtype:
                 return {}  # check_fits refuses this restore: read nothing into the application
             held = tensors.writable_view(held)
         if not isinstance(held, np.ndarray):

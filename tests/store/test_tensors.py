@@ -178,3 +178,12 @@ def test_import_hpcckpt_does_not_import_torch():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_tensor_for_a_numpy_array_or_the_reverse_is_refused_untouched(store):
+    store.save(1, {"t": torch.ones(4), "a": np.ones(4, dtype=np.float32)})
+    for state in ({"t": np.zeros(4, dtype=np.float32)}, {"a": torch.zeros(4)}):
+        held = next(iter(state.values()))
+        with pytest.raises(CheckpointError, match="the application's value is"):
+            store.restore(state)
+        assert not held.sum()
