@@ -79,6 +79,7 @@ def main() -> None:
     ap.add_argument("--root", default=os.environ.get("HPCCKPT_BENCH_DIR", "/var/tmp/hpcckpt-bench"))
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--no-drop-caches", action="store_true")
+    ap.add_argument("--json", help="where to write the results (default benchmarks/results/)")
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -149,11 +150,8 @@ def main() -> None:
                 summary[method]["save_vs_torch_save"] = s / statistics.median(base["save"])
                 summary[method]["restore_vs_torch_save"] = l / statistics.median(base["restore"])
         print(json.dumps(summary, indent=1))
-        out = (
-            Path(__file__).resolve().parent
-            / "results"
-            / time.strftime("torch-%Y%m%dT%H%M%SZ.json", time.gmtime())
-        )
+        stamp = time.strftime("torch-%Y%m%dT%H%M%SZ.json", time.gmtime())
+        out = Path(args.json) if args.json else Path(__file__).resolve().parent / "results" / stamp
         out.write_text(
             json.dumps(
                 {
