@@ -5,7 +5,8 @@
 Every rank holds the same MLP (data parallel) and its AdamW state after one step
 (weights, ``exp_avg``, ``exp_avg_sq``: about ``--size`` bytes per rank). Each method
 saves durably, then restores into the live model and optimizer after the page cache
-was dropped (cold read), ``--repeat`` times; the optimizer steps between repetitions
+was dropped (cold read), ``--repeat`` times, the methods interleaved in a rotated
+order; the optimizer steps before every save
 so every save writes new values. Reported: the median over repetitions of the slowest
 rank's seconds, and each method's ratio to ``torch_save``, all from one run.
 
@@ -108,36 +109,43 @@ def main() -> None:
         fn()
         return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
 
-    results: dict[str, dict[str, list[float]]] = {}
-    for method in args.methods.split(","):
-        d = root / method
-        saves, restores = [], []
-        ck = None
-        if method.startswith("hpcckpt"):
-            ck = hpcckpt.Checkpointer(
-                d,
-                comm,
-                every_steps=1,
-                keep_last=1,
-                incremental=False,
-                validate=None,
-                replicated=["model", "optim"] if method == "hpcckpt_replicated" else [],
-            )
-        for rep in range(args.repeat):
+    methods = args.methods.split(",")
+    results: dict[str, dict[str, list[float]]] = {m: {"save": [], "restore": []} for m in methods}
+    checkpointers = {
+        m: hpcckpt.Checkpointer(
+            root / m,
+            comm,
+            every_steps=1,
+            keep_last=1,
+            incremental=False,
+            validate=None,
+            replicated=["model", "optim"] if m == "hpcckpt_replicated" else [],
+        )
+        for m in methods
+        if m.startswith("hpcckpt")
+    }
+    for rep in range(args.repeat):
+        # Interleaved, in a rotated order per repetition: the disk's drift spreads evenly.
+        for method in methods[rep % len(methods) :] + methods[: rep % len(methods)]:
             step(optim)
-            save, load = operations(method, d / f"rep{rep}", rep, model, optim, ck, rank)
-            saves.append(timed(save))
+            ck = checkpointers.get(method)
+            save, load = operations(
+                method, root / method / f"rep{rep}", rep, model, optim, ck, rank
+            )
+            results[method]["save"].append(timed(save))
             cold()
-            restores.append(timed(load))
+            results[method]["restore"].append(timed(load))
             comm.Barrier()
-        if ck is not None:
-            ck.close()
-        results[method] = {"save": saves, "restore": restores}
-        if rank == 0:
-            each = " ".join(f"{a:.2f}/{b:.2f}" for a, b in zip(saves, restores, strict=True))
+    for ck in checkpointers.values():
+        ck.close()
+    if rank == 0:
+        for method, r in results.items():
+            each = " ".join(
+                f"{a:.2f}/{b:.2f}" for a, b in zip(r["save"], r["restore"], strict=True)
+            )
             print(
-                f"{method:20s} save {statistics.median(saves):6.2f} s  "
-                f"restore {statistics.median(restores):6.2f} s  (save/restore: {each})",
+                f"{method:20s} save {statistics.median(r['save']):6.2f} s  "
+                f"restore {statistics.median(r['restore']):6.2f} s  (save/restore: {each})",
                 flush=True,
             )
     if rank == 0:
