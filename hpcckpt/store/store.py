@@ -760,7 +760,8 @@ class CheckpointStore:
         ``only`` (top-level keys of the state) restores just those values and leaves the
         rest of the checkpoint unread: e.g. the replicated model and optimizer of a run
         whose per-rank values (random states, data positions) cannot be split to this
-        rank count. Objects with ``load_state_dict`` get it called with what was saved;
+        rank count; it reads the directory's checkpoints, never the node-local ``cache``.
+        Objects with ``load_state_dict`` get it called with what was saved;
         an error there is a CheckpointError on every rank.
         """
         if not isinstance(state, dict):
