@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast lint demo bench bench-async clean cluster-up cluster-down
+.PHONY: setup test test-fast lint demo bench bench-async bench-torch clean cluster-up cluster-down
 
 setup:  ## install Debian packages, the venv with parallel h5py, and hpcckpt (idempotent)
 	bash scripts/setup.sh
@@ -23,6 +23,9 @@ demo: setup  ## local Slurm cluster + heat2d job: signalled, checkpointed, reque
 
 bench: setup
 	$(PY) benchmarks/run.py
+
+bench-torch: setup  ## model + AdamW (~0.5 GiB per rank): hpcckpt vs torch.save and DCP (~3 min)
+	OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -n 2 --oversubscribe $(PY) benchmarks/bench_torch.py
 
 bench-async: setup  ## blocked time of async_save / cache saves vs a direct save (~3 min)
 	$(PY) benchmarks/bench_async.py

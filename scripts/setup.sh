@@ -50,6 +50,17 @@ else
   log "h5py with MPI present"
 fi
 
+# PyTorch (CPU build) and torchdata: optional for users (the extra "torch"), always here so
+# that the PyTorch tests run. Pinned: an open range would pull a multi-GB CUDA build.
+TORCH_PIN=2.13.0
+TORCHDATA_PIN=0.11.0
+if ! "$VPY" -c "import torch, torchdata, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$TORCH_PIN' else 1)" 2>/dev/null; then
+  log "installing torch==$TORCH_PIN (CPU) and torchdata==$TORCHDATA_PIN"
+  "$VPY" -m pip install -q "torch==$TORCH_PIN" "torchdata==$TORCHDATA_PIN"
+else
+  log "torch $TORCH_PIN present"
+fi
+
 if ! "$VPY" -c "import hpcckpt" 2>/dev/null || [ setup.cfg -nt "$VENV/.hpcckpt-installed" ]; then
   log "installing hpcckpt (editable)"
   "$VPY" -m pip install -q --no-deps --no-build-isolation --config-settings editable_mode=compat -e .

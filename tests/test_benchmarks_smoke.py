@@ -154,3 +154,29 @@ def test_bench_async_reports_blocked_time(tmp_path: Path) -> None:
     assert row["memory_per_rank"] == {"async_host_buffers": 4 << 20, "cache_copy": 4 << 20}
     assert not (tmp_path / "scratch").exists(), "the scratch directory is left behind"
     assert not any((tmp_path / "cache").iterdir()), "the node-local copies are left behind"
+
+
+def test_bench_torch_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "torch.json"
+    argv = [
+        str(BENCH / "bench_torch.py"),
+        "--size",
+        "1M",
+        "--repeat",
+        "1",
+        "--root",
+        str(tmp_path / "scratch"),
+        "--no-drop-caches",
+        "--json",
+        str(out),
+    ]
+    proc = mpirun(2, argv, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert set(doc["summary"]) == {
+        "hpcckpt_replicated",
+        "hpcckpt_per_rank",
+        "torch_save",
+        "torch_dcp",
+    }
+    assert doc["summary"]["torch_save"]["save_vs_torch_save"] == 1.0

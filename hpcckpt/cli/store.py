@@ -124,7 +124,9 @@ def inspect_command(directory: Path, step: int | None, as_json: bool) -> None:
     click.echo("arrays:")
     for a in info["arrays"]:
         dist = ", distributed" if a["distributed"] else ""
-        click.echo(f"  {a['name']}: {a['dtype']}{a['shape']} ({a['layout']}{dist}, {a['bytes']} B)")
+        dist += ", replicated: rank 0's copy" if a.get("replicated") else ""
+        dtype = f"torch.{a['torch_dtype']}" if a.get("torch_dtype") else a["dtype"]
+        click.echo(f"  {a['name']}: {dtype}{a['shape']} ({a['layout']}{dist}, {a['bytes']} B)")
         offs = a["rank_offsets"]
         extents = ", ".join(
             f"{k}:[{offs[k]},{offs[k + 1]})" if a["layout"] == "rows" else f"{k}:{s}"

@@ -40,12 +40,13 @@ from hpcckpt.rundir import status as job_status
 from hpcckpt.rundir import verbosity
 from hpcckpt.rundir.env import ATTEMPT_ENV, CACHE_ENV, DIR_ENV, END_TIME_ENV, SIGNAL_ENV
 from hpcckpt.rundir.heartbeat import HeartbeatWriter
-from hpcckpt.store import fast_tier, faults, safety
+from hpcckpt.store import fast_tier, faults, safety, tensors
 from hpcckpt.store.filesystem import TuningOptions
 from hpcckpt.store.lock import DirectoryLock, DirectoryLocked
 from hpcckpt.store.resharding import Split
 from hpcckpt.store.retention import check_rules
 from hpcckpt.store.staging import HostBuffers
+from hpcckpt.store.state_tree import is_stateful
 from hpcckpt.store.store import CheckpointError, CheckpointStore, PendingSave, SaveResult
 
 log = logging.getLogger("hpcckpt")
@@ -133,6 +134,12 @@ class Checkpointer:
     or at the deadline are written synchronously. ``restore`` takes a node-local copy
     newer than the directory's newest checkpoint when every rank still holds its part,
     on the same host, and it verifies.
+
+    PyTorch training (docs/torch.md): a state may hold torch tensors and objects with
+    ``state_dict()``/``load_state_dict()`` (modules, optimizers, schedulers, data loaders,
+    :class:`hpcckpt.training.RNGState`...). ``replicated`` names key paths whose values
+    are identical on every rank (a data-parallel model and optimizer): checked equal by
+    checksum at each save, written once by rank 0, restorable on any rank count.
     """
 
     def __init__(
@@ -165,6 +172,7 @@ class Checkpointer:
         validate: str | Validator | None = "finite",
         async_save: bool = False,
         cache: str | os.PathLike[str] | None = None,
+        replicated: Iterable[str] = (),
     ) -> None:
         directory = directory if directory is not None else os.environ.get(DIR_ENV)
         if not directory:
@@ -212,6 +220,7 @@ class Checkpointer:
             incremental=incremental,
             max_chain=max_chain,
             max_chain_fraction=max_chain_fraction,
+            replicated=replicated,
             **({} if block_size is None else {"block_size": block_size}),
         )
         cache = cache if cache is not None else (os.environ.get(CACHE_ENV) or None)
@@ -379,18 +388,20 @@ class Checkpointer:
         """True on every rank once the checkpoint taken on a stop signal is committed."""
         return self._stop_requested
 
-    def restore(self, state: dict[str, Any]) -> int | None:
+    def restore(self, state: dict[str, Any], only: Iterable[str] | None = None) -> int | None:
         """Fill ``state`` in place from the newest good checkpoint; its step, or None if none.
 
-        Arrays are filled in place (the application's references stay valid);
-        scalars are replaced in the dict. Collective.
+        Arrays and tensors are filled in place (the application's references stay valid);
+        scalars are replaced in the dict; objects with ``load_state_dict`` get it called
+        with their saved state dict. ``only`` restores just those top-level keys (e.g.
+        the replicated model and optimizer on another rank count). Collective.
         """
         if self._initial_cost is None:
             nbytes = sum(a.nbytes for a in _arrays_in(state))
             self._initial_cost = initial_cost_estimate(self.comm.allreduce(nbytes))
         self._heartbeat.beat(None, "restore", force=True)  # hang watch: I/O allowance
         self._complete_pending()
-        result = self.store.restore(state, cache=self.cache)
+        result = self.store.restore(state, cache=self.cache, only=only)
         self._heartbeat.beat(None, force=True)  # back to compute
         self._drain()
         self._last_save_time = time.monotonic()
@@ -705,9 +716,13 @@ class Checkpointer:
 
 
 def _arrays_in(value: Any) -> list[np.ndarray]:
-    """Every numpy array inside a state (to size the first cost estimate)."""
+    """Every numpy array and tensor inside a state (to size the first cost estimate)."""
     if isinstance(value, np.ndarray):
         return [value]
+    if tensors.is_tensor(value):
+        return [tensors.to_array(value)]
+    if is_stateful(value):
+        return _arrays_in(value.state_dict())
     if isinstance(value, dict):
         return [a for v in value.values() for a in _arrays_in(v)]
     if isinstance(value, (list, tuple)):

@@ -37,6 +37,8 @@ from typing import Any
 import numpy as np
 
 from hpcckpt.rundir.env import ATTEMPT_ENV
+from hpcckpt.store import tensors
+from hpcckpt.store.state_tree import is_stateful
 
 #: Bytes of an array checked per reduction: small enough to stay in the cache.
 BLOCK_BYTES = 4 << 20
@@ -144,7 +146,14 @@ def find_nonfinite(state: Any, limit: int | None = None) -> list[Finding]:
 
 
 def _leaves(value: Any, prefix: str) -> Iterator[tuple[str, Any]]:
-    if isinstance(value, dict):
+    if tensors.is_tensor(value):
+        array = tensors.to_array(value)
+        if value.is_floating_point() and array.dtype.kind not in "fc":  # bfloat16, float8
+            array = value.detach().float().cpu().numpy()
+        yield prefix or "<state>", array
+    elif is_stateful(value):  # a model, an optimizer...: check what would be saved
+        yield from _leaves(value.state_dict(), prefix)
+    elif isinstance(value, dict):
         for key, item in value.items():
             yield from _leaves(item, f"{prefix}/{key}" if prefix else str(key))
     elif isinstance(value, (list, tuple)):

@@ -143,6 +143,8 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
                     "dtype": str(info.dtype),
                     "layout": info.layout,
                     "distributed": info.distributed,
+                    "replicated": info.replicated,
+                    "torch_dtype": info.torch_dtype or None,
                     "shape": list(info.shape),
                     "rank_offsets": list(info.rank_offsets),
                     "rank_shapes": [list(s) for s in info.rank_shapes],

@@ -54,7 +54,7 @@ from hpcckpt.store.reader import (
     delta_name,
     index_name,
 )
-from hpcckpt.store.state_tree import ArraySpec
+from hpcckpt.store.state_tree import V3_TAGS, ArraySpec, tensor_dtypes, uses_tags
 
 __all__ = [
     "FORMAT",
@@ -92,6 +92,8 @@ class ArrayLayout:
     shapes: list[tuple[int, ...]]
     offsets: list[int]  # nranks + 1
     distributed: bool = False
+    torch_dtype: str = ""  # a tensor's torch dtype (raw bits when numpy lacks it)
+    replicated: bool = False  # rank 0's copy only: every other rank holds an empty stand-in
 
     @property
     def global_shape(self) -> tuple[int, ...]:
@@ -101,7 +103,9 @@ class ArrayLayout:
 
 
 def plan_layouts(
-    per_rank: list[list[ArraySpec]], distributed: Collection[str] = ()
+    per_rank: list[list[ArraySpec]],
+    distributed: Collection[str] = (),
+    replicated: Collection[str] = (),
 ) -> list[ArrayLayout]:
     """Decide each array's dataset from every rank's specs; names the array on mismatch.
 
@@ -126,6 +130,16 @@ def plan_layouts(
     for path in sorted(first):
         specs = [next(s for s in rank_specs if s.path == path) for rank_specs in per_rank]
         dtypes = {s.dtype for s in specs}
+        kinds = {s.torch_dtype or "numpy" for s in specs}
+        if len(kinds) != 1:
+            raise CheckpointError(
+                f"array {path!r} is a torch tensor on some ranks and not on others, or of "
+                f"different torch dtypes ({sorted(kinds)}); save one kind on every rank"
+            )
+        if path in distributed and path in replicated:
+            raise CheckpointError(
+                f"array {path!r} is declared both distributed and replicated; choose one"
+            )
         if len(dtypes) != 1:
             raise CheckpointError(
                 f"array {path!r} has different dtypes on different ranks ({sorted(dtypes)}); "
@@ -148,6 +162,8 @@ def plan_layouts(
                 shapes,
                 offsets,
                 path in distributed,
+                specs[0].torch_dtype,
+                path in replicated,
             )
         )
     return layouts
@@ -169,6 +185,7 @@ def write_file(
     policy: ChainPolicy | None = None,
     hashes: dict[str, np.ndarray] | None = None,
     uid: str | None = None,
+    replicated: Collection[str] = (),
 ) -> Written:
     """Collectively create one checkpoint file at ``path``; returns what this rank must
     write into it.
@@ -186,15 +203,23 @@ def write_file(
     where each piece of this rank's bytes goes (:func:`.direct_io.write_extents` writes
     them). The caller then makes the file durable and commits it. For a staged save
     (:mod:`hpcckpt.store.staging`), ``hashes`` are the arrays' block hashes computed
-    while copying them and ``uid`` the id the ranks agreed on.
+    while copying them (or some of them, the rest are computed here) and ``uid`` the id
+    the ranks agreed on. ``replicated`` are the array paths stored once, from rank 0
+    (:mod:`hpcckpt.store.replicated`: the other ranks pass empty stand-ins).
     """
     rank, size = comm.Get_rank(), comm.Get_size()
     policy = policy or ChainPolicy()
     tree_bytes = json.dumps(tree, separators=(",", ":"), allow_nan=True).encode()
-    specs = [ArraySpec(p, a.dtype.str, tuple(a.shape)) for p, a in arrays.items()]
+    torch_dtypes = tensor_dtypes(tree)
+    specs = [
+        ArraySpec(p, a.dtype.str, tuple(a.shape), torch_dtypes.get(p, ""))
+        for p, a in arrays.items()
+    ]
     t_hash = time.perf_counter()
-    if hashes is None:
-        hashes = {p: blocks.block_hashes(a, block_size) for p, a in arrays.items()}
+    hashes = dict(hashes or {})
+    for p, a in arrays.items():
+        if p not in hashes:
+            hashes[p] = blocks.block_hashes(a, block_size)
     hash_seconds = time.perf_counter() - t_hash
     mine = {p: (a.dtype.str, tuple(a.shape), p in distributed) for p, a in arrays.items()}
     name = layout.checkpoint_name(step)
@@ -215,8 +240,11 @@ def write_file(
             d.size,
             blocks.dirty_elems(d, blocks.block_elems(a.itemsize, block_size), a.size),
         )
-    gathered = comm.allgather((specs, len(tree_bytes), dirty is not None, counts))
-    layouts = plan_layouts([g[0] for g in gathered], distributed)
+    v3 = bool(replicated) or uses_tags(tree, V3_TAGS)
+    gathered = comm.allgather((specs, len(tree_bytes), dirty is not None, counts, v3))
+    layouts = plan_layouts([g[0] for g in gathered], distributed, replicated)
+    # Version 3 only when the file needs it, so that older readers still read the rest.
+    version = FORMAT_VERSION if any(g[4] for g in gathered) else 2
     tree_offsets = np.concatenate([[0], np.cumsum([g[1] for g in gathered])]).astype(np.int64)
     state_bytes = sum(
         int(np.prod(lay.global_shape, dtype=np.int64)) * lay.dtype.itemsize for lay in layouts
@@ -258,7 +286,7 @@ def write_file(
         with h5py.File(path, "w", driver="mpio", comm=comm, **options) as f:
             meta = f.create_group("meta")
             meta.attrs["format"] = FORMAT
-            meta.attrs["format_version"] = FORMAT_VERSION
+            meta.attrs["format_version"] = version
             meta.attrs["step"] = step
             meta.attrs["nranks"] = size
             meta.attrs["time"] = when
@@ -324,6 +352,10 @@ def write_file(
                 d.attrs["rank_offsets"] = np.asarray(lay.offsets, dtype=np.int64)
                 d.attrs["rank_shapes"] = json.dumps([list(s) for s in lay.shapes])
                 d.attrs["distributed"] = lay.distributed
+                if lay.torch_dtype:
+                    d.attrs["torch_dtype"] = lay.torch_dtype
+                if lay.replicated:
+                    d.attrs["replicated"] = True
                 dsets.append((d, ix))
 
             lo, hi = int(tree_offsets[rank]), int(tree_offsets[rank + 1])

@@ -34,7 +34,8 @@ from hpcckpt.store.errors import CorruptCheckpoint
 from hpcckpt.store.state_tree import ARRAY_KINDS
 
 FORMAT = "hpcckpt-local"
-FORMAT_VERSION = 1
+#: 2: manifests name the replicated arrays (rank 0's copy only; the others hold stand-ins).
+FORMAT_VERSION = 2
 _NAME = re.compile(r"^ckpt-(\d{10,})\.rank(\d+)\.json$")
 #: Each array starts at a multiple of this in the data file (page-aligned for the drain).
 ALIGN = 4096
@@ -66,6 +67,7 @@ class LocalCopy:
     block_size: int
     tree: Any
     arrays: dict[str, dict[str, Any]]  # path -> {dtype, shape, offset, checksum}
+    replicated: tuple[str, ...] = ()  # arrays whose value is rank 0's copy
 
     @property
     def data_path(self) -> Path:
@@ -147,6 +149,7 @@ def seal(
     hashes: dict[str, np.ndarray],
     offsets: dict[str, int],
     mode: int,
+    replicated: Any = (),
 ) -> Path:
     """Write this rank's manifest atomically: from now on the copy can be restored."""
     manifest = {
@@ -160,6 +163,7 @@ def seal(
         "directory": str(directory.absolute()),
         "block_size": block_size,
         "tree": tree,
+        "replicated": sorted(replicated),
         "arrays": {
             name: {
                 "dtype": a.dtype.str,
@@ -236,6 +240,7 @@ def read_manifest(path: Path) -> LocalCopy | None:
             blocks.check_block_size(int(doc["block_size"])),
             doc["tree"],
             arrays,
+            tuple(str(n) for n in doc.get("replicated", []) if str(n) in arrays),
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None

@@ -34,7 +34,7 @@ from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
 from hpcckpt.store.state_tree import ARRAY_KINDS, array_paths
 
 FORMAT = "hpcckpt"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 #: Kinds of checkpoint files (format version 2): a full one, or the changed blocks only.
 FULL, INCREMENTAL = "full", "incremental"
 #: More ranks than this in a file is taken as damage, not as a real run.
@@ -69,6 +69,8 @@ class ArrayInfo:
     rank_offsets: tuple[int, ...]  # nranks + 1: rank r holds [offsets[r], offsets[r+1]) of axis 0
     rank_shapes: tuple[tuple[int, ...], ...]
     distributed: bool  # declared distributed along axis 0 by the application
+    torch_dtype: str = ""  # a torch tensor's dtype (format version 3), "" for numpy
+    replicated: bool = False  # rank 0's copy is every rank's value (format version 3)
 
     @property
     def trailing(self) -> tuple[int, ...]:
@@ -382,8 +384,23 @@ class CheckpointReader:
         distributed = bool(_plain(d.attrs.get("distributed", False)))
         if distributed and layout != "rows":
             raise self._corrupt(f"{what} is marked distributed but its layout is {layout}")
+        torch_dtype = _plain(d.attrs.get("torch_dtype", ""))
+        replicated = bool(_plain(d.attrs.get("replicated", False)))
+        if not isinstance(torch_dtype, str) or (torch_dtype and not torch_dtype.isidentifier()):
+            raise self._corrupt(f"{what}: torch_dtype {torch_dtype!r:.40} is not a dtype name")
+        if replicated and (distributed or any(offs[r + 1] > offs[r] for r in range(1, n))):
+            raise self._corrupt(f"{what} is marked replicated but ranks other than 0 hold data")
         return ArrayInfo(
-            name, column, d.dtype, layout, shape, offs, tuple(rank_shapes), distributed
+            name,
+            column,
+            d.dtype,
+            layout,
+            shape,
+            offs,
+            tuple(rank_shapes),
+            distributed,
+            torch_dtype,
+            replicated,
         )
 
     # -- data ----------------------------------------------------------------------------
@@ -446,6 +463,8 @@ class CheckpointReader:
         copy. If verification fails, ``out`` holds unverified bytes.
         """
         info = self.arrays[name]
+        if info.replicated:  # rank 0's copy is every rank's value
+            rank = 0
         if self.format_version >= 2:
             shape = tuple(info.rank_shapes[rank])
             if out is not None and out.shape == shape and out.dtype == info.dtype:
@@ -562,6 +581,8 @@ class CheckpointReader:
             except CheckpointError as exc:
                 problems.append(str(exc))
             for name in self.arrays:
+                if r and self.arrays[name].replicated:
+                    continue  # every rank's value is rank 0's copy, verified once
                 try:
                     self.rank_array(name, r)
                 except CheckpointError as exc:
@@ -571,8 +592,11 @@ class CheckpointReader:
         return problems
 
     def replicated(self, name: str) -> bool:
-        """Whether every rank saved the same shape and bytes (equal checksums) for ``name``."""
+        """Whether ``name`` was declared replicated, or every rank saved the same shape and
+        bytes (equal checksums)."""
         info = self.arrays[name]
+        if info.replicated:
+            return True
         col = self.checksums[:, info.column]
         return len(set(info.rank_shapes)) == 1 and bool(np.all(col == col[0]))
 

@@ -51,8 +51,22 @@ GROUP_FILE_MODE, GROUP_DIR_MODE = 0o640, 0o750
 #: The bit generators a checkpoint may name (numpy's own; never any other attribute).
 BIT_GENERATORS = frozenset({"MT19937", "PCG64", "PCG64DXSM", "Philox", "SFC64"})
 _HEX = re.compile(r"^-?[0-9a-fA-F]+$")
+_TORCH_DTYPE = re.compile(r"^[a-z][a-z0-9_]{1,31}$")
 _NODE_TAGS = frozenset(
-    {"dict", "tuple", "bytes", "int", "complex", "npscalar", "array", "generator", "randomstate"}
+    {
+        "dict",
+        "tuple",
+        "bytes",
+        "int",
+        "complex",
+        "npscalar",
+        "array",
+        "generator",
+        "randomstate",
+        "tensor",
+        "kdict",
+        "stateful",
+    }
 )
 
 
@@ -319,6 +333,26 @@ def check_tree(tree: Any, where: str = "<root>") -> None:
             raise ValueError(f"{where}: a tuple node needs a list 'v'")
         for i, item in enumerate(value):
             check_tree(item, f"{where}/{i}")
+    elif tag == "kdict":
+        if not isinstance(value, list):
+            raise ValueError(f"{where}: a kdict node needs a list of [key, value] pairs")
+        for pair in value:
+            if not (
+                isinstance(pair, list)
+                and len(pair) == 2
+                and (pair[0] is None or isinstance(pair[0], (bool, int, float, str)))
+            ):
+                raise ValueError(f"{where}: a kdict entry must be [scalar key, value]")
+            check_tree(pair[1], f"{where}/{pair[0]}")
+    elif tag == "stateful":
+        if not isinstance(tree.get("type"), str):
+            raise ValueError(f"{where}: a stateful node needs its type name")
+        check_tree(value, where)
+    elif tag == "tensor":
+        if not isinstance(tree.get("path"), str) or not isinstance(tree.get("dtype"), str):
+            raise ValueError(f"{where}: a tensor node needs a path and a torch dtype name")
+        if not _TORCH_DTYPE.match(tree["dtype"]):
+            raise ValueError(f"{where}: {tree['dtype']!r:.40} is not a torch dtype name")
     elif tag == "bytes":
         if not isinstance(value, str):
             raise ValueError(f"{where}: a bytes node needs base64 text")

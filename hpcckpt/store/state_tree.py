@@ -1,7 +1,10 @@
 """Turn a state (nested dicts and lists of arrays and scalars) into JSON plus arrays, and back.
 
-No pickle: every value maps to a JSON node, and every numpy array to a named
-dataset. A value of any other type is a ``TypeError`` that names its key path.
+No pickle: every value maps to a JSON node, and every numpy array or torch tensor to a
+named dataset. An object with ``state_dict()``/``load_state_dict()`` (a torch module,
+optimizer, scheduler, data loader, or any class following that convention) is saved as
+its state dict and restored by calling ``load_state_dict`` with what was saved. A value
+of any other type is a ``TypeError`` that names its key path.
 """
 
 from __future__ import annotations
@@ -14,7 +17,13 @@ from urllib.parse import quote, unquote
 
 import numpy as np
 
+from hpcckpt.store import tensors
+from hpcckpt.store.errors import CheckpointError
+
 TAG = "$t"
+
+#: Nodes that format version 2 readers do not know: a file holding one is version 3.
+V3_TAGS = frozenset({"tensor", "kdict", "stateful"})
 
 #: dtype kinds stored as arrays: bool, signed, unsigned, float, complex.
 ARRAY_KINDS = "biufc"
@@ -31,6 +40,7 @@ class ArraySpec:
     path: str
     dtype: str
     shape: tuple[int, ...]
+    torch_dtype: str = ""  # the tensor's torch dtype, "" for a numpy array
 
 
 def escape(key: str) -> str:
@@ -47,6 +57,25 @@ def escape(key: str) -> str:
 
 def unescape(name: str) -> str:
     return "" if name == "%00empty" else unquote(name)
+
+
+def key_part(key: Any) -> str:
+    """The path component of a dict key: the escaped string, or the text of an int,
+    float, bool or None key (optimizer state dicts are keyed by parameter index)."""
+    if isinstance(key, str):
+        return escape(key)
+    if key is None or isinstance(key, (bool, int, float)):
+        return escape(str(key))
+    raise TypeError(
+        f"state keys must be str, int, float, bool or None, not {type(key).__name__} ({key!r})"
+    )
+
+
+def is_stateful(value: Any) -> bool:
+    """Whether ``value`` follows the ``state_dict()``/``load_state_dict()`` convention."""
+    return callable(getattr(value, "state_dict", None)) and callable(
+        getattr(value, "load_state_dict", None)
+    )
 
 
 def _join(prefix: str, part: str) -> str:
@@ -71,11 +100,25 @@ def _encode(value: Any, path: str, arrays: dict[str, np.ndarray]) -> Any:
     if isinstance(value, float):
         return value
     if isinstance(value, dict):
-        out = {}
+        if all(isinstance(key, str) for key in value):
+            out = {}
+            for key, item in value.items():
+                out[key] = _encode(item, _join(path, escape(key)), arrays)
+            return {TAG: "dict", "v": out}
+        items, seen = [], {}
         for key, item in value.items():
-            part = escape(key)
-            out[key] = _encode(item, _join(path, part), arrays)
-        return {TAG: "dict", "v": out}
+            try:
+                part = key_part(key)
+            except TypeError as exc:
+                raise TypeError(f"state[{where!r}]: {exc}") from None
+            if part in seen:
+                raise TypeError(
+                    f"state[{where!r}]: keys {seen[part]!r} and {key!r} would share the name "
+                    f"{part!r}; use keys whose text differs"
+                )
+            seen[part] = key
+            items.append([key, _encode(item, _join(path, part), arrays)])
+        return {TAG: "kdict", "v": items}
     if isinstance(value, list):
         return [_encode(item, _join(path, str(i)), arrays) for i, item in enumerate(value)]
     if isinstance(value, tuple):
@@ -103,9 +146,26 @@ def _encode(value: Any, path: str, arrays: dict[str, np.ndarray]) -> Any:
         return {TAG: "generator", "state": _jsonable(value.bit_generator.state)}
     if isinstance(value, np.random.RandomState):
         return {TAG: "randomstate", "state": _jsonable(value.get_state(legacy=False))}
+    if tensors.is_tensor(value):
+        why = tensors.check_supported(value)
+        if why is not None:
+            raise TypeError(f"state[{where!r}]: {why}")
+        arrays[path] = tensors.to_array(value)
+        node = {TAG: "tensor", "path": path, "dtype": tensors.dtype_name(value)}
+        if value.requires_grad:
+            node["requires_grad"] = True
+        return node
+    if is_stateful(value):
+        kind = type(value)
+        return {
+            TAG: "stateful",
+            "type": f"{kind.__module__}.{kind.__qualname__}",
+            "v": _encode(value.state_dict(), path, arrays),
+        }
     raise TypeError(
         f"state[{where!r}]: {type(value).__name__} cannot be checkpointed; use numpy arrays, "
-        "int, float, bool, complex, str, bytes, None, dict, list, tuple or numpy random generators"
+        "torch tensors, int, float, bool, complex, str, bytes, None, dict, list, tuple, numpy "
+        "random generators, or objects with state_dict()/load_state_dict()"
     )
 
 
@@ -127,83 +187,227 @@ def _unjsonable(obj: Any) -> Any:
     return obj
 
 
-def array_paths(tree: Any) -> Iterator[str]:
-    """The array paths a tree refers to, in tree order."""
+def children(tree: Any) -> list[tuple[str, Any]]:
+    """(path component, child node) of a container node, in order; [] for a leaf."""
     if isinstance(tree, list):
-        for item in tree:
-            yield from array_paths(item)
-    elif isinstance(tree, dict):
-        tag = tree.get(TAG)
-        if tag == "array":
-            yield tree["path"]
-        elif tag in ("dict", "tuple"):
-            items = tree["v"].values() if tag == "dict" else tree["v"]
-            for item in items:
-                yield from array_paths(item)
-
-
-def check_fits(target: Any, tree: Any, arrays: dict[str, np.ndarray]) -> str | None:
-    """Why ``tree`` cannot be restored into the application's ``target``, or None if it can.
-
-    An array the application already holds must keep its shape and dtype: it is
-    filled in place, and silently swapping in an array of another shape would
-    leave the application's own references stale.
-    """
-    if isinstance(tree, list):
-        for i, sub in enumerate(tree):
-            held = target[i] if isinstance(target, list) and i < len(target) else None
-            if (why := check_fits(held, sub, arrays)) is not None:
-                return why
-        return None
+        return [(str(i), t) for i, t in enumerate(tree)]
     if not isinstance(tree, dict):
-        return None
+        return []
     tag = tree.get(TAG)
     if tag == "dict":
-        for key, sub in tree["v"].items():
-            held = target.get(key) if isinstance(target, dict) else None
-            if (why := check_fits(held, sub, arrays)) is not None:
-                return why
-    elif tag == "array" and isinstance(target, np.ndarray):
-        data = arrays.get(tree["path"])
-        if data is None:
-            return f"state[{tree['path']!r}]: array missing from the checkpoint"
-        if target.shape != data.shape or target.dtype != data.dtype:
-            return (
-                f"state[{tree['path']!r}]: the checkpoint holds {data.dtype}{list(data.shape)}, "
-                f"the application's array is {target.dtype}{list(target.shape)}; "
-                "restore with the same problem size and dtypes"
-            )
+        return [(escape(k), t) for k, t in tree["v"].items()]
+    if tag == "kdict":
+        return [(key_part(k), t) for k, t in tree["v"]]
+    if tag == "tuple":
+        return [(str(i), t) for i, t in enumerate(tree["v"])]
+    if tag == "stateful":
+        return [("", tree["v"])]  # the state dict stands at the object's own path
+    return []
+
+
+def array_paths(tree: Any) -> Iterator[str]:
+    """The array paths a tree refers to, in tree order."""
+    if isinstance(tree, dict) and tree.get(TAG) in ("array", "tensor"):
+        yield tree["path"]
+        return
+    for _, sub in children(tree):
+        yield from array_paths(sub)
+
+
+def tensor_dtypes(tree: Any) -> dict[str, str]:
+    """{array path: torch dtype} of every tensor of a tree."""
+    out: dict[str, str] = {}
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict) and node.get(TAG) == "tensor":
+            out[node["path"]] = node["dtype"]
+        else:
+            stack.extend(sub for _, sub in children(node))
+    return out
+
+
+def uses_tags(tree: Any, tags: frozenset[str]) -> bool:
+    """Whether any node of ``tree`` has one of ``tags``."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict) and node.get(TAG) in tags:
+            return True
+        stack.extend(sub for _, sub in children(node))
+    return False
+
+
+def subtree(tree: Any, path: str) -> Any:
+    """The node at key path ``path`` (components as in array paths), or KeyError."""
+    node = tree
+    for part in path.split("/") if path else []:
+        while isinstance(node, dict) and node.get(TAG) == "stateful":
+            node = node["v"]
+        for name, sub in children(node):
+            if name == part:
+                node = sub
+                break
+        else:
+            raise KeyError(path)
+    return node
+
+
+class Targets:
+    """The application's values a restore fills, seen through stateful objects: the
+    ``state_dict()`` of each object is taken once per restore and reused, so the bytes
+    read straight into its tensors are the ones ``load_state_dict`` receives."""
+
+    def __init__(self) -> None:
+        self._dicts: dict[int, tuple[Any, Any]] = {}
+
+    def state_dict(self, obj: Any) -> Any:
+        held = self._dicts.get(id(obj))
+        if held is None:
+            held = self._dicts[id(obj)] = (obj, obj.state_dict())
+        return held[1]
+
+    def open(self, value: Any) -> Any:
+        """``value``, or its state dict when it is a stateful object."""
+        return self.state_dict(value) if is_stateful(value) and not is_container(value) else value
+
+
+def is_container(value: Any) -> bool:
+    return isinstance(value, (dict, list, tuple)) or tensors.is_tensor(value)
+
+
+def _child(value: Any, part: str) -> Any:
+    """The application's value under path component ``part`` of container ``value``."""
+    if isinstance(value, dict):
+        key = unescape(part)
+        if key in value:
+            return value[key]
+        for k in value:
+            if not isinstance(k, str) and key_part(k) == part:
+                return value[k]
+        return None
+    if isinstance(value, (list, tuple)) and part.isdigit() and int(part) < len(value):
+        return value[int(part)]
     return None
 
 
-def decode_into(target: Any, tree: Any, arrays: dict[str, np.ndarray]) -> Any:
+def check_fits(
+    target: Any, tree: Any, arrays: dict[str, np.ndarray], targets: Targets | None = None
+) -> str | None:
+    """Why ``tree`` cannot be restored into the application's ``target``, or None if it can.
+
+    An array or tensor the application already holds must keep its shape and dtype: it
+    is filled in place, and silently swapping in another of another shape would leave
+    the application's own references stale.
+    """
+    targets = targets or Targets()
+    target = targets.open(target)
+    if isinstance(tree, dict) and tree.get(TAG) in ("array", "tensor"):
+        data = arrays.get(tree["path"])
+        if data is None:
+            return f"state[{tree['path']!r}]: array missing from the checkpoint"
+        if isinstance(target, np.ndarray):
+            have = f"{target.dtype}{list(target.shape)}"
+            fits = (
+                target.shape == data.shape
+                and target.dtype == data.dtype
+                and tree.get(TAG) == "array"  # a saved tensor does not go into a numpy array
+            )
+        elif tensors.is_tensor(target):
+            have = f"torch.{tensors.dtype_name(target)}{list(target.shape)}"
+            fits = tuple(target.shape) == data.shape and tensors.dtype_name(target) == tree.get(
+                "dtype"
+            )
+        else:
+            return None
+        if not fits:
+            saved = (
+                f"torch.{tree['dtype']}" if tree.get(TAG) == "tensor" else str(data.dtype)
+            ) + str(list(data.shape))
+            return (
+                f"state[{tree['path']!r}]: the checkpoint holds {saved}, the application's "
+                f"value is {have}; restore with the same problem size and dtypes"
+            )
+        return None
+    if isinstance(tree, dict) and tree.get(TAG) == "stateful":
+        return check_fits(target, tree["v"], arrays, targets)
+    for part, sub in children(tree):
+        if (why := check_fits(_child(target, part), sub, arrays, targets)) is not None:
+            return why
+    return None
+
+
+def decode_into(
+    target: Any, tree: Any, arrays: dict[str, np.ndarray], targets: Targets | None = None
+) -> Any:
     """Rebuild the value of ``tree``, reusing ``target``'s containers and arrays in place.
 
-    Returns the value to store at this position; containers, arrays and random
+    Returns the value to store at this position; containers, arrays, tensors and random
     generators that already exist in ``target`` are filled in place, so the
-    application's own references see the restored state.
+    application's own references see the restored state. A stateful object gets
+    ``load_state_dict`` with the saved state dict (its tensors filled in place too).
     """
+    return _decode(target, tree, arrays, targets or Targets(), False, "")
+
+
+def _fresh_like(target: Any) -> dict:
+    """An empty dict of ``target``'s kind, keeping a module state dict's ``_metadata``."""
+    out: dict = {}
+    if isinstance(target, dict) and type(target) is not dict:
+        try:
+            out = type(target)()
+        except TypeError:
+            out = {}
+    meta = getattr(target, "_metadata", None)
+    if meta is not None:
+        try:
+            out._metadata = meta  # type: ignore[attr-defined]
+        except AttributeError:
+            pass
+    return out
+
+
+def _decode(
+    target: Any, tree: Any, arrays: dict[str, np.ndarray], targets: Targets, fresh: bool, path: str
+) -> Any:
+    """``fresh``: inside a state dict handed to ``load_state_dict``: containers are new and
+    hold exactly the saved keys; arrays and tensors are still filled in place."""
     if isinstance(tree, list):
+        held = target if isinstance(target, list) else []
         values = [
-            decode_into(
-                target[i] if isinstance(target, list) and i < len(target) else None, t, arrays
-            )
+            _decode(held[i] if i < len(held) else None, t, arrays, targets, fresh, f"{path}/{i}")
             for i, t in enumerate(tree)
         ]
-        if isinstance(target, list):
+        if isinstance(target, list) and not fresh:
             target[:] = values
             return target
         return values
     if not isinstance(tree, dict):
         return tree
     tag = tree.get(TAG)
-    if tag == "dict":
-        out = target if isinstance(target, dict) else {}
-        for key, sub in tree["v"].items():
-            out[key] = decode_into(out.get(key), sub, arrays)
+    if tag in ("dict", "kdict"):
+        items = tree["v"].items() if tag == "dict" else [(k, t) for k, t in tree["v"]]
+        held = target if isinstance(target, dict) else {}
+        out = target if isinstance(target, dict) and not fresh else _fresh_like(target)
+        for key, sub in items:
+            out[key] = _decode(held.get(key), sub, arrays, targets, fresh, f"{path}/{key}")
         return out
+    if tag == "stateful":
+        if is_stateful(target) and not is_container(target):
+            value = _decode(targets.state_dict(target), tree["v"], arrays, targets, True, path)
+            try:
+                target.load_state_dict(value)
+            except Exception as exc:  # the object's own check of what it is given
+                raise CheckpointError(
+                    f"state[{path.strip('/') or '<root>'!r}]: {type(target).__name__}."
+                    f"load_state_dict refused the saved state ({type(exc).__name__}: {exc})"
+                ) from exc
+            return target
+        return _decode(target, tree["v"], arrays, targets, fresh, path)
     if tag == "tuple":
-        return tuple(decode_into(None, t, arrays) for t in tree["v"])
+        return tuple(
+            _decode(None, t, arrays, targets, fresh, f"{path}/{i}") for i, t in enumerate(tree["v"])
+        )
     if tag == "bytes":
         return base64.b64decode(tree["v"])
     if tag == "int":
@@ -223,6 +427,13 @@ def decode_into(target: Any, tree: Any, arrays: dict[str, np.ndarray]) -> Any:
                 target[...] = data  # check_fits ran first: same shape and dtype
             return target
         return data
+    if tag == "tensor":
+        data = arrays[tree["path"]]
+        if tensors.is_tensor(target):
+            if not tensors.shares_memory(target, data):  # else read straight into it
+                tensors.copy_into(target, data)  # check_fits ran first: same shape and dtype
+            return target
+        return tensors.from_array(data, tree["dtype"], bool(tree.get("requires_grad")))
     if tag == "generator":
         state = _unjsonable(tree["state"])
         if isinstance(target, np.random.Generator):
@@ -239,16 +450,15 @@ def decode_into(target: Any, tree: Any, arrays: dict[str, np.ndarray]) -> Any:
     raise ValueError(f"unknown node in checkpoint tree: {tag!r}")
 
 
-def lookup(state: Any, path: str) -> Any:
+def lookup(state: Any, path: str, targets: Targets | None = None) -> Any:
     """The application's value at an array path (escaped keys and list indices joined by
-    '/'), or None when the state holds nothing there."""
-    node = state
+    '/'), seen through stateful objects' state dicts, or None when the state holds
+    nothing there."""
+    targets = targets or Targets()
+    node = targets.open(state)
     for part in path.split("/") if path else []:
-        if isinstance(node, dict):
-            node = node.get(unescape(part))
-        elif isinstance(node, (list, tuple)) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
+        node = targets.open(_child(node, part))
+        if node is None:
             return None
     return node
 
@@ -257,18 +467,21 @@ def first_difference(a: Any, b: Any, path: str = "") -> str | None:
     """The key path where two JSON state trees first differ, or None when they are equal."""
     if type(a) is not type(b):
         return path or "<root>"
-    if isinstance(a, dict):
-        if a.get(TAG) == "dict" and b.get(TAG) == "dict":
-            ka, kb = a["v"], b["v"]
-            for key in list(ka) + [k for k in kb if k not in ka]:
-                if key not in ka or key not in kb:
-                    return _join(path, escape(key))
-                if (
-                    where := first_difference(ka[key], kb[key], _join(path, escape(key)))
-                ) is not None:
-                    return where
-            return None
-        return None if a == b else (path or "<root>")
+    if isinstance(a, dict) and a.get(TAG) in ("dict", "kdict", "tuple", "stateful"):
+        if a.get(TAG) != b.get(TAG):
+            return path or "<root>"
+        if a.get(TAG) == "stateful" and a.get("type") != b.get("type"):
+            return path or "<root>"
+        ka, kb = dict(children(a)), dict(children(b))
+        if len(ka) != len(children(a)) or len(kb) != len(children(b)):
+            return None if a == b else (path or "<root>")
+        for key in list(ka) + [k for k in kb if k not in ka]:
+            where = _join(path, key) if key else path
+            if key not in ka or key not in kb:
+                return where or "<root>"
+            if (found := first_difference(ka[key], kb[key], where)) is not None:
+                return found
+        return None
     if isinstance(a, list):
         if len(a) != len(b):
             return path or "<root>"
@@ -288,10 +501,16 @@ def summarize(tree: Any) -> Any:
     tag = tree.get(TAG)
     if tag == "dict":
         return {k: summarize(v) for k, v in tree["v"].items()}
+    if tag == "kdict":
+        return {str(k): summarize(v) for k, v in tree["v"]}
+    if tag == "stateful":
+        return summarize(tree["v"])
     if tag == "tuple":
         return [summarize(t) for t in tree["v"]]
     if tag == "array":
         return f"<array {tree['path']}>"
+    if tag == "tensor":
+        return f"<tensor {tree['dtype']} {tree['path']}>"
     if tag == "bytes":
         return f"<{len(base64.b64decode(tree['v']))} bytes>"
     if tag == "complex":
@@ -309,16 +528,30 @@ def summarize(tree: Any) -> Any:
 
 def scalar_leaves(tree: Any, path: str = "") -> Iterator[tuple[str, Any]]:
     """(key path, summarized value) of every value of a state tree that is not an array."""
-    if isinstance(tree, list):
-        for i, sub in enumerate(tree):
-            yield from scalar_leaves(sub, _join(path, str(i)))
+    if isinstance(tree, dict) and tree.get(TAG) in ("array", "tensor"):
         return
-    tag = tree.get(TAG) if isinstance(tree, dict) else None
-    if tag == "dict":
-        for key, sub in tree["v"].items():
-            yield from scalar_leaves(sub, _join(path, escape(key)))
-    elif tag == "tuple":
-        for i, sub in enumerate(tree["v"]):
-            yield from scalar_leaves(sub, _join(path, str(i)))
-    elif tag != "array":
-        yield path or "<root>", summarize(tree)
+    kids = children(tree)
+    if (
+        kids
+        or isinstance(tree, list)
+        or (isinstance(tree, dict) and tree.get(TAG) in ("dict", "kdict", "tuple", "stateful"))
+    ):
+        for part, sub in kids:
+            yield from scalar_leaves(sub, _join(path, part) if part else path)
+        return
+    yield path or "<root>", summarize(tree)
+
+
+def select_keys(tree: Any, keys: tuple[str, ...] | None) -> Any:
+    """The root dict node of ``tree`` with only the top-level ``keys`` (all when None)."""
+    if keys is None:
+        return tree
+    if not (isinstance(tree, dict) and tree.get(TAG) == "dict"):
+        raise CheckpointError("this checkpoint's state is not a dict: it cannot be restored by key")
+    missing = [k for k in keys if k not in tree["v"]]
+    if missing:
+        raise CheckpointError(
+            f"restore(only={list(keys)}): {missing} not in the checkpoint, whose top-level "
+            f"keys are {sorted(tree['v'])}"
+        )
+    return {TAG: "dict", "v": {k: v for k, v in tree["v"].items() if k in keys}}

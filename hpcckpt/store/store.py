@@ -57,14 +57,24 @@ from hpcckpt.store import (
     layout,
     retention,
     safety,
+    tensors,
 )
 from hpcckpt.store.blocks import ChainPolicy, ChainState
 from hpcckpt.store.checkpoint_file import Written, write_file
 from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
 from hpcckpt.store.reader import CheckpointReader
+from hpcckpt.store.replicated import check_and_stand_in, normalize
 from hpcckpt.store.resharding import Split, common_tree, even_split, resolve_ranges
 from hpcckpt.store.staging import BackgroundWrite, HostBuffers
-from hpcckpt.store.state_tree import check_fits, decode_into, encode, lookup
+from hpcckpt.store.state_tree import (
+    Targets,
+    check_fits,
+    decode_into,
+    encode,
+    escape,
+    lookup,
+    select_keys,
+)
 
 log = logging.getLogger("hpcckpt.store")
 
@@ -142,6 +152,10 @@ class CheckpointStore:
     ``max_chain`` incremental ones, or once the incrementals since the last full one
     would hold more than ``max_chain_fraction`` of a full one's bytes
     (:class:`hpcckpt.store.blocks.ChainPolicy`, docs/format.md).
+
+    ``replicated`` names key paths (e.g. ``"model"``) whose values are identical on every
+    rank: checked equal by checksum at each save, written once from rank 0, restorable
+    on any rank count (:mod:`hpcckpt.store.replicated`).
     """
 
     def __init__(
@@ -156,7 +170,16 @@ class CheckpointStore:
         block_size: int = blocks.DEFAULT_BLOCK_SIZE,
         max_chain: int = 8,
         max_chain_fraction: float = 0.5,
+        replicated: Iterable[str] = (),
     ) -> None:
+        self.replicated = normalize(replicated)
+        declared = [distributed] if isinstance(distributed, str) else list(distributed)
+        clash = sorted(n for n in self.replicated if n in declared)
+        if clash:
+            raise ValueError(f"{clash} declared both distributed and replicated; choose one")
+        #: Per save: the replicated array paths and rank 0's block hashes of them.
+        self._replicated_paths: set[str] = set()
+        self._known_hashes: dict[str, np.ndarray] = {}
         self.block_size = blocks.check_block_size(block_size)
         self.chain_policy = ChainPolicy(bool(incremental), max_chain, max_chain_fraction)
         #: This rank's hashes of the last committed or restored checkpoint (None: next is full).
@@ -226,6 +249,7 @@ class CheckpointStore:
             state_bytes,
             "creating the file of",
             parent,
+            hashes=self._known_hashes,
         )
         self._write_data(partial, written, step, state_bytes)
         self._commit(partial, final, step)
@@ -251,6 +275,11 @@ class CheckpointStore:
         except (TypeError, ValueError) as exc:
             error = exc
         self._agree(error, f"encoding the state of step {step}", TypeError)
+        self._replicated_paths, self._known_hashes = set(), {}
+        if self.replicated:
+            arrays, self._known_hashes, self._replicated_paths = check_and_stand_in(
+                self.comm, self.replicated, tree, arrays, self.block_size
+            )
         faults.fault_point("save.begin", step)
         state_bytes = self.comm.allreduce(sum(a.nbytes for a in arrays.values()), op=MPI.SUM)
 
@@ -341,6 +370,7 @@ class CheckpointStore:
                     hashes=hashes,
                     offsets=offsets,
                     mode=self.file_mode,
+                    replicated=self._replicated_paths,
                 )
                 fast_tier.remove(cache, self.rank, keep=step, nranks=self.nranks)
                 self.local_newer = False
@@ -436,6 +466,7 @@ class CheckpointStore:
                 block_size=self.block_size,
                 parent=parent,
                 policy=self.chain_policy,
+                replicated=self._replicated_paths,
                 **options,
             )
         except Exception as exc:  # every rank must reach the agreement below
@@ -576,14 +607,16 @@ class CheckpointStore:
             raise CorruptCheckpoint("; ".join(dict.fromkeys(problems[:4])), culprit=culprits)
         return [p for _, _, p, _ in outcome]
 
-    def _request(self, reader: CheckpointReader, name: str, state: Any) -> tuple[Any, ...]:
+    def _request(
+        self, reader: CheckpointReader, name: str, state: Any, targets: Targets
+    ) -> tuple[Any, ...]:
         """The rows this rank asks for of distributed array ``name`` (see resharding)."""
         rows = reader.arrays[name].shape[0]
         split = self.distributed.get(name)
         if split is not None:
             lo, hi = split(rows, self.nranks, self.rank)
             return ("range", int(lo), int(hi))
-        held = lookup(state, name)
+        held = lookup(state, name, targets)
         if hasattr(held, "shape") and len(held.shape) >= 1:
             return ("count", int(held.shape[0]))
         if reader.nranks == self.nranks:  # the split it was saved with
@@ -592,15 +625,23 @@ class CheckpointStore:
         return ("range", *even_split(rows, self.nranks, self.rank))
 
     def _load(
-        self, entry: layout.Entry, state: dict[str, Any]
+        self,
+        entry: layout.Entry,
+        state: dict[str, Any],
+        targets: Targets,
+        only: tuple[str, ...] | None = None,
     ) -> tuple[Any, dict, int, ChainState | None]:
-        """Read and verify this rank's tree and arrays of ``entry``; collective."""
+        """Read and verify this rank's tree and arrays of ``entry`` (with ``only``: of
+        those top-level keys); collective."""
         reader = None
         problem = fatal = culprit = None
         requests: dict[str, tuple[Any, ...]] = {}
         try:
             reader = CheckpointReader(entry.path)
-            for name, info in reader.arrays.items():
+            parts = None if only is None else {escape(k) for k in only}
+            wanted = [n for n in reader.arrays if parts is None or n.split("/")[0] in parts]
+            for name in wanted:
+                info = reader.arrays[name]
                 if name in self.distributed and info.layout != "rows":
                     fatal = (
                         f"array {name!r} is declared distributed, but {entry.path.name} stores "
@@ -608,7 +649,7 @@ class CheckpointStore:
                         f"that wrote it ({reader.nranks})"
                     )
                 elif info.distributed or name in self.distributed:
-                    requests[name] = self._request(reader, name, state)
+                    requests[name] = self._request(reader, name, state, targets)
         except CorruptCheckpoint as exc:
             problem, culprit = str(exc), exc.culprit
         except CheckpointError as exc:
@@ -631,12 +672,11 @@ class CheckpointStore:
             tree, arrays = None, {}
             try:
                 if saved == self.nranks:
-                    tree = reader.tree(self.rank)
+                    tree = select_keys(reader.tree(self.rank), only)
                 else:
-                    tree = common_tree([reader.tree(r) for r in range(saved)], saved, self.nranks)
-                    per_rank = [
-                        n for n in reader.arrays if n not in ranges and not reader.replicated(n)
-                    ]
+                    trees = [select_keys(reader.tree(r), only) for r in range(saved)]
+                    tree = common_tree(trees, saved, self.nranks)
+                    per_rank = [n for n in wanted if n not in ranges and not reader.replicated(n)]
                     if per_rank:
                         raise CheckpointError(
                             f"array {per_rank[0]!r} is per rank (not declared distributed, and "
@@ -645,14 +685,14 @@ class CheckpointStore:
                             f"(split along axis 0) or restart with {saved} ranks"
                         )
                 source = self.rank if saved == self.nranks else 0
-                into = _read_targets(reader, state, ranges, self.rank, source)
-                for name in reader.arrays:
+                into = _read_targets(reader, state, ranges, self.rank, source, targets, wanted)
+                for name in wanted:
                     if name in ranges:
                         lo, hi = ranges[name][self.rank]
                         arrays[name] = reader.rows(name, lo, hi, into.get(name))
                     else:
                         arrays[name] = reader.rank_array(name, source, into.get(name))
-                fatal = check_fits(state, tree, arrays)
+                fatal = check_fits(state, tree, arrays, targets)
                 chain_state = self._chain_state(reader)
             except CorruptCheckpoint as exc:
                 problem, culprit = str(exc), exc.culprit
@@ -700,7 +740,12 @@ class CheckpointStore:
                 )
                 layout.mark_bad(path, why)
 
-    def restore(self, state: dict[str, Any], cache: Path | None = None) -> RestoreResult | None:
+    def restore(
+        self,
+        state: dict[str, Any],
+        cache: Path | None = None,
+        only: Iterable[str] | None = None,
+    ) -> RestoreResult | None:
         """Fill ``state`` from the newest checkpoint that verifies on every rank.
 
         With ``cache`` (a node-local fast tier), a copy there newer than every
@@ -714,14 +759,24 @@ class CheckpointStore:
         application's arrays of the same shape and dtype (no second copy), so when no
         checkpoint verifies, they may hold unverified bytes on the error. Returns None
         when the directory holds no checkpoint.
+
+        ``only`` (top-level keys of the state) restores just those values and leaves the
+        rest of the checkpoint unread: e.g. the replicated model and optimizer of a run
+        whose per-rank values (random states, data positions) cannot be split to this
+        rank count; it reads the directory's checkpoints, never the node-local ``cache``.
+        Objects with ``load_state_dict`` get it called with what was saved;
+        an error there is a CheckpointError on every rank.
         """
         if not isinstance(state, dict):
             raise TypeError(f"state must be a dict, not {type(state).__name__}")
+        if only is not None:
+            only = (only,) if isinstance(only, str) else tuple(only)
+        targets = Targets()
         skipped: list[tuple[int, str]] = []
         entries = self.entries()
         if cache is not None:
             newest = max((e.step for e in entries if e.good_candidate), default=-1)
-            local = self._restore_local(state, cache, newest)
+            local = self._restore_local(state, cache, newest, targets) if only is None else None
             if local is not None:
                 return local
         for entry in entries:
@@ -733,7 +788,7 @@ class CheckpointStore:
                 continue
             try:
                 faults.fault_point("restore.reading", entry.step)
-                tree, arrays, saved, chain_state = self._load(entry, state)
+                tree, arrays, saved, chain_state = self._load(entry, state, targets, only)
             except _Fatal as exc:
                 raise CheckpointError(str(exc)) from None
             except CorruptCheckpoint as exc:
@@ -751,7 +806,7 @@ class CheckpointStore:
                 self.comm.Barrier()  # every rank is past the read: it did not kill us
                 if self.rank == 0:
                     _reading_marker(entry.path).unlink(missing_ok=True)
-            decode_into(state, tree, arrays)
+            self._decode(state, tree, arrays, targets)
             self.last = chain_state
             return RestoreResult(entry.step, entry.path, skipped, saved)
         if entries:
@@ -762,8 +817,19 @@ class CheckpointStore:
             )
         return None
 
+    def _decode(
+        self, state: dict[str, Any], tree: Any, arrays: dict[str, Any], targets: Targets
+    ) -> None:
+        """Fill the application's state (``load_state_dict`` of its objects); agreed."""
+        error: BaseException | None = None
+        try:
+            decode_into(state, tree, arrays, targets)
+        except (CheckpointError, ValueError, TypeError) as exc:
+            error = exc
+        self._agree(error, "loading the restored state")
+
     def _restore_local(
-        self, state: dict[str, Any], cache: Path, newest: int
+        self, state: dict[str, Any], cache: Path, newest: int, targets: Targets
     ) -> RestoreResult | None:
         """Restore a node-local copy newer than step ``newest``, if every rank has it whole."""
         mine = fast_tier.scan(cache, self.directory, self.rank, self.nranks)
@@ -780,9 +846,13 @@ class CheckpointStore:
         arrays: dict[str, Any] = {}
         try:
             arrays = fast_tier.load(copy)
-            fatal = check_fits(state, copy.tree, arrays)
         except (CorruptCheckpoint, OSError, ValueError) as exc:
             problem = f"rank {self.rank}: {exc}"
+        if not any(self.comm.allgather(problem)):
+            # Replicated arrays are in rank 0's copy only (the others hold stand-ins).
+            for name in self.comm.bcast(copy.replicated if self.rank == 0 else None):
+                arrays[name] = _bcast_array(self.comm, arrays.get(name))
+            fatal = check_fits(state, copy.tree, arrays, targets)
         outcome = self.comm.allgather((problem, fatal))
         problems = [p for p, _ in outcome if p]
         fatals = [f for _, f in outcome if f]
@@ -793,7 +863,7 @@ class CheckpointStore:
             if problems:  # damaged: hide it; a sound copy that does not fit stays
                 fast_tier.set_aside(copy, why)
             return None
-        decode_into(state, copy.tree, arrays)
+        self._decode(state, copy.tree, arrays, targets)
         self.last = None  # the next save is a full one, in the directory
         self.local_newer = True
         self.restored_copy = copy
@@ -807,8 +877,26 @@ READ_CRASH = (
 )
 
 
+def _bcast_array(comm: MPI.Comm, array: np.ndarray | None) -> np.ndarray:
+    """Rank 0's ``array`` on every rank (in pieces below MPI's 2 GiB count limit)."""
+    spec = comm.bcast((array.dtype.str, array.shape) if comm.Get_rank() == 0 else None)
+    out = array if comm.Get_rank() == 0 else np.empty(spec[1], dtype=np.dtype(spec[0]))
+    assert out is not None
+    raw = out.reshape(-1).view(np.uint8)
+    piece = 1 << 30
+    for lo in range(0, raw.size, piece):
+        comm.Bcast(raw[lo : lo + piece], root=0)
+    return out
+
+
 def _read_targets(
-    reader: CheckpointReader, state: Any, ranges: dict[str, Any], me: int, source: int
+    reader: CheckpointReader,
+    state: Any,
+    ranges: dict[str, Any],
+    me: int,
+    source: int,
+    targets: Targets,
+    wanted: list[str],
 ) -> dict[str, np.ndarray]:
     """The application's arrays a restore can read straight into, by array name.
 
@@ -817,17 +905,26 @@ def _read_targets(
     array the application holds fits the checkpoint: a restore refused for a mismatch
     must leave the application's arrays untouched.
     Arrays sharing memory are read through a buffer, as is any array not C-contiguous.
+    A CPU tensor is read into through a numpy view of its memory.
     """
     into: dict[str, np.ndarray] = {}
-    for name, info in reader.arrays.items():
-        held = lookup(state, name)
+    for name in wanted:
+        info = reader.arrays[name]
+        held = lookup(state, name, targets)
+        if tensors.is_tensor(held) != bool(info.torch_dtype) and held is not None:
+            if tensors.is_tensor(held) or isinstance(held, np.ndarray):
+                return {}  # a tensor for an array or the reverse: check_fits refuses it
+        if tensors.is_tensor(held):
+            if tensors.dtype_name(held) != info.torch_dtype:
+                return {}  # check_fits refuses this restore: read nothing into the application
+            held = tensors.writable_view(held)
         if not isinstance(held, np.ndarray):
             continue
         if name in ranges:
             lo, hi = ranges[name][me]
             shape: tuple[int, ...] = (hi - lo, *info.trailing)
         else:
-            shape = tuple(info.rank_shapes[source])
+            shape = tuple(info.rank_shapes[0 if info.replicated else source])
         if held.shape != shape or held.dtype != info.dtype:
             return {}  # check_fits refuses this restore: read nothing into the application
         if held.flags.c_contiguous and held.flags.writeable and held.size:

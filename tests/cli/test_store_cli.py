@@ -203,3 +203,17 @@ def test_inspect_and_export_show_huge_ints_without_decimal_text(tmp_path):
     info = json.loads(invoke(inspect_command, store.directory, "--json").output)
     assert info["scalars"]["f"].startswith("<int of 47549 bits")
     assert invoke(export_command, store.directory, "1", tmp_path / "x.h5").exit_code == 0
+
+
+def test_inspect_shows_tensors_and_replicated_arrays(tmp_path):
+    import torch
+
+    store = CheckpointStore(tmp_path / "ck", MPI.COMM_WORLD, replicated=["m"])
+    store.save(1, {"m": {"w": torch.ones(2, 3, dtype=torch.bfloat16)}, "u": np.zeros(4)})
+    out = invoke(inspect_command, tmp_path / "ck").output
+    assert "m/w: torch.bfloat16[2, 3] (rows, replicated: rank 0's copy" in out
+    assert "u: float64[4] (rows, 32 B)" in out
+    doc = json.loads(invoke(inspect_command, "--json", tmp_path / "ck").output)
+    arrays = {a["name"]: a for a in doc["arrays"]}
+    assert arrays["m/w"]["replicated"] and arrays["m/w"]["torch_dtype"] == "bfloat16"
+    assert not arrays["u"]["replicated"] and arrays["u"]["torch_dtype"] is None

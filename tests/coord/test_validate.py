@@ -155,3 +155,17 @@ def test_wrapper_gives_up_on_a_poisoned_state(tmp_path):
     assert give_up["poisoned"] is True and give_up["wrapper_exit"] == rc
     assert not any(e["event"] in ("requeue", "chain") for e in evs)
     assert sys.executable
+
+
+def test_the_finite_guard_sees_inside_models_and_bfloat16_tensors():
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6))
+    assert validate.check_finite({"model": model, "h": torch.ones(2, dtype=torch.bfloat16)}) is None
+    with torch.no_grad():
+        model[0].weight[1, 2] = float("nan")
+    assert "'model/0.weight'" in validate.check_finite({"model": model})
+    assert "'h'" in validate.check_finite(
+        {"h": torch.tensor([1.0, float("inf")], dtype=torch.bfloat16)}
+    )

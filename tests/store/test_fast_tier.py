@@ -209,7 +209,7 @@ def test_scan_ignores_garbage_manifests(dirs, text):
 @pytest.mark.parametrize(
     "change",
     [
-        {"format_version": 2},
+        {"format_version": fast_tier.FORMAT_VERSION + 1},
         {"block_size": 100},  # not a valid block size
         {"tree": {"$t": "pickle", "v": "x"}},
         {"arrays": {"u": {"dtype": "|O", "shape": [3], "offset": 0, "checksum": 1}}},

@@ -84,7 +84,7 @@ def test_random_generators_resume_the_same_stream():
     "value, fragment",
     [
         (object(), "state['a/b']: object"),
-        ({1: 2}, "keys must be str"),
+        ({(1, 2): 3}, "keys must be str, int, float, bool or None"),
         (np.array(["x"]), "dtype <U1"),
     ],
 )
