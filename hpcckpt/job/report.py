@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpcckpt.job import report_nodes
+from hpcckpt.job import report_nodes, report_saves
 from hpcckpt.job.events import EVENTS_FILE
 
 __all__ = [
@@ -82,6 +82,7 @@ _KNOWN = {
     "finish",
     "node_failure",  # issue 11: hpcckpt/job/report_nodes.py
     "relaunch",
+    "staging_refused",  # hpcckpt/job/report_saves.py
 }
 #: Outcomes after which the job was not meant to run again by itself.
 FINISHED, STOPPED, CRASHED, UNKNOWN = "finished", "stopped", "crashed", "unknown"
@@ -387,7 +388,8 @@ def analyze(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
       ``segments`` ([{kind, start, end}]), kinds as in :data:`SEGMENT_KINDS`;
     - ``checkpoints``: ``count``, ``mean_seconds``, ``max_seconds``, ``total_seconds``,
       ``total_bytes``, ``mean_bytes``, ``by_reason``, ``by_kind`` (None unless the
-      events have a ``kind``), ``skipped_bad``, ``uncommitted``;
+      events have a ``kind``), ``skipped_bad``, ``uncommitted``, ``saves`` (blocked
+      time and peak memory per save: :func:`hpcckpt.job.report_saves.summarize`);
     - ``time``: ``t0``, ``wall_seconds``, ``run_seconds`` (sum of the attempts),
       ``useful_seconds``, ``checkpoint_seconds``, ``overhead_seconds``,
       ``lost_seconds``, ``unrecorded_seconds``, ``queue_seconds``;
@@ -478,6 +480,7 @@ def analyze(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "by_kind": dict(sorted(kinds.items())) if kinds else None,
         "skipped_bad": sum(r["skipped_bad"] for r in rows),
         "uncommitted": sum(r["uncommitted_checkpoints"] for r in rows),
+        "saves": report_saves.summarize(e for a in attempts for e in a.events),
     }
 
     run = sum(r["duration"] or 0.0 for r in rows)
@@ -684,6 +687,7 @@ def format_report(report: Mapping[str, Any]) -> str:
         )
         if ck["by_kind"]:
             lines.append("  kinds: " + ", ".join(f"{k} {v}" for k, v in ck["by_kind"].items()))
+        lines.extend(report_saves.format_lines(ck.get("saves")))
     else:
         lines.append("  none committed")
     if ck["skipped_bad"]:

@@ -175,11 +175,13 @@ class _DirectWriter:
     """A thread writing filled bounce buffers with ``O_DIRECT`` while the caller fills
     the other one. Falls back to the buffered descriptor when a direct write is refused."""
 
-    def __init__(self, direct_fd: int, buffered_fd: int) -> None:
+    def __init__(
+        self, direct_fd: int, buffered_fd: int, buffers: Sequence[np.ndarray] | None = None
+    ) -> None:
         self.fd = direct_fd
         self.direct_fd = direct_fd
         self.buffered_fd = buffered_fd
-        self.buffers = [_aligned(BOUNCE_BYTES) for _ in range(2)]
+        self.buffers = list(buffers) if buffers else [_aligned(BOUNCE_BYTES) for _ in range(2)]
         self.free: queue.Queue[int] = queue.Queue()
         for i in range(len(self.buffers)):
             self.free.put(i)
@@ -189,7 +191,12 @@ class _DirectWriter:
         self.thread.start()
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], buffered_fd: int) -> _DirectWriter | None:
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        buffered_fd: int,
+        buffers: Sequence[np.ndarray] | None = None,
+    ) -> _DirectWriter | None:
         flag = getattr(os, "O_DIRECT", 0)
         if not flag:
             return None
@@ -199,7 +206,7 @@ class _DirectWriter:
             if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP):
                 return None  # this file system takes no O_DIRECT
             raise
-        return cls(fd, buffered_fd)
+        return cls(fd, buffered_fd, buffers)
 
     def write(self, data: memoryview, offset: int) -> None:
         """Queue ``data`` (a multiple of ALIGN long) for ``offset`` (aligned)."""
@@ -211,7 +218,7 @@ class _DirectWriter:
             if self.error is not None:
                 self.free.put(i)
                 raise self.error
-            n = min(BOUNCE_BYTES, len(data) - pos)
+            n = min(len(self.buffers[i]), len(data) - pos)
             np.copyto(self.buffers[i][:n], src[pos : pos + n])  # releases the GIL
             self.todo.put((i, n, offset + pos))
             pos += n
@@ -230,7 +237,8 @@ class _DirectWriter:
             self.todo.put(None)
             self.thread.join()
         finally:
-            os.close(self.direct_fd)
+            if self.direct_fd != self.buffered_fd:
+                os.close(self.direct_fd)
         if self.error is not None:
             raise self.error
 
@@ -277,3 +285,58 @@ def _preallocate(fd: int, offset: int, length: int) -> None:
     """
     if _fallocate is not None:
         _fallocate(fd, 0, offset, length)  # failure only costs speed
+
+
+class StreamedWrite:
+    """Extents written through a ring of reused, page-aligned buffers.
+
+    :meth:`feed` copies every byte of the extents into the ring, waiting while every
+    buffer is being written, and returns once the caller's memory is no longer needed;
+    a thread writes the buffers (``O_DIRECT`` where allowed). :meth:`finish` (from any
+    thread) waits for the writes and fsyncs. The memory held is the ring, whatever the
+    size of the extents: what lets a staged save stay within a memory budget.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], ring: Sequence[np.ndarray], *, direct: bool = True
+    ) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        self.total = self.direct_total = 0
+        try:
+            writer = _DirectWriter.open(path, self.fd, ring) if direct else None
+            self.direct = writer is not None
+            self.writer = writer or _DirectWriter(self.fd, self.fd, ring)
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def feed(self, extents: Sequence[Extent], before: Callable[[int], None] | None = None) -> None:
+        """Copy (or, for short and unaligned bytes, write through the page cache) every extent."""
+        for i, extent in enumerate(extents):
+            if before is not None:
+                before(i)
+            data = _flat(extent.data)
+            head, body = _split(extent.offset, len(data))
+            if body < MIN_DIRECT_BYTES:
+                pwrite_all(self.fd, data, extent.offset)
+            else:
+                pwrite_all(self.fd, data[:head], extent.offset)
+                self.writer.write(data[head : head + body], extent.offset + head)
+                pwrite_all(self.fd, data[head + body :], extent.offset + head + body)
+                self.direct_total += body if self.direct else 0
+            self.total += len(data)
+
+    def finish(self) -> Outcome:
+        """Wait for every queued buffer, fsync and close; raises the first write error."""
+        try:
+            self.writer.close()
+            os.fsync(self.fd)
+        finally:
+            os.close(self.fd)
+        return Outcome(self.total, self.direct_total)
+
+
+def ring_buffers(nbytes: int, piece: int = BOUNCE_BYTES) -> list[np.ndarray]:
+    """Page-aligned buffers of at most ``piece`` bytes, ``nbytes`` in all (at least two)."""
+    piece = max(ALIGN, min(piece, nbytes // 2) // ALIGN * ALIGN)
+    return [_aligned(piece) for _ in range(max(2, nbytes // piece))]

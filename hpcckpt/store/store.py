@@ -52,15 +52,17 @@ from hpcckpt.store import (
     faults,
     filesystem,
     layout,
+    memory,
     retention,
     safety,
+    staging_budget,
 )
 from hpcckpt.store.blocks import ChainPolicy, ChainState
 from hpcckpt.store.checkpoint_file import Written, write_file
 from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
 from hpcckpt.store.reader import CheckpointReader
 from hpcckpt.store.resharding import Split, common_tree, even_split, resolve_ranges
-from hpcckpt.store.staging import BackgroundWrite, HostBuffers
+from hpcckpt.store.staging import BackgroundWrite, HostBuffers, stream_pieces
 from hpcckpt.store.state_tree import check_fits, decode_into, encode, lookup
 
 log = logging.getLogger("hpcckpt.store")
@@ -72,6 +74,7 @@ __all__ = [
     "PendingSave",
     "RestoreResult",
     "SaveResult",
+    "StagingRefused",
 ]
 
 
@@ -86,6 +89,11 @@ class SaveResult:
     total_blocks: int = 0  # blocks of the whole state, over all ranks
     #: Staged saves: seconds the ranks were blocked (``seconds`` is staging to commit).
     blocked_seconds: float | None = None
+    #: The largest resident set of a rank from the start of the save to its commit.
+    peak_rss: int = 0
+    #: Staged in memory: "copy" (whole) or "pieces" (through a ring), and the bytes held.
+    staging: str | None = None
+    staging_bytes: int = 0
 
     @property
     def dirty_fraction(self) -> float:
@@ -114,10 +122,17 @@ class PendingSave:
     foreground: float  # this rank's seconds in begin_save
     blocked: float  # the slowest rank's seconds in begin_save
     bytes_total: int  # over all ranks
+    staging: str | None = None  # in memory: "copy" or "pieces" (staging_budget)
+    staging_bytes: int = 0  # host bytes this rank's staging holds
 
     def done(self) -> bool:
         """Whether this rank's background write has finished (well or not); never blocks."""
         return self.writer.done()
+
+
+class StagingRefused(Exception):
+    """Raised on every rank by :meth:`CheckpointStore.begin_save` when some rank has too
+    little memory to stage its state: nothing was written; save synchronously instead."""
 
 
 class _Fatal(Exception):
@@ -174,6 +189,7 @@ class CheckpointStore:
         self.local_newer = False
         #: This rank's node-local copy the last restore took (see ``begin_save(redrain=)``).
         self.restored_copy: fast_tier.LocalCopy | None = None
+        self._local_ranks: int | None = None  # ranks on this node (the first staged save)
 
     def _agree(
         self, error: BaseException | None, what: str, kind: type[Exception] = CheckpointError
@@ -210,6 +226,7 @@ class CheckpointStore:
         rank and key path); any other failure raises CheckpointError on every rank.
         """
         t0 = time.perf_counter()
+        memory.reset_peak()
         final = self.directory / layout.checkpoint_name(step)
         partial = final.with_name(final.name + layout.PARTIAL)
         tree, arrays, state_bytes = self._prepare(step, state)
@@ -228,7 +245,7 @@ class CheckpointStore:
         self._commit(partial, final, step)
         self.last = written.state
         total = self.comm.allreduce(written.bytes, op=MPI.SUM)
-        seconds = self.comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+        seconds, peak = self._slowest(time.perf_counter() - t0, memory.peak_rss_bytes())
         return SaveResult(
             step,
             final,
@@ -237,7 +254,37 @@ class CheckpointStore:
             written.kind,
             written.dirty_blocks,
             written.total_blocks,
+            peak_rss=int(peak),
         )
+
+    def _slowest(self, *values: float) -> list[float]:
+        """The largest of each value over the ranks, in one reduction."""
+        out = np.empty(len(values))
+        self.comm.Allreduce(np.asarray(values, dtype=np.float64), out, op=MPI.MAX)
+        return out.tolist()
+
+    def _plan_staging(self, buffers: HostBuffers, arrays: dict[str, Any]) -> Any:
+        """This rank's way to stage ``arrays`` within its budget; collective.
+
+        Raises StagingRefused on every rank when any rank is too short of memory
+        (:mod:`.staging_budget`): then nothing is staged, nothing written.
+        """
+        if self._local_ranks is None:
+            node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+            self._local_ranks = node.Get_size()
+            node.Free()
+        mine = sum(a.nbytes for a in arrays.values())
+        plan = staging_budget.plan(
+            mine, buffers.budget, memory.available_bytes(), self._local_ranks, buffers.nbytes
+        )
+        short = self.comm.allreduce(
+            self.rank if plan.mode == staging_budget.SYNC else -1, op=MPI.MAX
+        )
+        if short >= 0:
+            buffers.release()  # a synchronous save comes next: give the memory back
+            why = self.comm.bcast(plan.reason, root=short)
+            raise StagingRefused(f"rank {short}: {why}")
+        return plan
 
     def _prepare(self, step: int, state: dict[str, Any]) -> tuple[Any, dict[str, Any], int]:
         """Steps 1-2 of a save: encode (agreed), prepare the directory; (tree, arrays, bytes)."""
@@ -292,9 +339,14 @@ class CheckpointStore:
         if (buffers is None) == (cache is None):
             raise ValueError("begin_save needs exactly one staging area: buffers or cache")
         t0 = time.perf_counter()
+        memory.reset_peak()
         final = self.directory / layout.checkpoint_name(step)
         partial = final.with_name(final.name + layout.PARTIAL)
         tree, arrays, state_bytes = self._prepare(step, state)
+        plan = None
+        if buffers is not None:
+            plan = self._plan_staging(buffers, arrays)  # StagingRefused: go synchronous
+        pieces = plan is not None and plan.mode == staging_budget.PIECES
         parent = self._parent()
         uid = self.comm.bcast(uuid.uuid4().hex if self.rank == 0 else None)
         error: BaseException | None = None
@@ -316,6 +368,8 @@ class CheckpointStore:
                 staged, hashes, offsets = fast_tier.write_data(
                     cache, step, self.rank, arrays, self.block_size, self.file_mode
                 )
+            elif pieces:
+                staged = arrays  # hashed by write_file, copied piece by piece below
             else:
                 assert buffers is not None
                 staged, hashes = buffers.stage(arrays, self.block_size)
@@ -353,14 +407,30 @@ class CheckpointStore:
             state_bytes,
             "creating the file of",
             parent,
-            hashes=hashes,
+            hashes=hashes or None,
             uid=uid,
         )
-        writer = BackgroundWrite(partial, list(written.extents), self._direct_io).start()
+        if pieces:
+            assert buffers is not None and plan is not None
+            ring = buffers.ring(plan.staging_bytes)
+            writer = stream_pieces(partial, list(written.extents), ring, self._direct_io)
+        else:
+            writer = BackgroundWrite(partial, list(written.extents), self._direct_io).start()
         foreground = time.perf_counter() - t0
         every = self.comm.allgather((foreground, written.bytes))
         blocked, total = max(f for f, _ in every), sum(b for _, b in every)
-        return PendingSave(step, partial, final, written, writer, foreground, blocked, total)
+        return PendingSave(
+            step,
+            partial,
+            final,
+            written,
+            writer,
+            foreground,
+            blocked,
+            total,
+            staging=None if plan is None else plan.mode,
+            staging_bytes=0 if buffers is None else buffers.nbytes,
+        )
 
     def finish_save(self, pending: PendingSave) -> SaveResult:
         """Wait for every rank's background write, then commit; collective.
@@ -389,7 +459,7 @@ class CheckpointStore:
         self.local_newer = False  # whatever the cache holds is durable in the directory now
         # Staging to durable bytes, plus the commit: what a synchronous save would have cost.
         mine = pending.foreground + pending.writer.seconds + (time.perf_counter() - t_commit)
-        seconds = self.comm.allreduce(mine, op=MPI.MAX)
+        seconds, peak, held = self._slowest(mine, memory.peak_rss_bytes(), pending.staging_bytes)
         log.debug("rank %d waited %.3f s for its background write", self.rank, waited)
         w = pending.written
         return SaveResult(
@@ -401,6 +471,9 @@ class CheckpointStore:
             w.dirty_blocks,
             w.total_blocks,
             blocked_seconds=pending.blocked,
+            peak_rss=int(peak),
+            staging=pending.staging,
+            staging_bytes=int(held),
         )
 
     def _write(
