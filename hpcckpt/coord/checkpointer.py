@@ -627,6 +627,8 @@ class Checkpointer:
             extra["blocked_seconds"] = round(result.blocked_seconds, 6)
         if result.staging is not None:
             extra.update(staging_mode=result.staging, staging_bytes=result.staging_bytes)
+        if result.write_path is not None:
+            extra["write_path"] = result.write_path
         self._event(
             "checkpoint",
             step=step,
@@ -641,6 +643,16 @@ class Checkpointer:
             peak_rss=result.peak_rss,
             **extra,
         )
+        if result.write_decision:  # the writer measured direct against buffered writes
+            d = result.write_decision
+            log.info(
+                "writer: %s writes for %.0f MiB per rank (direct %.0f MB/s, buffered %.0f MB/s)",
+                d["path"],
+                d["size_group_bytes"] / 2**20,
+                d["direct_mb_s"],
+                d["buffered_mb_s"],
+            )
+            self._event("write_path", step=step, **d)
         if stop:
             self._stop_requested = True
             sig = self._signals.received

@@ -19,10 +19,10 @@ _NO_LIMIT = 1 << 60
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-def _meminfo(field: str) -> int | None:
-    """A ``/proc/meminfo`` field in bytes (its values are in kB)."""
+def _kib_field(path: str, field: str) -> int | None:
+    """A ``Name:  value kB`` field of a /proc file (``meminfo``, ``self/status``) in bytes."""
     try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
+        with open(path, encoding="ascii") as fh:
             for line in fh:
                 name, _, rest = line.partition(":")
                 if name == field:
@@ -30,19 +30,15 @@ def _meminfo(field: str) -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def _meminfo(field: str) -> int | None:
+    return _kib_field("/proc/meminfo", field)
 
 
 def _status(field: str) -> int | None:
-    """A ``/proc/self/status`` memory field (``VmRSS``, ``VmHWM``) in bytes."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as fh:
-            for line in fh:
-                name, _, rest = line.partition(":")
-                if name == field:
-                    return int(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    """A memory field of this process (``VmRSS``, ``VmHWM``) in bytes."""
+    return _kib_field("/proc/self/status", field)
 
 
 def _read_int(path: Path) -> int | None:
