@@ -154,3 +154,13 @@ def test_bench_async_reports_blocked_time(tmp_path: Path) -> None:
     assert row["memory_per_rank"] == {"async_host_buffers": 4 << 20, "cache_copy": 4 << 20}
     assert not (tmp_path / "scratch").exists(), "the scratch directory is left behind"
     assert not any((tmp_path / "cache").iterdir()), "the node-local copies are left behind"
+
+
+def test_bench_ranks_prints_the_curve(tmp_path: Path) -> None:
+    out = tmp_path / "ranks.json"
+    argv = [str(BENCH / "bench_ranks.py"), "--ranks", "2,3", "--kib", "64", "--reps", "1"]
+    proc = _run([*argv, "--dir", str(tmp_path / "scratch"), "--json", str(out)])
+    assert "| 2 | ompio |" in proc.stdout and "| 3 | ompio |" in proc.stdout, proc.stdout
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"2/ompio", "3/ompio"}
+    assert all(r["save"] > 0 and r["restore"] > 0 for recs in results.values() for r in recs)

@@ -118,6 +118,16 @@ def read_hashed(
     nblk = -(-len(out) // block_bytes)
     hashes = np.empty(nblk, dtype=np.uint64)
     piece = max(block_bytes, READ_PIECE_BYTES // block_bytes * block_bytes)
+    if len(out) <= piece:  # one piece: nothing to overlap, and a thread costs more
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            _pread_all(fd, out, offset, path)
+        finally:
+            os.close(fd)
+        digest = xxhash.xxh3_64_intdigest
+        for j in range(nblk):
+            hashes[j] = digest(out[j * block_bytes : (j + 1) * block_bytes])
+        return hashes
     ready: queue.Queue[int | None] = queue.Queue()
 
     def hash_pieces() -> None:
@@ -135,17 +145,24 @@ def read_hashed(
         done = 0
         while done < len(out):
             stop = min(done + piece, len(out))
-            while done < stop:
-                n = os.preadv(fd, [out[done:stop]], offset + done)
-                if n <= 0:
-                    raise OSError(errno.EIO, f"{os.fspath(path)} ends at byte {offset + done}")
-                done += n
+            _pread_all(fd, out[done:stop], offset + done, path)
+            done = stop
             ready.put(done)
     finally:
         os.close(fd)
         ready.put(None)
         hasher.join()
     return hashes
+
+
+def _pread_all(fd: int, out: memoryview, offset: int, path: str | os.PathLike[str]) -> None:
+    """Fill ``out`` from byte ``offset``; OSError when the file ends first."""
+    done = 0
+    while done < len(out):
+        n = os.preadv(fd, [out[done:]], offset + done)
+        if n <= 0:
+            raise OSError(errno.EIO, f"{os.fspath(path)} ends at byte {offset + done}")
+        done += n
 
 
 def _flat(data: memoryview) -> memoryview:
