@@ -231,7 +231,7 @@ class Checkpointer:
         if self.cache is not None:
             fast_tier.check_cache_dir(self.cache, self.directory)
         #: Host memory an async save stages into (None: not async, or staged to ``cache``).
-        budget = parse_budget(staging_budget)  # docs/async-and-fast-tier.md, "Memory"
+        budget = parse_budget(staging_budget)  # docs/async-and-fast-tier.md, memory budget
         self.buffers = HostBuffers(budget) if async_save and self.cache is None else None
         self._pending: PendingSave | None = None
         self._pending_reason = ""
