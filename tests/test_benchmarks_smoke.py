@@ -180,3 +180,13 @@ def test_bench_torch_writes_json(tmp_path: Path) -> None:
         "torch_dcp",
     }
     assert doc["summary"]["torch_save"]["save_vs_torch_save"] == 1.0
+
+
+def test_bench_ranks_prints_the_curve(tmp_path: Path) -> None:
+    out = tmp_path / "ranks.json"
+    argv = [str(BENCH / "bench_ranks.py"), "--ranks", "2,3", "--kib", "64", "--reps", "1"]
+    proc = _run([*argv, "--dir", str(tmp_path / "scratch"), "--json", str(out)])
+    assert "| 2 | ompio |" in proc.stdout and "| 3 | ompio |" in proc.stdout, proc.stdout
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"2/ompio", "3/ompio"}
+    assert all(r["save"] > 0 and r["restore"] > 0 for recs in results.values() for r in recs)

@@ -46,8 +46,15 @@ from hpcckpt.store.lock import DirectoryLock, DirectoryLocked
 from hpcckpt.store.resharding import Split
 from hpcckpt.store.retention import check_rules
 from hpcckpt.store.staging import HostBuffers
+from hpcckpt.store.staging_budget import parse_budget
 from hpcckpt.store.state_tree import is_stateful
-from hpcckpt.store.store import CheckpointError, CheckpointStore, PendingSave, SaveResult
+from hpcckpt.store.store import (
+    CheckpointError,
+    CheckpointStore,
+    PendingSave,
+    SaveResult,
+    StagingRefused,
+)
 
 log = logging.getLogger("hpcckpt")
 
@@ -122,7 +129,11 @@ class Checkpointer:
 
     Saves that do not block for the write (docs/performance.md, "Asynchronous saves"):
     with ``async_save=True`` ``save`` copies the arrays into host buffers reused from
-    save to save (one more copy of the rank's arrays in memory) and returns; with
+    save to save (one more copy of the rank's arrays in memory) and returns, within
+    ``staging_budget`` bytes per rank (e.g. ``"4G"``; default half the node's available
+    memory shared by its ranks): a larger state is copied in pieces while earlier pieces
+    are written, and a save short of memory is written synchronously (event
+    ``staging_refused``); with
     ``cache=PATH`` (e.g. ``/dev/shm/$SLURM_JOB_ID`` or a node-local NVMe) it writes
     them there instead, where they also survive a crash of the job's processes
     (``$HPCCKPT_CACHE`` sets ``cache`` for a whole job; ``finish()`` deletes the copies). A
@@ -173,6 +184,7 @@ class Checkpointer:
         async_save: bool = False,
         cache: str | os.PathLike[str] | None = None,
         replicated: Iterable[str] = (),
+        staging_budget: int | str | None = None,
     ) -> None:
         directory = directory if directory is not None else os.environ.get(DIR_ENV)
         if not directory:
@@ -228,7 +240,8 @@ class Checkpointer:
         if self.cache is not None:
             fast_tier.check_cache_dir(self.cache, self.directory)
         #: Host memory an async save stages into (None: not async, or staged to ``cache``).
-        self.buffers = HostBuffers() if async_save and self.cache is None else None
+        budget = parse_budget(staging_budget)  # docs/async-and-fast-tier.md, memory budget
+        self.buffers = HostBuffers(budget) if async_save and self.cache is None else None
         self._pending: PendingSave | None = None
         self._pending_reason = ""
         #: The full cost of a checkpoint (staging to commit): what a deadline save costs.
@@ -482,7 +495,11 @@ class Checkpointer:
         self._heartbeat.beat(step, "save", force=True)
         _validate_guard(self, step, state, event=self._event)  # PoisonedState on every rank
         if self.staged and not stop:
-            return self._begin_staged(step, state, reason, t0)
+            try:
+                return self._begin_staged(step, state, reason, t0)
+            except StagingRefused as exc:  # every rank alike: too little memory to stage
+                log.warning("checkpoint step %d written synchronously: %s", step, exc)
+                self._event(job_events.STAGING_REFUSED, step=step, reason=str(exc))
         try:
             result = self.store.save(step, state, extra_meta={"reason": reason})
         except CheckpointError as exc:  # on every rank alike
@@ -533,6 +550,7 @@ class Checkpointer:
             bytes=pending.bytes_total,
             save_kind=w.kind,
             staging="memory" if self.cache is None else "cache",
+            staging_mode=pending.staging,
         )
         return SaveResult(
             step,
@@ -617,9 +635,13 @@ class Checkpointer:
             reason,
             upcoming,
         )
-        extra = {}
+        extra: dict[str, Any] = {}
         if result.blocked_seconds is not None:
-            extra["blocked_seconds"] = result.blocked_seconds
+            extra["blocked_seconds"] = round(result.blocked_seconds, 6)
+        if result.staging is not None:
+            extra.update(staging_mode=result.staging, staging_bytes=result.staging_bytes)
+        if result.write_path is not None:
+            extra["write_path"] = result.write_path
         self._event(
             job_events.CHECKPOINT,
             step=step,
@@ -631,8 +653,19 @@ class Checkpointer:
             path=result.path.name,
             next_interval=interval,
             cost_estimate=round(self.cost_estimate, 6),
-            **{k: round(v, 6) for k, v in extra.items()},
+            peak_rss=result.peak_rss,
+            **extra,
         )
+        if result.write_decision:  # the writer measured direct against buffered writes
+            d = result.write_decision
+            log.info(
+                "writer: %s writes for %.0f MiB per rank (direct %.0f MB/s, buffered %.0f MB/s)",
+                d["path"],
+                d["size_group_bytes"] / 2**20,
+                d["direct_mb_s"],
+                d["buffered_mb_s"],
+            )
+            self._event(job_events.WRITE_PATH, step=step, **d)
         if stop:
             self._stop_requested = True
             sig = self._signals.received

@@ -41,12 +41,6 @@ __all__ = [
     "step_environment",
 ]
 
-#: Open MPI's MPI-IO component. Its default, ``ompio``, made collective HDF5 writes about
-#: ten times slower than ``romio321`` on this kind of machine (0.27 vs 3.4 GB/s, 2 ranks);
-#: so the step gets ``romio321`` unless the user chose a component.
-MPI_IO_ENV = "OMPI_MCA_io"
-MPI_IO_DEFAULT = "romio321"
-
 EXIT_USAGE = 2
 EXIT_CONTINUE_FAILED = 3  # requeue or chain submission failed (the checkpoint is safe)
 EXIT_INTERNAL = 70  # the wrapper itself failed (EX_SOFTWARE)
@@ -104,12 +98,12 @@ def step_environment(
     stop_signal: signal.Signals,
     extra: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The step's environment: ours plus the contract variables and the MPI-IO default."""
+    """The step's environment: ours plus the contract variables (no MPI-IO component:
+    hpcckpt's store does no MPI-IO, and the application's own choice stays its own)."""
     env = dict(base)
     env[DIR_ENV] = str(ckpt_dir)
     env[ATTEMPT_ENV] = attempt
     env[SIGNAL_ENV] = signal_name(stop_signal)
-    env.setdefault(MPI_IO_ENV, MPI_IO_DEFAULT)
     env.update(extra or {})
     return env
 

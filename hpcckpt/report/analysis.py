@@ -8,14 +8,15 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hpcckpt.policy.formulas import daly, efficiency, young
+from hpcckpt.report import saves
 from hpcckpt.report.format import mean, median, rounded
 from hpcckpt.report.model import (
     SEGMENT_KINDS,
     Attempt,
     Segment,
-    _num,
     _segments,
     _valid,
+    number,
     split_attempts,
 )
 from hpcckpt.report.nodes import analyze_node_failures
@@ -38,6 +39,8 @@ _KNOWN = {
     "finish",
     "node_failure",  # analysed in hpcckpt/report/nodes.py
     "relaunch",
+    evlog.STAGING_REFUSED,  # counted in hpcckpt/report/saves.py
+    evlog.WRITE_PATH,
 }
 
 
@@ -58,7 +61,8 @@ def analyze(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
       ``segments`` ([{kind, start, end}]), kinds as in :data:`SEGMENT_KINDS`;
     - ``checkpoints``: ``count``, ``mean_seconds``, ``max_seconds``, ``total_seconds``,
       ``total_bytes``, ``mean_bytes``, ``by_reason``, ``by_kind`` (None unless the
-      events have a ``kind``), ``skipped_bad``, ``uncommitted``;
+      events have a ``kind``), ``skipped_bad``, ``uncommitted``, ``saves`` (blocked
+      time and peak memory per save: :func:`hpcckpt.report.saves.summarize`);
     - ``time``: ``t0``, ``wall_seconds``, ``run_seconds`` (sum of the attempts),
       ``useful_seconds``, ``checkpoint_seconds``, ``overhead_seconds``,
       ``lost_seconds``, ``unrecorded_seconds``, ``queue_seconds``;
@@ -135,8 +139,8 @@ def analyze(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         prev_known = facts["end_known"]
 
     ckpt_events = [e for a in attempts for e in a.events if e["event"] == "checkpoint"]
-    costs = [c for c in (_num(e.get("seconds")) for e in ckpt_events) if c is not None]
-    sizes = [b for b in (_num(e.get("bytes")) for e in ckpt_events) if b is not None]
+    costs = [c for c in (number(e.get("seconds")) for e in ckpt_events) if c is not None]
+    sizes = [b for b in (number(e.get("bytes")) for e in ckpt_events) if b is not None]
     reasons = Counter(str(e.get("reason") or "unknown") for e in ckpt_events)
     kinds = Counter(str(e["kind"]) for e in ckpt_events if e.get("kind") is not None)
     checkpoints = {
@@ -150,6 +154,7 @@ def analyze(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "by_kind": dict(sorted(kinds.items())) if kinds else None,
         "skipped_bad": sum(r["skipped_bad"] for r in rows),
         "uncommitted": sum(r["uncommitted_checkpoints"] for r in rows),
+        "saves": saves.summarize(e for a in attempts for e in a.events),
     }
 
     run = sum(r["duration"] or 0.0 for r in rows)
@@ -217,7 +222,7 @@ def _interval_analysis(
                 continue  # the commit of a staged save: its interval was counted at staging
             elif kind == "checkpoint":
                 if began is None:
-                    began = ev["time"] - (_num(ev.get("seconds")) or 0.0)
+                    began = ev["time"] - (number(ev.get("seconds")) or 0.0)
                 # A checkpoint on a stop request cuts its interval short: not a sample.
                 if ref is not None and ev.get("reason") not in ("signal", "deadline"):
                     gaps.append(began - ref)
@@ -225,7 +230,7 @@ def _interval_analysis(
     configured = [
         v
         for v in (
-            _num(e.get("next_interval"))
+            number(e.get("next_interval"))
             for a in attempts
             for e in a.events
             if e["event"] == "checkpoint"

@@ -77,7 +77,8 @@ def _valid(ev: Mapping[str, Any]) -> bool:
     )
 
 
-def _num(value: Any) -> float | None:
+def number(value: Any) -> float | None:
+    """A finite int/float field of an event as a float; None for anything else."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value) if math.isfinite(value) else None
@@ -218,7 +219,7 @@ def _segments(att: Attempt, next_start: float | None) -> tuple[list[Segment], di
             if ev.get("step") is not None:
                 last_step = ev["step"]
         elif kind == "checkpoint":
-            secs = _num(ev.get("seconds"))
+            secs = number(ev.get("seconds"))
             if not open_ckpt and secs is not None:
                 add(state, t - secs)  # no checkpoint_begin: the cost tells when it began
             add("checkpoint", t)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from hpcckpt.report import saves
 from hpcckpt.report.format import dur, pct, size
 from hpcckpt.report.model import STOPPED
 
@@ -66,6 +67,7 @@ def format_report(report: Mapping[str, Any]) -> str:
         )
         if ck["by_kind"]:
             lines.append("  kinds: " + ", ".join(f"{k} {v}" for k, v in ck["by_kind"].items()))
+        lines.extend(saves.format_lines(ck.get("saves")))
     else:
         lines.append("  none committed")
     if ck["skipped_bad"]:

@@ -59,6 +59,8 @@ CHECKPOINT_FAILED = "checkpoint_failed"
 REJECTED = "rejected"
 STOP = "stop"
 FINISH = "finish"
+STAGING_REFUSED = "staging_refused"
+WRITE_PATH = "write_path"
 
 #: Events whose ``seconds`` is what one checkpoint cost (the Checkpointer's, or the
 #: restart files of an application without the API): also what counts as progress.

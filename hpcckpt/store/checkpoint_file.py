@@ -1,7 +1,9 @@
-"""Create one checkpoint = one HDF5 file, by all ranks at once through MPI-IO.
+"""Create one checkpoint = one HDF5 file for all ranks: rank 0 makes it, each rank fills its part.
 
-The ranks create the file with its metadata and its array datasets allocated; each
-rank then writes its own array bytes at their offsets (:mod:`hpcckpt.store.direct_io`).
+Rank 0 creates the file with its metadata and its datasets allocated (plain HDF5, no
+MPI-IO); each rank then writes its own bytes at their offsets
+(:mod:`hpcckpt.store.direct_io`). A save costs three small collectives here whatever
+the rank count, and no rank handles another rank's data or metadata but rank 0.
 
 The layout is documented for users in docs/format.md and read back (without MPI)
 by :mod:`hpcckpt.store.reader`:
@@ -82,6 +84,7 @@ class Written:
     uid: str = ""  # the file's unique id (meta attribute ``uid``)
     #: This rank's array bytes and where they go in the file, still to be written.
     extents: tuple[Extent, ...] = ()
+    all_bytes: int = 0  # array data and trees, over all ranks
 
 
 @dataclass(frozen=True)
@@ -178,7 +181,6 @@ def write_file(
     extra_meta: dict[str, Any] | None = None,
     *,
     distributed: Collection[str] = (),
-    hints: dict[str, str] | None = None,
     alignment: tuple[int, int] | None = None,
     block_size: int = blocks.DEFAULT_BLOCK_SIZE,
     parent: ChainState | None = None,
@@ -187,25 +189,29 @@ def write_file(
     uid: str | None = None,
     replicated: Collection[str] = (),
 ) -> Written:
-    """Collectively create one checkpoint file at ``path``; returns what this rank must
+    """Create one checkpoint file at ``path`` for all ranks; returns what this rank must
     write into it.
 
-    ``hints`` are MPI-IO hints (an ``MPI.Info``) and ``alignment`` the HDF5
-    (threshold, interval) in bytes, both from :mod:`hpcckpt.store.filesystem`.
-    Every rank hashes its arrays' blocks (one pass over the state); with a ``parent``
-    (the last committed checkpoint, the same on every rank) and the ``policy``
-    allowing it, only the blocks whose hash changed go into the file (an incremental
-    file), else everything. Raises CheckpointError on every rank alike when the
-    ranks' states do not fit one layout.
+    Rank 0 alone creates the file (plain HDF5, no MPI-IO) with all its metadata and
+    its datasets contiguous and allocated, but no bytes in them: the other ranks send
+    it only their specs and counts (a gather), learn the datasets' file offsets (a
+    bcast) and their own place in each (an exclusive prefix sum), so that no rank
+    handles data or metadata of the others: three collectives, whatever the rank count.
+    ``Written.extents`` is this rank's part of the file (its state tree, its row of
+    checksums, its block hashes, its arrays' bytes or changed blocks and their index
+    rows), written by :func:`.direct_io.write_extents` or a staged save's writer.
 
-    The file gets all its metadata, trees and block hashes, but no array bytes: its
-    datasets are contiguous and allocated at creation, and ``Written.extents`` says
-    where each piece of this rank's bytes goes (:func:`.direct_io.write_extents` writes
-    them). The caller then makes the file durable and commits it. For a staged save
-    (:mod:`hpcckpt.store.staging`), ``hashes`` are the arrays' block hashes computed
-    while copying them (or some of them, the rest are computed here) and ``uid`` the id
-    the ranks agreed on. ``replicated`` are the array paths stored once, from rank 0
-    (:mod:`hpcckpt.store.replicated`: the other ranks pass empty stand-ins).
+    ``alignment`` is the HDF5 (threshold, interval) in bytes from
+    :mod:`hpcckpt.store.filesystem`. Every rank hashes its arrays' blocks (one pass
+    over the state); with a ``parent`` (the last committed checkpoint, the same on
+    every rank) and the ``policy`` allowing it, only the blocks whose hash changed go
+    into the file (an incremental file), else everything. Raises CheckpointError on
+    every rank alike when the ranks' states do not fit one layout, or rank 0 could not
+    create the file. For a staged save (:mod:`hpcckpt.store.staging`), ``hashes`` are
+    the arrays' block hashes computed while copying them (or some of them, the rest are
+    computed here) and ``uid`` the id the ranks agreed on. ``replicated`` are the array
+    paths stored once, from rank 0 (:mod:`hpcckpt.store.replicated`: the other ranks
+    pass empty stand-ins).
     """
     rank, size = comm.Get_rank(), comm.Get_size()
     policy = policy or ChainPolicy()
@@ -240,8 +246,122 @@ def write_file(
             d.size,
             blocks.dirty_elems(d, blocks.block_elems(a.itemsize, block_size), a.size),
         )
+    # This rank's place in every dataset: the sums of the counts of the ranks before it.
+    names = sorted(arrays)
+    mine_counts = [len(tree_bytes)]
+    for p in names:
+        a = arrays[p]
+        mine_counts += [*counts[p], a.shape[0] if a.ndim else 0, a.size]
+    before = np.zeros(len(mine_counts), dtype=np.int64)
+    comm.Exscan(np.asarray(mine_counts, dtype=np.int64), before, op=MPI.SUM)
+    if rank == 0:
+        before[:] = 0  # Exscan leaves rank 0's buffer undefined
     v3 = bool(replicated) or uses_tags(tree, V3_TAGS)
-    gathered = comm.allgather((specs, len(tree_bytes), dirty is not None, counts, v3))
+    gathered = comm.gather((specs, len(tree_bytes), dirty is not None, counts, v3), root=0)
+
+    plan: dict[str, Any] | str | None = None
+    failure: BaseException | None = None
+    if rank == 0:
+        assert gathered is not None
+        try:
+            plan = _create(
+                path,
+                gathered,
+                step,
+                size,
+                extra_meta,
+                distributed,
+                alignment,
+                block_size,
+                parent,
+                policy,
+                uid,
+                replicated,
+            )
+        except CheckpointError as exc:  # the states do not fit one layout: said alike
+            plan = str(exc)
+        except Exception as exc:  # rank 0 raises it as it is (ENOSPC is explained so)
+            plan = f"rank 0 could not create {path.name}: {type(exc).__name__}: {exc}"
+            failure = exc
+    plan = comm.bcast(plan)
+    if isinstance(plan, str):
+        if failure is not None:
+            raise failure
+        raise CheckpointError(plan)
+    assert isinstance(plan, dict)
+    if rank != 0 and list(plan["names"]) != names:
+        raise CheckpointError(f"rank {rank} holds other arrays than rank 0")
+    incremental = plan["kind"] == INCREMENTAL
+    uid = plan["uid"]
+
+    extents: list[Extent] = []
+    bases = plan["bases"]
+    if tree_bytes:
+        extents.append(Extent(bases["rank_tree"] + int(before[0]), memoryview(tree_bytes)))
+    sums = [blocks.hashes_checksum(hashes[p]) for p in names]
+    sums_row = np.array(sums + [integrity.checksum(tree_bytes)], dtype="<u8")
+    extents.append(Extent(bases["checksums"] + rank * sums_row.nbytes, _bytes(sums_row)))
+    mine_hashes = np.concatenate([hashes[p] for p in names] or [np.empty(0, np.uint64)])
+    if mine_hashes.size:
+        first_hash = sum(int(before[1 + 5 * j]) for j in range(len(names)))
+        hash_row = mine_hashes.astype("<u8", copy=False)
+        extents.append(Extent(bases["block_hashes"] + 8 * first_hash, _bytes(hash_row)))
+    written = 0
+    for j, p in enumerate(names):
+        nb, ndirty, nelems, rows, elems = (int(x) for x in before[1 + 5 * j : 6 + 5 * j])
+        data = np.ascontiguousarray(arrays[p])
+        if incremental:
+            assert dirty is not None
+            written += _delta_extents(
+                data, dirty[p], block_size, rank, bases[p], nelems, ndirty, extents
+            )
+            continue
+        if not data.nbytes:  # no bytes: HDF5 allocates an empty dataset no storage
+            continue
+        if plan["layouts"][p] == "rows":
+            offset = rows * (data.nbytes // data.shape[0])
+        else:
+            offset = elems * data.itemsize
+        extents.append(Extent(bases[p]["data"] + offset, _bytes(data)))
+        written += data.nbytes
+    if incremental:
+        assert parent is not None
+        chain = (*parent.chain, (name, step, uid))
+        chain_bytes = parent.chain_bytes + plan["delta_bytes"]
+    else:
+        chain, chain_bytes = ((name, step, uid),), 0
+    state_bytes = plan["state_bytes"]
+    state = ChainState(step, uid, block_size, size, mine, hashes, chain, chain_bytes, state_bytes)
+    return Written(
+        written + len(tree_bytes),
+        plan["kind"],
+        int(plan["dirty_blocks"]),
+        int(plan["total_blocks"]),
+        int(plan["data_bytes"]),
+        hash_seconds,
+        state,
+        uid,
+        tuple(extents),
+        int(plan["data_bytes"]) + int(plan["tree_bytes"]),
+    )
+
+
+def _create(
+    path: Path,
+    gathered: list[Any],
+    step: int,
+    size: int,
+    extra_meta: dict[str, Any] | None,
+    distributed: Collection[str],
+    alignment: tuple[int, int] | None,
+    block_size: int,
+    parent: ChainState | None,
+    policy: ChainPolicy,
+    uid: str | None,
+    replicated: Collection[str],
+) -> dict[str, Any]:
+    """Rank 0: decide the layout from every rank's specs and counts, create the file
+    with all metadata and allocated, empty datasets; what every rank needs to write."""
     layouts = plan_layouts([g[0] for g in gathered], distributed, replicated)
     # Version 3 only when the file needs it, so that older readers still read the rest.
     version = FORMAT_VERSION if any(g[4] for g in gathered) else 2
@@ -266,196 +386,131 @@ def write_file(
         data_bytes = delta_bytes
     else:
         dirty_blocks, data_bytes = total_blocks, state_bytes
-
-    sums = [blocks.hashes_checksum(hashes[lay.path]) for lay in layouts]
-    sums = np.array(sums + [integrity.checksum(tree_bytes)], dtype=np.uint64)
-    when, new_uid = comm.bcast((time.time(), uuid.uuid4().hex) if rank == 0 else None)
-    uid = uid or new_uid
-    extents: list[Extent] = []
+    uid = uid or uuid.uuid4().hex
     options: dict[str, Any] = {}
-    info = MPI.INFO_NULL
-    if hints:
-        info = MPI.Info.Create()
-        for key, value in hints.items():
-            info.Set(key, str(value))
-        options["info"] = info
     if alignment is not None:
         options["alignment_threshold"], options["alignment_interval"] = alignment
-    written = 0
-    try:
-        with h5py.File(path, "w", driver="mpio", comm=comm, **options) as f:
-            meta = f.create_group("meta")
-            meta.attrs["format"] = FORMAT
-            meta.attrs["format_version"] = version
-            meta.attrs["step"] = step
-            meta.attrs["nranks"] = size
-            meta.attrs["time"] = when
-            meta.attrs["checksum"] = integrity.ALGORITHM
-            meta.attrs["hpcckpt_version"] = __version__
-            meta.attrs["arrays"] = json.dumps([lay.path for lay in layouts])
-            meta.attrs["kind"] = kind
-            meta.attrs["uid"] = uid
-            meta.attrs["block_size"] = block_size
-            meta.attrs["state_bytes"] = state_bytes
-            meta.attrs["data_bytes"] = data_bytes
-            meta.attrs["total_blocks"] = total_blocks
-            meta.attrs["dirty_blocks"] = dirty_blocks
+    bases: dict[str, Any] = {}
+    with h5py.File(path, "w", **options) as f:
+        meta = f.create_group("meta")
+        meta.attrs["format"] = FORMAT
+        meta.attrs["format_version"] = version
+        meta.attrs["step"] = step
+        meta.attrs["nranks"] = size
+        meta.attrs["time"] = time.time()
+        meta.attrs["checksum"] = integrity.ALGORITHM
+        meta.attrs["hpcckpt_version"] = __version__
+        meta.attrs["arrays"] = json.dumps([lay.path for lay in layouts])
+        meta.attrs["kind"] = kind
+        meta.attrs["uid"] = uid
+        meta.attrs["block_size"] = block_size
+        meta.attrs["state_bytes"] = state_bytes
+        meta.attrs["data_bytes"] = data_bytes
+        meta.attrs["total_blocks"] = total_blocks
+        meta.attrs["dirty_blocks"] = dirty_blocks
+        if incremental:
+            assert parent is not None
+            for key, (ref_name, ref_step, ref_uid) in (
+                ("parent", parent.chain[-1]),
+                ("base", parent.chain[0]),
+            ):
+                meta.attrs[key] = ref_name
+                meta.attrs[f"{key}_step"] = ref_step
+                meta.attrs[f"{key}_uid"] = ref_uid
+            meta.attrs["chain"] = json.dumps([list(ref) for ref in parent.chain])
+            meta.attrs["chain_length"] = len(parent.chain)
+            meta.attrs["chain_bytes"] = parent.chain_bytes + delta_bytes
+        for key, value in (extra_meta or {}).items():
+            meta.attrs[key] = value
+        rt = _allocated(meta, "rank_tree", (int(tree_offsets[-1]),), np.uint8)
+        rt.attrs["offsets"] = tree_offsets
+        cs = _allocated(meta, "checksums", (size, len(layouts) + 1), np.uint64)
+        bh = _allocated(meta, "block_hashes", (total_blocks,), np.uint64)
+        bh.attrs["offsets"] = hash_offsets
+        bases["rank_tree"], bases["checksums"] = _where(rt), _where(cs)
+        bases["block_hashes"] = _where(bh)
+        for lay in layouts:
             if incremental:
-                assert parent is not None
-                for key, (ref_name, ref_step, ref_uid) in (
-                    ("parent", parent.chain[-1]),
-                    ("base", parent.chain[0]),
-                ):
-                    meta.attrs[key] = ref_name
-                    meta.attrs[f"{key}_step"] = ref_step
-                    meta.attrs[f"{key}_uid"] = ref_uid
-                meta.attrs["chain"] = json.dumps([list(ref) for ref in parent.chain])
-                meta.attrs["chain_length"] = len(parent.chain)
-                meta.attrs["chain_bytes"] = parent.chain_bytes + delta_bytes
-            for key, value in (extra_meta or {}).items():
-                meta.attrs[key] = value
-            rt = meta.create_dataset(
-                "rank_tree", shape=(int(tree_offsets[-1]),), dtype=np.uint8, fill_time="never"
-            )
-            rt.attrs["offsets"] = tree_offsets
-            cs = meta.create_dataset(
-                "checksums", shape=(size, len(layouts) + 1), dtype=np.uint64, fill_time="never"
-            )
-            bh = meta.create_dataset(
-                "block_hashes", shape=(total_blocks,), dtype=np.uint64, fill_time="never"
-            )
-            bh.attrs["offsets"] = hash_offsets
-            dsets = []
-            for lay in layouts:
-                ix = None
-                if incremental:
-                    elems = sum(g[3][lay.path][2] for g in gathered)
-                    d = f.create_dataset(
-                        delta_name(lay.path), shape=(elems,), dtype=lay.dtype, fill_time="never"
-                    )
-                    d.attrs["shape"] = json.dumps([int(x) for x in lay.global_shape])
-                    d.attrs["block_elems"] = blocks.block_elems(lay.dtype.itemsize, block_size)
-                    ix = f.create_dataset(
-                        index_name(lay.path),
-                        shape=(sum(g[3][lay.path][1] for g in gathered), 3),
-                        dtype=np.int64,
-                        fill_time="never",
-                    )
-                else:
-                    d = f.create_dataset(
-                        dataset_name(lay.path),
-                        shape=lay.global_shape,
-                        dtype=lay.dtype,
-                        fill_time="never",
-                    )
-                d.attrs["layout"] = lay.layout
-                d.attrs["rank_offsets"] = np.asarray(lay.offsets, dtype=np.int64)
-                d.attrs["rank_shapes"] = json.dumps([list(s) for s in lay.shapes])
-                d.attrs["distributed"] = lay.distributed
-                if lay.torch_dtype:
-                    d.attrs["torch_dtype"] = lay.torch_dtype
-                if lay.replicated:
-                    d.attrs["replicated"] = True
-                dsets.append((d, ix))
-
-            lo, hi = int(tree_offsets[rank]), int(tree_offsets[rank + 1])
-            if hi > lo:
-                rt[lo:hi] = np.frombuffer(tree_bytes, dtype=np.uint8)
-            cs[rank] = sums
-            lo, hi = (
-                int(hash_offsets[rank * len(layouts)]),
-                int(hash_offsets[(rank + 1) * len(layouts)]),
-            )
-            if hi > lo:
-                bh[lo:hi] = np.concatenate([hashes[lay.path] for lay in layouts])
-            for lay, (d, ix) in zip(layouts, dsets, strict=True):
-                if incremental:
-                    assert dirty is not None and ix is not None
-                    written += _write_delta(
-                        d,
-                        ix,
-                        arrays[lay.path],
-                        dirty[lay.path],
-                        block_size,
-                        [g[3][lay.path] for g in gathered],
-                        rank,
-                        extents,
-                    )
-                    continue
-                lo, hi = lay.offsets[rank], lay.offsets[rank + 1]
-                if hi == lo:
-                    continue
-                data = np.ascontiguousarray(arrays[lay.path])
-                if data.nbytes:  # rows of zero bytes: HDF5 allocates the dataset no storage
-                    row = data.nbytes // max(1, hi - lo)  # bytes per row (or element, flat)
-                    extents.append(Extent(_offset(d) + lo * row, _bytes(data)))
-                written += data.nbytes
-    finally:
-        if info != MPI.INFO_NULL:
-            info.Free()
-    if incremental:
-        assert parent is not None
-        chain = (*parent.chain, (name, step, uid))
-        chain_bytes = parent.chain_bytes + delta_bytes
-    else:
-        chain, chain_bytes = ((name, step, uid),), 0
-    state = ChainState(step, uid, block_size, size, mine, hashes, chain, chain_bytes, state_bytes)
-    return Written(
-        written + len(tree_bytes),
-        kind,
-        int(dirty_blocks),
-        total_blocks,
-        int(data_bytes),
-        hash_seconds,
-        state,
-        uid,
-        tuple(extents),
-    )
+                elems = sum(g[3][lay.path][2] for g in gathered)
+                d = _allocated(f, delta_name(lay.path), (elems,), lay.dtype)
+                d.attrs["shape"] = json.dumps([int(x) for x in lay.global_shape])
+                d.attrs["block_elems"] = blocks.block_elems(lay.dtype.itemsize, block_size)
+                rows = sum(g[3][lay.path][1] for g in gathered)
+                ix = _allocated(f, index_name(lay.path), (rows, 3), np.int64)
+                bases[lay.path] = {"data": _where(d), "index": _where(ix)}
+            else:
+                d = _allocated(f, dataset_name(lay.path), lay.global_shape, lay.dtype)
+                bases[lay.path] = {"data": _where(d)}
+            d.attrs["layout"] = lay.layout
+            d.attrs["rank_offsets"] = np.asarray(lay.offsets, dtype=np.int64)
+            d.attrs["rank_shapes"] = json.dumps([list(s) for s in lay.shapes])
+            d.attrs["distributed"] = lay.distributed
+            if lay.torch_dtype:
+                d.attrs["torch_dtype"] = lay.torch_dtype
+            if lay.replicated:
+                d.attrs["replicated"] = True
+    return {
+        "names": [lay.path for lay in layouts],
+        "layouts": {lay.path: lay.layout for lay in layouts},
+        "kind": kind,
+        "uid": uid,
+        "bases": bases,
+        "state_bytes": state_bytes,
+        "delta_bytes": delta_bytes,
+        "data_bytes": data_bytes,
+        "tree_bytes": int(tree_offsets[-1]),
+        "dirty_blocks": dirty_blocks,
+        "total_blocks": total_blocks,
+    }
 
 
-def _offset(d: h5py.Dataset) -> int:
-    """Byte offset of a contiguous dataset's data in its file (allocated at creation)."""
+def _allocated(group: h5py.Group, name: str, shape: tuple[int, ...], dtype: Any) -> h5py.Dataset:
+    """A contiguous dataset whose storage is allocated now and never filled: its bytes
+    have a file offset from the start, and only the ranks' own writes fill them."""
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+    return group.create_dataset(name, shape=shape, dtype=dtype, fill_time="never", dcpl=dcpl)
+
+
+def _where(d: h5py.Dataset) -> int:
+    """Byte offset of a dataset's data in its file (0 for one with no bytes: never used)."""
     offset = d.id.get_offset()
-    if offset is None:  # cannot happen with the mpio driver, which allocates early
-        raise CheckpointError(f"dataset {d.name} has no storage allocated yet")
-    return int(offset)
+    return 0 if offset is None else int(offset)
 
 
 def _bytes(data: np.ndarray) -> memoryview:
     return memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
 
 
-def _write_delta(
-    d: h5py.Dataset,
-    ix: h5py.Dataset,
+def _delta_extents(
     array: np.ndarray,
     dirty: np.ndarray,
     block_size: int,
-    counts: list[tuple[int, int, int]],
     rank: int,
+    bases: dict[str, int],
+    first: int,
+    row: int,
     extents: list[Extent],
 ) -> int:
-    """Write the index rows of this rank's changed blocks of one array and append the
-    blocks to ``extents`` (file offset, bytes); the bytes of those blocks.
+    """Append this rank's changed blocks of one array, and their index rows, to
+    ``extents``; the bytes of those blocks.
 
-    ``counts`` is every rank's (blocks, dirty blocks, dirty elements) of the array:
-    rank r's blocks follow those of ranks 0..r-1 in both datasets.
+    ``first``/``row``: the dirty elements and dirty blocks of the ranks before this one
+    (rank r's blocks follow those of ranks 0..r-1 in both datasets).
     """
     if dirty.size == 0:
         return 0
     elems = blocks.block_elems(array.dtype.itemsize, block_size)
-    first = sum(c[2] for c in counts[:rank])
-    row = sum(c[1] for c in counts[:rank])
     sizes = np.minimum(elems, array.size - dirty.astype(np.int64) * elems)
     starts = first + np.cumsum(sizes) - sizes
-    ix[row : row + dirty.size] = np.column_stack(
+    index = np.column_stack(
         [np.full(dirty.size, rank, dtype=np.int64), dirty.astype(np.int64), starts]
-    )
+    ).astype("<i8")
+    extents.append(Extent(bases["index"] + row * 3 * 8, _bytes(index)))
     flat = np.ascontiguousarray(array).reshape(-1)
     pos = first
-    base = _offset(d)
     for b0, b1 in blocks.runs(dirty):
         e0, e1 = b0 * elems, min(b1 * elems, array.size)
-        extents.append(Extent(base + pos * array.itemsize, _bytes(flat[e0:e1])))
+        extents.append(Extent(bases["data"] + pos * array.itemsize, _bytes(flat[e0:e1])))
         pos += e1 - e0
     return (pos - first) * array.dtype.itemsize

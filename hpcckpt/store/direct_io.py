@@ -118,6 +118,16 @@ def read_hashed(
     nblk = -(-len(out) // block_bytes)
     hashes = np.empty(nblk, dtype=np.uint64)
     piece = max(block_bytes, READ_PIECE_BYTES // block_bytes * block_bytes)
+    if len(out) <= piece:  # one piece: nothing to overlap, and a thread costs more
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            _pread_all(fd, out, offset, path)
+        finally:
+            os.close(fd)
+        digest = xxhash.xxh3_64_intdigest
+        for j in range(nblk):
+            hashes[j] = digest(out[j * block_bytes : (j + 1) * block_bytes])
+        return hashes
     ready: queue.Queue[int | None] = queue.Queue()
 
     def hash_pieces() -> None:
@@ -135,17 +145,24 @@ def read_hashed(
         done = 0
         while done < len(out):
             stop = min(done + piece, len(out))
-            while done < stop:
-                n = os.preadv(fd, [out[done:stop]], offset + done)
-                if n <= 0:
-                    raise OSError(errno.EIO, f"{os.fspath(path)} ends at byte {offset + done}")
-                done += n
+            _pread_all(fd, out[done:stop], offset + done, path)
+            done = stop
             ready.put(done)
     finally:
         os.close(fd)
         ready.put(None)
         hasher.join()
     return hashes
+
+
+def _pread_all(fd: int, out: memoryview, offset: int, path: str | os.PathLike[str]) -> None:
+    """Fill ``out`` from byte ``offset``; OSError when the file ends first."""
+    done = 0
+    while done < len(out):
+        n = os.preadv(fd, [out[done:]], offset + done)
+        if n <= 0:
+            raise OSError(errno.EIO, f"{os.fspath(path)} ends at byte {offset + done}")
+        done += n
 
 
 def _flat(data: memoryview) -> memoryview:
@@ -175,11 +192,13 @@ class _DirectWriter:
     """A thread writing filled bounce buffers with ``O_DIRECT`` while the caller fills
     the other one. Falls back to the buffered descriptor when a direct write is refused."""
 
-    def __init__(self, direct_fd: int, buffered_fd: int) -> None:
+    def __init__(
+        self, direct_fd: int, buffered_fd: int, buffers: Sequence[np.ndarray] | None = None
+    ) -> None:
         self.fd = direct_fd
         self.direct_fd = direct_fd
         self.buffered_fd = buffered_fd
-        self.buffers = [_aligned(BOUNCE_BYTES) for _ in range(2)]
+        self.buffers = list(buffers) if buffers else [_aligned(BOUNCE_BYTES) for _ in range(2)]
         self.free: queue.Queue[int] = queue.Queue()
         for i in range(len(self.buffers)):
             self.free.put(i)
@@ -189,7 +208,12 @@ class _DirectWriter:
         self.thread.start()
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], buffered_fd: int) -> _DirectWriter | None:
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        buffered_fd: int,
+        buffers: Sequence[np.ndarray] | None = None,
+    ) -> _DirectWriter | None:
         flag = getattr(os, "O_DIRECT", 0)
         if not flag:
             return None
@@ -199,7 +223,7 @@ class _DirectWriter:
             if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP):
                 return None  # this file system takes no O_DIRECT
             raise
-        return cls(fd, buffered_fd)
+        return cls(fd, buffered_fd, buffers)
 
     def write(self, data: memoryview, offset: int) -> None:
         """Queue ``data`` (a multiple of ALIGN long) for ``offset`` (aligned)."""
@@ -211,7 +235,7 @@ class _DirectWriter:
             if self.error is not None:
                 self.free.put(i)
                 raise self.error
-            n = min(BOUNCE_BYTES, len(data) - pos)
+            n = min(len(self.buffers[i]), len(data) - pos)
             np.copyto(self.buffers[i][:n], src[pos : pos + n])  # releases the GIL
             self.todo.put((i, n, offset + pos))
             pos += n
@@ -230,7 +254,8 @@ class _DirectWriter:
             self.todo.put(None)
             self.thread.join()
         finally:
-            os.close(self.direct_fd)
+            if self.direct_fd != self.buffered_fd:
+                os.close(self.direct_fd)
         if self.error is not None:
             raise self.error
 
@@ -277,3 +302,58 @@ def _preallocate(fd: int, offset: int, length: int) -> None:
     """
     if _fallocate is not None:
         _fallocate(fd, 0, offset, length)  # failure only costs speed
+
+
+class StreamedWrite:
+    """Extents written through a ring of reused, page-aligned buffers.
+
+    :meth:`feed` copies every byte of the extents into the ring, waiting while every
+    buffer is being written, and returns once the caller's memory is no longer needed;
+    a thread writes the buffers (``O_DIRECT`` where allowed). :meth:`finish` (from any
+    thread) waits for the writes and fsyncs. The memory held is the ring, whatever the
+    size of the extents: what lets a staged save stay within a memory budget.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], ring: Sequence[np.ndarray], *, direct: bool = True
+    ) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        self.total = self.direct_total = 0
+        try:
+            writer = _DirectWriter.open(path, self.fd, ring) if direct else None
+            self.direct = writer is not None
+            self.writer = writer or _DirectWriter(self.fd, self.fd, ring)
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def feed(self, extents: Sequence[Extent], before: Callable[[int], None] | None = None) -> None:
+        """Copy (or, for short and unaligned bytes, write through the page cache) every extent."""
+        for i, extent in enumerate(extents):
+            if before is not None:
+                before(i)
+            data = _flat(extent.data)
+            head, body = _split(extent.offset, len(data))
+            if body < MIN_DIRECT_BYTES:
+                pwrite_all(self.fd, data, extent.offset)
+            else:
+                pwrite_all(self.fd, data[:head], extent.offset)
+                self.writer.write(data[head : head + body], extent.offset + head)
+                pwrite_all(self.fd, data[head + body :], extent.offset + head + body)
+                self.direct_total += body if self.direct else 0
+            self.total += len(data)
+
+    def finish(self) -> Outcome:
+        """Wait for every queued buffer, fsync and close; raises the first write error."""
+        try:
+            self.writer.close()
+            os.fsync(self.fd)
+        finally:
+            os.close(self.fd)
+        return Outcome(self.total, self.direct_total)
+
+
+def ring_buffers(nbytes: int, piece: int = BOUNCE_BYTES) -> list[np.ndarray]:
+    """Page-aligned buffers of at most ``piece`` bytes, ``nbytes`` in all (at least two)."""
+    piece = max(ALIGN, min(piece, nbytes // 2) // ALIGN * ALIGN)
+    return [_aligned(piece) for _ in range(max(2, nbytes // piece))]

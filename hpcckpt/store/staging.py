@@ -14,6 +14,7 @@ only once every rank's thread reports its bytes durable.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,10 +24,10 @@ import numpy as np
 import xxhash
 
 from hpcckpt.store import blocks
-from hpcckpt.store.direct_io import Extent, write_extents
+from hpcckpt.store.direct_io import Extent, StreamedWrite, ring_buffers, write_extents
 from hpcckpt.store.faults import fault_point
 
-__all__ = ["BackgroundWrite", "Extent", "HostBuffers", "copy_and_hash"]
+__all__ = ["BackgroundWrite", "Extent", "HostBuffers", "copy_and_hash", "stream_pieces"]
 
 
 def copy_and_hash(src: np.ndarray, dst: np.ndarray, block_size: int) -> np.ndarray:
@@ -50,24 +51,39 @@ def copy_and_hash(src: np.ndarray, dst: np.ndarray, block_size: int) -> np.ndarr
 
 
 class HostBuffers:
-    """Reused host memory for the state of an asynchronous save.
+    """Reused host memory for the state of an asynchronous save, within a budget.
 
-    One buffer per array path, kept between saves while the array's shape and dtype
-    stay the same: the memory held is one copy of the rank's arrays (plus the
-    array being resized, during a save that changes a shape).
+    ``budget``: the bytes this rank's staging may hold (None: a fraction of the
+    node's available memory, see :mod:`hpcckpt.store.staging_budget`). A state that
+    fits is copied whole into one buffer per array path, kept between saves while the
+    array's shape and dtype stay the same (plus the array being resized, during a save
+    that changes a shape); a larger one goes through a ring of buffers of the budget's
+    size (:meth:`ring`), kept too. Only one of the two is held at a time.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, budget: int | None = None) -> None:
+        self.budget = budget
         self._buffers: dict[str, np.ndarray] = {}
+        self._ring: list[np.ndarray] = []
 
     @property
     def nbytes(self) -> int:
-        return sum(b.nbytes for b in self._buffers.values())
+        return sum(b.nbytes for b in self._buffers.values()) + sum(b.nbytes for b in self._ring)
+
+    def ring(self, nbytes: int) -> list[np.ndarray]:
+        """Page-aligned buffers of ``nbytes`` in all (reused when the size is the same);
+        the whole-state buffers are freed first."""
+        self._buffers.clear()
+        if sum(b.nbytes for b in self._ring) != nbytes or not self._ring:
+            self._ring = []  # free the old ring before allocating the new one
+            self._ring = ring_buffers(nbytes)
+        return self._ring
 
     def stage(
         self, arrays: dict[str, np.ndarray], block_size: int
     ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """Copies of ``arrays`` in the buffers and their block hashes."""
+        self._ring = []
         for stale in set(self._buffers) - set(arrays):
             del self._buffers[stale]
         copies, hashes = {}, {}
@@ -83,6 +99,7 @@ class HostBuffers:
 
     def release(self) -> None:
         self._buffers.clear()
+        self._ring = []
 
 
 @dataclass
@@ -90,7 +107,8 @@ class BackgroundWrite:
     """One rank's thread writing its extents into ``path`` and fsyncing it.
 
     ``error`` holds what went wrong (never raised in the thread); ``seconds`` the
-    time from start to durable bytes.
+    time from start to durable bytes. With ``stream`` (a save staged in pieces, whose
+    bytes the foreground already fed into its ring) the thread finishes that stream.
     """
 
     path: Path
@@ -99,15 +117,24 @@ class BackgroundWrite:
     error: BaseException | None = None
     seconds: float = 0.0
     bytes: int = 0
+    stream: StreamedWrite | None = field(default=None, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
 
     def start(self) -> BackgroundWrite:
-        self._thread = threading.Thread(target=self._run, name="hpcckpt-write", daemon=True)
-        self._thread.start()
+        if self.error is None:  # a stream that failed while fed has nothing left to write
+            self._thread = threading.Thread(target=self._run, name="hpcckpt-write", daemon=True)
+            self._thread.start()
         return self
 
     def _run(self) -> None:
         t0 = time.perf_counter()
+        if self.stream is not None:
+            try:
+                self.bytes = self.stream.finish().bytes
+            except BaseException as exc:  # surfaced to the main thread by finish_save
+                self.error = exc
+            self.seconds = time.perf_counter() - t0
+            return
         try:
             done = write_extents(
                 self.path,
@@ -133,3 +160,20 @@ class BackgroundWrite:
     def wait(self) -> None:
         if self._thread is not None:
             self._thread.join()
+
+
+def stream_pieces(
+    path: Path, extents: list[Extent], ring: list[np.ndarray], direct: bool
+) -> BackgroundWrite:
+    """Copy ``extents`` through ``ring`` into ``path`` (blocking while the ring is full)
+    and return the started write of what remains; a failure is kept in its ``error``."""
+    stream = None
+    try:
+        stream = StreamedWrite(path, ring, direct=direct)
+        stream.feed(extents, before=lambda i: fault_point("drain.eio"))
+    except BaseException as exc:  # finish_save agrees on it, like a background failure
+        if stream is not None:
+            with contextlib.suppress(BaseException):
+                stream.finish()
+        return BackgroundWrite(path, [], direct, error=exc).start()
+    return BackgroundWrite(path, [], direct, stream=stream).start()

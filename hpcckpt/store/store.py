@@ -5,11 +5,12 @@ Commit protocol of one save (all ranks take part; see docs/format.md):
 1. every rank encodes its state; the ranks agree that every encoding succeeded;
 2. rank 0 creates the directory (owner-only), removes ``*.partial`` leftovers and,
    on the first save, applies the file-system tuning (``lfs setstripe`` on Lustre);
-3. the ranks create ``ckpt-<step>.h5.partial`` collectively through MPI-IO with all its
-   metadata and contiguous datasets allocated; then every rank writes its array bytes at
-   their offsets (``O_DIRECT`` where the file system takes it, :mod:`.direct_io`) and
-   fsyncs;
-4. the ranks agree that every one of them succeeded (an allgather); if not, rank 0
+3. rank 0 creates ``ckpt-<step>.h5.partial`` with all its metadata and contiguous
+   datasets allocated, from every rank's specs (a gather; plain HDF5, no MPI-IO); every
+   rank learns its offsets (a bcast and a prefix sum) and writes its own part (tree,
+   checksums, block hashes, array bytes: ``O_DIRECT`` where the file system takes it,
+   :mod:`.direct_io`) and fsyncs;
+4. the ranks agree that every one of them succeeded (one reduction); if not, rank 0
    deletes the partial file and every rank raises;
 5. rank 0 fsyncs the file, renames it to ``ckpt-<step>.h5`` and fsyncs the directory.
 
@@ -39,7 +40,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,9 +56,12 @@ from hpcckpt.store import (
     faults,
     filesystem,
     layout,
+    memory,
     retention,
     safety,
+    staging_budget,
     tensors,
+    write_path,
 )
 from hpcckpt.store.blocks import ChainPolicy, ChainState
 from hpcckpt.store.checkpoint_file import Written, write_file
@@ -65,7 +69,7 @@ from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
 from hpcckpt.store.reader import CheckpointReader
 from hpcckpt.store.replicated import check_and_stand_in, normalize
 from hpcckpt.store.resharding import Split, common_tree, even_split, resolve_ranges
-from hpcckpt.store.staging import BackgroundWrite, HostBuffers
+from hpcckpt.store.staging import BackgroundWrite, HostBuffers, stream_pieces
 from hpcckpt.store.state_tree import (
     Targets,
     check_fits,
@@ -85,6 +89,7 @@ __all__ = [
     "PendingSave",
     "RestoreResult",
     "SaveResult",
+    "StagingRefused",
 ]
 
 
@@ -99,6 +104,15 @@ class SaveResult:
     total_blocks: int = 0  # blocks of the whole state, over all ranks
     #: Staged saves: seconds the ranks were blocked (``seconds`` is staging to commit).
     blocked_seconds: float | None = None
+    #: The largest resident set of a rank from the start of the save to its commit.
+    peak_rss: int = 0
+    #: Staged in memory: "copy" (whole) or "pieces" (through a ring), and the bytes held.
+    staging: str | None = None
+    staging_bytes: int = 0
+    #: Synchronous saves: "direct" or "buffered", and the choice made after it, if any
+    #: (:mod:`.write_path`: the rates measured, the path kept).
+    write_path: str | None = None
+    write_decision: dict[str, Any] | None = None
 
     @property
     def dirty_fraction(self) -> float:
@@ -127,10 +141,17 @@ class PendingSave:
     foreground: float  # this rank's seconds in begin_save
     blocked: float  # the slowest rank's seconds in begin_save
     bytes_total: int  # over all ranks
+    staging: str | None = None  # in memory: "copy" or "pieces" (staging_budget)
+    staging_bytes: int = 0  # host bytes this rank's staging holds
 
     def done(self) -> bool:
         """Whether this rank's background write has finished (well or not); never blocks."""
         return self.writer.done()
+
+
+class StagingRefused(Exception):
+    """Raised on every rank by :meth:`CheckpointStore.begin_save` when some rank has too
+    little memory to stage its state: nothing was written; save synchronously instead."""
 
 
 class _Fatal(Exception):
@@ -200,16 +221,38 @@ class CheckpointStore:
         self.local_newer = False
         #: This rank's node-local copy the last restore took (see ``begin_save(redrain=)``).
         self.restored_copy: fast_tier.LocalCopy | None = None
+        self._local_ranks: int | None = None  # ranks on this node (the first staged save)
+        self.paths: write_path.WritePathChooser | None = None  # made at the first save
 
     def _agree(
-        self, error: BaseException | None, what: str, kind: type[Exception] = CheckpointError
-    ) -> None:
-        """Raise on every rank if any rank failed; the message names the ranks and reasons."""
-        errors = self.comm.allgather(None if error is None else f"{type(error).__name__}: {error}")
-        failed = [(r, e) for r, e in enumerate(errors) if e is not None]
-        if failed:
+        self,
+        error: BaseException | None,
+        what: str,
+        kind: type[Exception] = CheckpointError,
+        extra: int = 0,
+    ) -> int:
+        """Raise on every rank if any rank failed; the message names the ranks and reasons.
+
+        One reduction when all went well (the reasons are gathered only on failure);
+        returns the sum of ``extra`` over the ranks, which rides on it.
+        """
+        mine = np.array([error is not None, extra], dtype=np.int64)
+        total = np.empty_like(mine)
+        self.comm.Allreduce(mine, total, op=MPI.SUM)
+        if total[0]:
+            errors = self.comm.allgather(
+                None if error is None else f"{type(error).__name__}: {error}"
+            )
+            failed = [(r, e) for r, e in enumerate(errors) if e is not None]
             detail = "; ".join(f"rank {r}: {e}" for r, e in failed[:4])
             raise kind(f"{what} failed ({detail})") from error
+        return int(total[1])
+
+    def _agree_root(self, error: BaseException | None, what: str) -> None:
+        """Like :meth:`_agree` for what only rank 0 does: one broadcast of its outcome."""
+        why = self.comm.bcast(None if error is None else f"{type(error).__name__}: {error}")
+        if why is not None:
+            raise CheckpointError(f"{what} failed (rank 0: {why})") from error
 
     # -- save ------------------------------------------------------------------------------
     def _tune(self, state_bytes: int) -> filesystem.Tuning:
@@ -224,7 +267,7 @@ class CheckpointStore:
                 why = filesystem.apply_setstripe(plan.setstripe_argv)
                 if why:
                     log.warning("could not stripe %s (%s); writing anyway", self.directory, why)
-            log.info("file system %s (%s): MPI-IO hints %s", fs.kind, fs.name, plan.hints or "none")
+            log.info("file system %s (%s), direct I/O %s", fs.kind, fs.name, plan.direct_io)
         return self.comm.bcast(plan)
 
     def save(
@@ -236,52 +279,103 @@ class CheckpointStore:
         rank and key path); any other failure raises CheckpointError on every rank.
         """
         t0 = time.perf_counter()
+        memory.reset_peak()
         final = self.directory / layout.checkpoint_name(step)
         partial = final.with_name(final.name + layout.PARTIAL)
-        tree, arrays, state_bytes = self._prepare(step, state)
-        parent = self._parent()
-        written = self._write(
-            partial,
-            step,
-            tree,
-            arrays,
-            extra_meta,
-            state_bytes,
-            "creating the file of",
-            parent,
-            hashes=self._known_hashes,
+        tree, arrays, state_bytes, parent = self._prepare(step, state)
+        written, error = self._create(
+            partial, step, tree, arrays, extra_meta, parent, hashes=self._known_hashes
         )
-        self._write_data(partial, written, step, state_bytes)
-        self._commit(partial, final, step)
+        direct, t_write, per_rank = False, time.perf_counter(), 0
+        if written is not None:  # the ranks agree once, on creating and writing alike
+            per_rank = written.data_bytes // self.nranks
+            direct = self._path_chooser().direct(per_rank)
+            t_write = time.perf_counter()
+            error = self._write_data(partial, written, direct)
+        write_seconds = time.perf_counter() - t_write
+        faults.fault_point("write.closed")
+        error = safety.explain_write_error(error, self.directory, state_bytes)  # ENOSPC
+        self._agree_or_discard(error, f"writing checkpoint of step {step}", partial)
+        assert written is not None
+        seconds, peak, slowest_write = self._commit(
+            partial,
+            final,
+            step,
+            lambda: (time.perf_counter() - t0, memory.peak_rss_bytes(), write_seconds),
+        )
+        decision = self._path_chooser().record(per_rank, direct, slowest_write)
         self.last = written.state
-        total = self.comm.allreduce(written.bytes, op=MPI.SUM)
-        seconds = self.comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
         return SaveResult(
             step,
             final,
-            total,
+            written.all_bytes,
             seconds,
             written.kind,
             written.dirty_blocks,
             written.total_blocks,
+            peak_rss=int(peak),
+            write_path="direct" if direct else "buffered",
+            write_decision=decision,
         )
 
-    def _prepare(self, step: int, state: dict[str, Any]) -> tuple[Any, dict[str, Any], int]:
-        """Steps 1-2 of a save: encode (agreed), prepare the directory; (tree, arrays, bytes)."""
+    def _path_chooser(self) -> write_path.WritePathChooser:
+        """Direct or buffered writes for synchronous saves (decided at the first save)."""
+        if self.paths is None:
+            self.paths = write_path.WritePathChooser(self._direct_io, self.tuning_options.direct_io)
+        return self.paths
+
+    def _slowest(self, *values: float) -> list[float]:
+        """The largest of each value over the ranks, in one reduction."""
+        out = np.empty(len(values))
+        self.comm.Allreduce(np.asarray(values, dtype=np.float64), out, op=MPI.MAX)
+        return out.tolist()
+
+    def _plan_staging(self, buffers: HostBuffers, arrays: dict[str, Any]) -> Any:
+        """This rank's way to stage ``arrays`` within its budget; collective.
+
+        Raises StagingRefused on every rank when any rank is too short of memory
+        (:mod:`.staging_budget`): then nothing is staged, nothing written.
+        """
+        if self._local_ranks is None:
+            node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+            self._local_ranks = node.Get_size()
+            node.Free()
+        mine = sum(a.nbytes for a in arrays.values())
+        plan = staging_budget.plan(
+            mine, buffers.budget, memory.available_bytes(), self._local_ranks, buffers.nbytes
+        )
+        short = self.comm.allreduce(
+            self.rank if plan.mode == staging_budget.SYNC else -1, op=MPI.MAX
+        )
+        if short >= 0:
+            buffers.release()  # a synchronous save comes next: give the memory back
+            why = self.comm.bcast(plan.reason, root=short)
+            raise StagingRefused(f"rank {short}: {why}")
+        return plan
+
+    def _prepare(
+        self, step: int, state: dict[str, Any]
+    ) -> tuple[Any, dict[str, Any], int, ChainState | None]:
+        """Steps 1-2 of a save: encode (agreed), prepare the directory; (tree, arrays,
+        bytes over all ranks, the checkpoint this one may be a delta of)."""
         error: BaseException | None = None
         tree, arrays = None, {}
         try:
             tree, arrays = encode(state)
         except (TypeError, ValueError) as exc:
             error = exc
-        self._agree(error, f"encoding the state of step {step}", TypeError)
+        mine = sum(a.nbytes for a in arrays.values())
+        state_bytes = self._agree(error, f"encoding the state of step {step}", TypeError, mine)
         self._replicated_paths, self._known_hashes = set(), {}
         if self.replicated:
+            before = arrays
             arrays, self._known_hashes, self._replicated_paths = check_and_stand_in(
                 self.comm, self.replicated, tree, arrays, self.block_size
             )
+            # Checked equal on every rank: all but rank 0 dropped the same bytes.
+            replicated_bytes = sum(before[p].nbytes for p in self._replicated_paths)
+            state_bytes -= (self.nranks - 1) * replicated_bytes
         faults.fault_point("save.begin", step)
-        state_bytes = self.comm.allreduce(sum(a.nbytes for a in arrays.values()), op=MPI.SUM)
 
         if self.rank == 0:
             try:
@@ -292,11 +386,11 @@ class CheckpointStore:
                 safety.check_free_space(self.directory, state_bytes)  # ENOSPC before HDF5 sees it
             except OSError as exc:
                 error = exc
-        self._agree(error, f"preparing checkpoint directory {self.directory}")
+        parent = self._parent(error)
         faults.fault_point("save.prepared")
         if self.tuning is None:
             self.tuning = self._tune(state_bytes)
-        return tree, arrays, state_bytes
+        return tree, arrays, state_bytes, parent
 
     # -- staged saves ------------------------------------------------------------------------
     def begin_save(
@@ -324,10 +418,14 @@ class CheckpointStore:
         if (buffers is None) == (cache is None):
             raise ValueError("begin_save needs exactly one staging area: buffers or cache")
         t0 = time.perf_counter()
+        memory.reset_peak()
         final = self.directory / layout.checkpoint_name(step)
         partial = final.with_name(final.name + layout.PARTIAL)
-        tree, arrays, state_bytes = self._prepare(step, state)
-        parent = self._parent()
+        tree, arrays, state_bytes, parent = self._prepare(step, state)
+        plan = None
+        if buffers is not None:
+            plan = self._plan_staging(buffers, arrays)  # StagingRefused: go synchronous
+        pieces = plan is not None and plan.mode == staging_budget.PIECES
         uid = self.comm.bcast(uuid.uuid4().hex if self.rank == 0 else None)
         error: BaseException | None = None
         staged: dict[str, Any] = {}
@@ -348,6 +446,8 @@ class CheckpointStore:
                 staged, hashes, offsets = fast_tier.write_data(
                     cache, step, self.rank, arrays, self.block_size, self.file_mode
                 )
+            elif pieces:
+                staged = arrays  # hashed by write_file, copied piece by piece below
             else:
                 assert buffers is not None
                 staged, hashes = buffers.stage(arrays, self.block_size)
@@ -377,23 +477,33 @@ class CheckpointStore:
             except OSError as exc:  # the drain goes on; this copy just cannot be restored
                 log.warning("rank %d: cannot seal its copy in %s: %s", self.rank, cache, exc)
         faults.fault_point("stage.written")
-        written = self._write(
-            partial,
-            step,
-            tree,
-            staged,
-            extra_meta,
-            state_bytes,
-            "creating the file of",
-            parent,
-            hashes=hashes,
-            uid=uid,
+        written, error = self._create(
+            partial, step, tree, staged, extra_meta, parent, hashes=hashes or None, uid=uid
         )
-        writer = BackgroundWrite(partial, list(written.extents), self._direct_io).start()
+        error = safety.explain_write_error(error, self.directory, state_bytes)  # ENOSPC
+        self._agree_or_discard(error, f"creating the file of checkpoint of step {step}", partial)
+        assert written is not None
+        if pieces:
+            assert buffers is not None and plan is not None
+            ring = buffers.ring(plan.staging_bytes)
+            writer = stream_pieces(partial, list(written.extents), ring, self._direct_io)
+        else:
+            writer = BackgroundWrite(partial, list(written.extents), self._direct_io).start()
         foreground = time.perf_counter() - t0
-        every = self.comm.allgather((foreground, written.bytes))
-        blocked, total = max(f for f, _ in every), sum(b for _, b in every)
-        return PendingSave(step, partial, final, written, writer, foreground, blocked, total)
+        (blocked,) = self._slowest(foreground)
+        total = written.all_bytes
+        return PendingSave(
+            step,
+            partial,
+            final,
+            written,
+            writer,
+            foreground,
+            blocked,
+            total,
+            staging=None if plan is None else plan.mode,
+            staging_bytes=0 if buffers is None else buffers.nbytes,
+        )
 
     def finish_save(self, pending: PendingSave) -> SaveResult:
         """Wait for every rank's background write, then commit; collective.
@@ -417,12 +527,19 @@ class CheckpointStore:
             self.local_newer = True  # a sealed node-local copy is now the newest
             raise
         t_commit = time.perf_counter()
-        self._commit(pending.partial, pending.final, pending.step)
+        # Staging to durable bytes, plus the commit: what a synchronous save would have cost.
+        seconds, peak, held = self._commit(
+            pending.partial,
+            pending.final,
+            pending.step,
+            lambda: (
+                pending.foreground + pending.writer.seconds + (time.perf_counter() - t_commit),
+                memory.peak_rss_bytes(),
+                pending.staging_bytes,
+            ),
+        )
         self.last = pending.written.state
         self.local_newer = False  # whatever the cache holds is durable in the directory now
-        # Staging to durable bytes, plus the commit: what a synchronous save would have cost.
-        mine = pending.foreground + pending.writer.seconds + (time.perf_counter() - t_commit)
-        seconds = self.comm.allreduce(mine, op=MPI.MAX)
         log.debug("rank %d waited %.3f s for its background write", self.rank, waited)
         w = pending.written
         return SaveResult(
@@ -434,22 +551,22 @@ class CheckpointStore:
             w.dirty_blocks,
             w.total_blocks,
             blocked_seconds=pending.blocked,
+            peak_rss=int(peak),
+            staging=pending.staging,
+            staging_bytes=int(held),
         )
 
-    def _write(
+    def _create(
         self,
         partial: Path,
         step: int,
         tree: Any,
         arrays: dict[str, Any],
         extra_meta: dict[str, Any] | None,
-        state_bytes: int,
-        what: str,
         parent: ChainState | None,
         **options: Any,
-    ) -> Written:
-        """Step 3: create the ``.partial`` (metadata, no array bytes) on every rank and
-        agree that every rank succeeded; on failure it is deleted and every rank raises."""
+    ) -> tuple[Written | None, BaseException | None]:
+        """Step 3 without the agreement: (what this rank writes, or the error it met)."""
         error: BaseException | None = None
         written: Written | None = None
         try:
@@ -461,7 +578,6 @@ class CheckpointStore:
                 arrays,
                 extra_meta,
                 distributed=self.distributed,
-                hints=self.tuning.hints if self.tuning else None,
                 alignment=self.tuning.alignment if self.tuning else None,
                 block_size=self.block_size,
                 parent=parent,
@@ -469,34 +585,28 @@ class CheckpointStore:
                 replicated=self._replicated_paths,
                 **options,
             )
-        except Exception as exc:  # every rank must reach the agreement below
+        except Exception as exc:  # every rank must reach the agreement
             error = exc
-        error = safety.explain_write_error(error, self.directory, state_bytes)  # ENOSPC
-        self._agree_or_discard(error, f"{what} checkpoint of step {step}", partial)
-        assert written is not None
-        return written
+        return written, error
 
     @property
     def _direct_io(self) -> bool:
         """Whether array bytes go past the page cache (the file system's tuning plan)."""
         return bool(self.tuning and self.tuning.direct_io)
 
-    def _write_data(self, partial: Path, written: Written, step: int, state_bytes: int) -> None:
-        """Step 3b: every rank writes its array bytes into the created ``.partial`` and
-        fsyncs it (:mod:`.direct_io`); agreed like step 3."""
-        error: BaseException | None = None
+    def _write_data(self, partial: Path, written: Written, direct: bool) -> BaseException | None:
+        """Step 3b: this rank writes its part into the created ``.partial`` and fsyncs it
+        (:mod:`.direct_io`); the error it met, for the agreement."""
         try:
             direct_io.write_extents(
                 partial,
                 written.extents,
-                direct=self._direct_io,
+                direct=direct,
                 after=lambda i: faults.fault_point("write.data"),  # tests: die mid-data
             )
-        except Exception as exc:  # every rank must reach the agreement below
-            error = exc
-        faults.fault_point("write.closed")
-        error = safety.explain_write_error(error, self.directory, state_bytes)  # ENOSPC
-        self._agree_or_discard(error, f"writing checkpoint of step {step}", partial)
+        except Exception as exc:  # every rank must reach the agreement
+            return exc
+        return None
 
     def _agree_or_discard(self, error: BaseException | None, what: str, partial: Path) -> None:
         """Step 4: raise on every rank if any failed, rank 0 deleting the ``.partial``."""
@@ -507,34 +617,45 @@ class CheckpointStore:
                 partial.unlink(missing_ok=True)
             raise
 
-    def _commit(self, partial: Path, final: Path, step: int) -> None:
-        """Step 5: rank 0 makes the file durable and renames it into place; agreed."""
+    def _commit(
+        self, partial: Path, final: Path, step: int, measure: Callable[[], Sequence[float]]
+    ) -> list[float]:
+        """Step 5: rank 0 makes the file durable and renames it into place; agreed in the
+        same reduction that gives the largest of each of ``measure()`` over the ranks."""
         error: BaseException | None = None
         if self.rank == 0:
             try:
-                safety.set_mode(partial, self.file_mode)  # MPI-IO created it with the umask
+                safety.set_mode(partial, self.file_mode)  # created with the umask
                 durability.commit(partial, final)
                 faults.fault_point("commit.renamed")
             except OSError as exc:
                 error = exc
-        self._agree(error, f"committing checkpoint of step {step}")
+        *out, failed = self._slowest(*measure(), float(error is not None))
+        if failed:
+            self._agree_root(error, f"committing checkpoint of step {step}")
+        return out
 
-    def _parent(self) -> ChainState | None:
-        """The checkpoint the next save may be a delta of: the last one, if its chain is intact.
+    def _parent(self, error: BaseException | None) -> ChainState | None:
+        """Agree on rank 0's ``error`` preparing the directory and on the checkpoint the
+        next save may be a delta of (the last one, if its chain is intact); one bcast.
 
         Rank 0 checks that every file of the chain is still there and not marked bad
         (someone may have moved or pruned them); every rank gets the same answer.
         """
-        if not self.chain_policy.incremental:
-            return None
-        ok = None
-        if self.rank == 0:
+        ok = False
+        if self.rank == 0 and error is None and self.chain_policy.incremental:
             ok = self.last is not None and all(
                 (self.directory / name).is_file()
                 and not (self.directory / (name + layout.BAD)).exists()
                 for name, _, _ in self.last.chain
             )
-        return self.last if self.comm.bcast(ok) else None
+        why = None if error is None else f"{type(error).__name__}: {error}"
+        why, ok = self.comm.bcast((why, ok))
+        if why is not None:
+            raise CheckpointError(
+                f"preparing checkpoint directory {self.directory} failed (rank 0: {why})"
+            ) from error
+        return self.last if ok else None
 
     def _chain_state(self, reader: CheckpointReader) -> ChainState | None:
         """This rank's memory of a restored checkpoint, from the hashes stored in its file."""
@@ -596,7 +717,14 @@ class CheckpointStore:
 
         The CorruptCheckpoint's ``culprit`` lists the files the ranks found at fault
         (members of an incremental checkpoint's chain); empty when it is the checkpoint.
+        One reduction when nothing went wrong and no rank has a payload (the common
+        case: no array to reshard); the gather only otherwise.
         """
+        flags = np.array([problem is not None or fatal is not None, bool(payload)], np.int32)
+        anything = np.empty_like(flags)
+        self.comm.Allreduce(flags, anything, op=MPI.MAX)
+        if not anything.any():
+            return [payload] * self.nranks
         outcome = self.comm.allgather((problem, fatal, payload, culprit and str(culprit)))
         fatals = [f for _, f, _, _ in outcome if f]
         if fatals:
@@ -803,7 +931,7 @@ class CheckpointStore:
                 skipped.append((entry.step, reason))
                 continue
             finally:
-                self.comm.Barrier()  # every rank is past the read: it did not kill us
+                # Every rank is past the read (its last agreement): it did not kill us.
                 if self.rank == 0:
                     _reading_marker(entry.path).unlink(missing_ok=True)
             self._decode(state, tree, arrays, targets)

@@ -199,3 +199,41 @@ def test_read_hashed_raises_when_the_file_ends_early(tmp_path):
     path.write_bytes(b"x" * 1000)
     with pytest.raises(OSError, match="ends at byte 1000"):
         direct_io.read_hashed(path, 0, memoryview(bytearray(2000)), 4096)
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_streamed_write_lands_exactly_through_a_ring_smaller_than_the_data(
+    tmp_path, small, direct
+):
+    path = tmp_path / "f"
+    path.write_bytes(b"\xee" * 400 * KiB)
+    a = data(250 * KiB + 11, 4)  # unaligned start and end, many times the ring
+    b = data(5000, 5)  # below the threshold: page cache
+    ring = direct_io.ring_buffers(32 * KiB, piece=8 * KiB)
+    assert len(ring) == 4 and all(r.ctypes.data % ALIGN == 0 for r in ring)
+    stream = direct_io.StreamedWrite(path, ring, direct=direct)
+    stream.feed([Extent(1000, memoryview(a)), Extent(300 * KiB, memoryview(b))])
+    a[:] = 0  # the caller's memory is free once feed returns
+    b[:] = 0
+    done = stream.finish()
+    assert done.bytes == a.nbytes + b.nbytes
+    assert (done.direct_bytes > 0) == (direct and takes_direct(path))
+    raw = path.read_bytes()
+    assert raw[1000 : 1000 + a.nbytes] == data(250 * KiB + 11, 4).tobytes()
+    assert raw[300 * KiB : 300 * KiB + 5000] == data(5000, 5).tobytes()
+    assert raw[:1000] == b"\xee" * 1000
+    assert raw[1000 + a.nbytes : 300 * KiB] == b"\xee" * (300 * KiB - 1000 - a.nbytes)
+    assert len(raw) == 400 * KiB
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_streamed_write_raises_a_failed_write(tmp_path, small, direct):
+    path = tmp_path / "f"
+    path.write_bytes(b"\0" * 200 * KiB)
+    stream = direct_io.StreamedWrite(path, direct_io.ring_buffers(32 * KiB, 8 * KiB), direct=direct)
+    with pytest.raises(OSError) as info:
+        try:
+            stream.feed([Extent(1 << 62, memoryview(data(64 * KiB, 6)))])  # past any file's end
+        finally:
+            stream.finish()
+    assert info.value.errno in (errno.EFBIG, errno.EINVAL)

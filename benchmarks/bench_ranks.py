@@ -1,0 +1,169 @@
+"""Small states on many ranks: save and restore time against file-per-rank, per rank count.
+
+    .venv/bin/python benchmarks/bench_ranks.py [--ranks 2,4,8,16,32,64] [--kib 256]
+        [--reps 3] [--io ompio] [--dir /tmp/hpcckpt-bench-ranks] [--json OUT]
+
+For each rank count one ``mpirun -n P --oversubscribe`` (per MPI-IO component) runs
+the worker (``--worker``): every rank holds ``--kib`` KiB of float64, and each
+repetition times, in an order rotated by the repetition, between barriers and by the
+slowest rank:
+
+- ``save``: ``CheckpointStore.save`` (durable: checksums, one shared HDF5 file, fsync,
+  rename, directory fsync), full (``incremental=False``);
+- ``restore``: ``CheckpointStore.restore`` of it (checksums verified), page cache warm;
+- ``fpr_save``: every rank ``np.save`` of its array to its own file + ``fsync``;
+- ``fpr_load``: every rank ``np.load`` of its file.
+
+One untimed round comes first. The table gives, per rank count, the median seconds
+and the median of the per-repetition ratios save / fpr_save and restore / fpr_load.
+The ranks are oversubscribed on this machine's 2 cores: the absolute times grow with
+P for every method (the cores are shared), so read the ratios, which compare methods
+on the same rank count in the same invocation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+METHODS = ["save", "restore", "fpr_save", "fpr_load"]
+
+
+def worker(args: argparse.Namespace) -> None:
+    import numpy as np
+    from mpi4py import MPI
+
+    sys.path.insert(0, str(ROOT))
+    from hpcckpt.store.store import CheckpointStore
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    root = Path(args.dir)
+    a = np.random.default_rng(rank).random(args.kib * 1024 // 8)
+    records: list[dict] = []
+
+    def timed(fn) -> float:
+        comm.Barrier()
+        t0 = time.perf_counter()
+        fn()
+        mine = time.perf_counter() - t0
+        return comm.allreduce(mine, op=MPI.MAX)
+
+    def run(rep: int, record: bool) -> None:
+        ck = root / f"ck{rep}"
+        own = root / f"fpr{rep}.{rank}.npy"
+        store = CheckpointStore(ck, comm, incremental=False)
+        out = {"u": np.empty_like(a)}
+
+        def fpr_save() -> None:
+            with open(own, "wb") as fh:
+                np.save(fh, a)
+                fh.flush()
+                os.fsync(fh.fileno())
+
+        def fpr_load() -> None:
+            out["u"][...] = np.load(own)
+
+        steps = {
+            "save": lambda: store.save(rep, {"u": a}),
+            "restore": lambda: CheckpointStore(ck, comm).restore(out),
+            "fpr_save": fpr_save,
+            "fpr_load": fpr_load,
+        }
+        # restore needs the save, fpr_load needs fpr_save: rotate the two pairs
+        pairs = [("save", "restore"), ("fpr_save", "fpr_load")]
+        if rep % 2:
+            pairs.reverse()
+        got = {m: timed(steps[m]) for pair in pairs for m in pair}
+        if record and rank == 0:
+            records.append({"rep": rep, **got})
+        comm.Barrier()
+        if rank == 0:
+            shutil.rmtree(ck, ignore_errors=True)
+        own.unlink(missing_ok=True)
+        comm.Barrier()
+
+    run(-1 % 1000, record=False)
+    for rep in range(args.reps):
+        run(rep, record=True)
+    if rank == 0:
+        Path(args.out).write_text(json.dumps(records))
+
+
+def summarize(results: dict) -> str:
+    lines = [
+        "| ranks | io | save s | fpr_save s | save / fpr_save | restore s | fpr_load s "
+        "| restore / fpr_load |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for key, recs in results.items():
+        p, io = key.split("/")
+        med = {m: statistics.median(r[m] for r in recs) for m in METHODS}
+        rs = [r["save"] / r["fpr_save"] for r in recs]
+        rr = [r["restore"] / r["fpr_load"] for r in recs]
+        lines.append(
+            f"| {p} | {io} | {med['save']:.4f} | {med['fpr_save']:.4f} | "
+            f"{statistics.median(rs):.2f} ({min(rs):.2f}-{max(rs):.2f}) | "
+            f"{med['restore']:.4f} | {med['fpr_load']:.4f} | "
+            f"{statistics.median(rr):.2f} ({min(rr):.2f}-{max(rr):.2f}) |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--ranks", default="2,4,8,16,32,64")
+    ap.add_argument("--kib", type=int, default=256, help="state per rank, KiB")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--io", default="ompio", help="MPI-IO components, e.g. ompio,romio321")
+    ap.add_argument("--dir", default="/tmp/hpcckpt-bench-ranks")
+    ap.add_argument("--json", help="write the raw records and the table here")
+    args = ap.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        sys.exit("mpirun not found: install Open MPI (make setup does)")
+    results: dict[str, list[dict]] = {}
+    for p in [int(x) for x in args.ranks.split(",")]:
+        for io in args.io.split(","):
+            scratch = Path(args.dir) / f"p{p}-{io}"
+            shutil.rmtree(scratch, ignore_errors=True)
+            scratch.mkdir(parents=True)
+            env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+            env["OMPI_MCA_io"] = io
+            with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
+                out = tmp.name
+            argv = [mpirun, "-n", str(p), "--oversubscribe", sys.executable, "-m", "mpi4py"]
+            argv += [__file__, "--worker", "--out", out, "--dir", str(scratch)]
+            argv += ["--kib", str(args.kib), "--reps", str(args.reps)]
+            t0 = time.perf_counter()
+            proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                sys.exit(f"{p} ranks ({io}) failed:\n{proc.stderr[-3000:]}")
+            results[f"{p}/{io}"] = json.loads(Path(out).read_text())
+            os.unlink(out)
+            shutil.rmtree(scratch, ignore_errors=True)
+            print(f"{p} ranks, {io}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    table = summarize(results)
+    print(f"{args.kib} KiB per rank, median of {args.reps} (min-max of the ratios)")
+    print(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}))
+
+
+if __name__ == "__main__":
+    main()
