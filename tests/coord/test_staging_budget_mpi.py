@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hpcckpt.rundir.events import read_events
 
+from hpcckpt.rundir.events import read_events
 from hpcckpt.store import layout
 from hpcckpt.store.reader import CheckpointReader
 from tests.mpi_helpers import mpi_env, mpirun, mpirun_cmd
