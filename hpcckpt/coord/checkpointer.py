@@ -7,8 +7,10 @@ them in the same order with the same step.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import socket
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -165,6 +167,10 @@ class Checkpointer:
         validate: str | Validator | None = "finite",
         async_save: bool = False,
         cache: str | os.PathLike[str] | None = None,
+        redundancy: str | None = None,
+        redundancy_set: int = 8,
+        drain_every: int = 1,
+        node_name: str | None = None,
     ) -> None:
         directory = directory if directory is not None else os.environ.get(job_status.DIR_ENV)
         if not directory:
@@ -203,9 +209,24 @@ class Checkpointer:
             "keep_every": keep_every,
             "keep_every_seconds": keep_every_seconds,
         }
+        if redundancy is not None and cache is None and not os.environ.get(CACHE_ENV):
+            raise ValueError(
+                f"redundancy={redundancy!r} protects the node-local tier: pass cache=PATH too "
+                f"(or set {CACHE_ENV})"
+            )
+        if int(drain_every) != drain_every or drain_every < 1:
+            raise ValueError(f"drain_every must be a positive integer, not {drain_every!r}")
+        #: Every how many node-local checkpoints one is drained to the directory.
+        self.drain_every = int(drain_every)
+        self._local_saves = 0  # node-local checkpoints since the last drained one
+        #: This rank's node: the failure group of redundancy sets, ``%n`` in ``cache``.
+        self.node_name = node_name or slurm.node_name() or socket.gethostname()
         self.store = CheckpointStore(
             self.directory,
             self.comm,
+            redundancy=redundancy,
+            redundancy_set=redundancy_set,
+            node=self.node_name,
             distributed=distributed,
             tuning=fs_tuning,
             share_group=share_group,
@@ -215,7 +236,11 @@ class Checkpointer:
             **({} if block_size is None else {"block_size": block_size}),
         )
         cache = cache if cache is not None else (os.environ.get(CACHE_ENV) or None)
-        self.cache = Path(cache).absolute() if cache is not None else None
+        self.cache = (
+            Path(fast_tier.node_path(os.fspath(cache), self.node_name)).absolute()
+            if cache is not None
+            else None
+        )
         if self.cache is not None:
             fast_tier.check_cache_dir(self.cache, self.directory)
         #: Host memory an async save stages into (None: not async, or staged to ``cache``).
@@ -398,9 +423,19 @@ class Checkpointer:
             return None
         for step, reason in result.skipped:
             self._event("skip_bad", step=step, reason=reason)
+        for step, reason in result.local_skipped:
+            self._event("local_skipped", step=step, reason=reason)
         where = "node-local copy " if result.source == "cache" else ""
-        log.info("restored step %d from %s%s", result.step, where, result.path.name)
-        self._event("restore", step=result.step, path=result.path.name, tier=result.source)
+        how = ""
+        if result.rebuilt:
+            ranks = ", ".join(map(str, result.rebuilt))
+            how = f" (rank {ranks} rebuilt from {result.rebuilt_from})"
+        log.info("restored step %d from %s%s%s", result.step, where, result.path.name, how)
+        extra: dict[str, Any] = {}
+        if result.source == "cache" and self.store.redundancy is not None:
+            extra = {"rebuilt": list(result.rebuilt), "rebuilt_from": result.rebuilt_from,
+                     "moved": list(result.moved)}  # fmt: skip
+        self._event("restore", step=result.step, path=result.path.name, tier=result.source, **extra)
         if result.source == "cache":
             # The directory must hold the newest durable checkpoint: drain the copy
             # restored from (as it is, in the background) before the run goes on.
@@ -468,7 +503,10 @@ class Checkpointer:
         self._event("checkpoint_begin", step=step, reason=reason)
         self._heartbeat.beat(step, "save", force=True)
         _validate_guard(self, step, state)  # raises PoisonedState on every rank
+        if self.cache is not None and not stop and self._local_only():
+            return self._save_local(step, state, reason, t0)
         if self.staged and not stop:
+            self._local_saves = 0
             return self._begin_staged(step, state, reason, t0)
         try:
             result = self.store.save(step, state, extra_meta={"reason": reason})
@@ -481,6 +519,52 @@ class Checkpointer:
         self.durable_costs.add(result.seconds)
         self._committed(result, reason, stop)
         return result
+
+    def _local_only(self) -> bool:
+        """Whether this save stays node-local (``drain_every``: only every Nth drains)."""
+        return (self._local_saves + 1) % self.drain_every != 0
+
+    def _save_local(
+        self, step: int, state: dict[str, Any], reason: str, t0: float
+    ) -> SaveResult | None:
+        """A checkpoint on the node-local tier (and its redundancy) only; no drain."""
+        assert self.cache is not None
+        try:
+            result = self.store.save_local(step, state, self.cache)
+        except CheckpointError as exc:
+            if self._save_failed(step, None, reason, exc):
+                raise
+            return None
+        self._local_saves += 1
+        blocked = self.comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+        result = dataclasses.replace(result, blocked_seconds=blocked)
+        self.costs.add(blocked)
+        self._committed(result, reason, None)
+        self._last_save_time = time.monotonic()
+        return result
+
+    def _scavenge(self) -> None:
+        """The allocation is ending: drain the newest checkpoint if only the node-local
+        tier holds it (collective; synchronous)."""
+        if self.cache is None or not self.store.local_newer or self.store.local_step is None:
+            return
+        step = self.store.local_step
+        copy = fast_tier.scan(self.cache, self.directory, self.rank, self.nranks)
+        mine = next((c for c in copy if c.step == step), None)
+        if not self.comm.allreduce(mine is not None, op=MPI.LAND):
+            log.warning("cannot drain node-local step %d: not every rank holds it", step)
+            return
+        self.store.restored_copy = mine
+        self._event("checkpoint_begin", step=step, reason="scavenge")
+        try:
+            pending = self.store.begin_save(
+                step, None, {"reason": "scavenge"}, cache=self.cache, redrain=True
+            )
+        except CheckpointError as exc:
+            self._save_failed(step, None, "scavenge", exc)
+            return
+        self._pending, self._pending_reason = pending, "scavenge"
+        self._complete_pending()
 
     def _begin_staged(
         self, step: int, state: dict[str, Any], reason: str, t0: float, redrain: bool = False
@@ -594,6 +678,9 @@ class Checkpointer:
             if result.blocked_seconds is None
             else f" in the background (blocked {result.blocked_seconds:.2f} s)"
         )
+        if result.tier != "directory":
+            red = self.store.redundancy
+            blocked = " on the node-local tier" + (f" with {red} redundancy" if red else "")
         log.info(
             "checkpoint step %d: %.1f MiB in %.2f s (%.0f MB/s)%s, %s; %s",
             step,
@@ -604,9 +691,11 @@ class Checkpointer:
             reason,
             upcoming,
         )
-        extra = {}
+        extra: dict[str, Any] = {}
         if result.blocked_seconds is not None:
             extra["blocked_seconds"] = result.blocked_seconds
+        if result.tier != "directory":
+            extra["tier"] = result.tier  # a node-local checkpoint, not drained
         self._event(
             "checkpoint",
             step=step,
@@ -618,7 +707,7 @@ class Checkpointer:
             path=result.path.name,
             next_interval=interval,
             cost_estimate=round(self.cost_estimate, 6),
-            **{k: round(v, 6) for k, v in extra.items()},
+            **{k: round(v, 6) if isinstance(v, float) else v for k, v in extra.items()},
         )
         if stop:
             self._stop_requested = True
@@ -635,6 +724,7 @@ class Checkpointer:
         """
         self._drain()
         self._complete_pending()
+        self._scavenge()
         self.comm.Barrier()
         if self.cache is not None and self.store.local_newer:
             log.warning(
@@ -663,6 +753,8 @@ class Checkpointer:
         self._drain()
         try:
             self._complete_pending()
+            if not self._finished:
+                self._scavenge()
         finally:
             self._signals.close()
             self._release_lock()

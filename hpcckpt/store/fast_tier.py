@@ -36,6 +36,8 @@ from hpcckpt.store.state_tree import ARRAY_KINDS
 FORMAT = "hpcckpt-local"
 FORMAT_VERSION = 1
 _NAME = re.compile(r"^ckpt-(\d{10,})\.rank(\d+)\.json$")
+#: Every file of a rank's copy: data, manifest, and the redundancy files (.redundancy).
+_FILES = re.compile(r"^ckpt-(\d{10,})\.rank(\d+)\.(json|data|xor|partner|red\.json)(\.tmp|\.bad)?$")
 #: Each array starts at a multiple of this in the data file (page-aligned for the drain).
 ALIGN = 4096
 
@@ -52,6 +54,12 @@ def host() -> str:
     return socket.gethostname()
 
 
+def node_path(cache: str, node: str) -> str:
+    """``cache`` with ``%n`` replaced by the node's name (``%%`` is a literal ``%``), so
+    that nodes sharing a file system (or one machine) get directories of their own."""
+    return re.sub(r"%[n%]", lambda m: node if m.group(0) == "%n" else "%", cache)
+
+
 @dataclass(frozen=True)
 class LocalCopy:
     """One rank's manifest of a node-local copy (the data file sits beside it)."""
@@ -66,6 +74,7 @@ class LocalCopy:
     block_size: int
     tree: Any
     arrays: dict[str, dict[str, Any]]  # path -> {dtype, shape, offset, checksum}
+    node: str = ""  # the node name (a Slurm node name; the host outside Slurm)
 
     @property
     def data_path(self) -> Path:
@@ -147,9 +156,41 @@ def seal(
     hashes: dict[str, np.ndarray],
     offsets: dict[str, int],
     mode: int,
+    node: str | None = None,
 ) -> Path:
     """Write this rank's manifest atomically: from now on the copy can be restored."""
-    manifest = {
+    doc = manifest_doc(
+        step=step,
+        uid=uid,
+        rank=rank,
+        nranks=nranks,
+        directory=directory,
+        block_size=block_size,
+        tree=tree,
+        arrays=arrays,
+        hashes=hashes,
+        offsets=offsets,
+        node=node,
+    )
+    return write_manifest(cache / manifest_name(step, rank), doc, mode)
+
+
+def manifest_doc(
+    *,
+    step: int,
+    uid: str,
+    rank: int,
+    nranks: int,
+    directory: Path,
+    block_size: int,
+    tree: Any,
+    arrays: dict[str, np.ndarray],
+    hashes: dict[str, np.ndarray],
+    offsets: dict[str, int],
+    node: str | None = None,
+) -> dict[str, Any]:
+    """The manifest of one rank's copy as a JSON-ready dict (see :func:`seal`)."""
+    return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "step": step,
@@ -157,6 +198,7 @@ def seal(
         "rank": rank,
         "nranks": nranks,
         "host": host(),
+        "node": node or host(),
         "directory": str(directory.absolute()),
         "block_size": block_size,
         "tree": tree,
@@ -170,9 +212,12 @@ def seal(
             for name, a in arrays.items()
         },
     }
-    path = cache / manifest_name(step, rank)
+
+
+def write_manifest(path: Path, doc: dict[str, Any], mode: int) -> Path:
+    """Write a manifest document atomically (temporary name, then rename)."""
     tmp = path.with_name(path.name + ".tmp")
-    safety.write_private(tmp, json.dumps(manifest, allow_nan=True), mode)
+    safety.write_private(tmp, json.dumps(doc, allow_nan=True), mode)
     os.replace(tmp, path)
     return path
 
@@ -208,6 +253,16 @@ def read_manifest(path: Path) -> LocalCopy | None:
         safety.check_regular_file(path)
         with open(path, encoding="utf-8") as fh:
             doc = json.loads(fh.read(64 << 20))
+    except (OSError, ValueError, RecursionError):
+        return None
+    except CorruptCheckpoint:  # a link or a FIFO where the manifest should be
+        return None
+    return parse_manifest(path, doc)
+
+
+def parse_manifest(path: Path, doc: Any) -> LocalCopy | None:
+    """A manifest document (as read from ``path``) checked field by field; None if unusable."""
+    try:
         if doc.get("format") != FORMAT or doc.get("format_version") != FORMAT_VERSION:
             return None
         safety.check_tree(doc["tree"])
@@ -236,11 +291,36 @@ def read_manifest(path: Path) -> LocalCopy | None:
             blocks.check_block_size(int(doc["block_size"])),
             doc["tree"],
             arrays,
+            str(doc.get("node") or doc["host"]),
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
-    except CorruptCheckpoint:  # a link or a FIFO where the manifest should be
+    except CorruptCheckpoint:
         return None
+
+
+def scan_all(cache: Path, directory: Path, nranks: int) -> list[LocalCopy]:
+    """Every sealed copy in ``cache`` for ``directory`` made by ``nranks`` ranks, whatever
+    rank or host wrote it (ranks move between nodes after a failure)."""
+    try:
+        names = os.listdir(cache)
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        m = _NAME.match(name)
+        if not m:
+            continue
+        copy = read_manifest(cache / name)
+        if (
+            copy is not None
+            and copy.rank == int(m.group(2))
+            and copy.nranks == nranks
+            and copy.directory == str(directory.absolute())
+            and copy.step == int(m.group(1))
+        ):
+            found.append(copy)
+    return found
 
 
 def load(copy: LocalCopy) -> dict[str, np.ndarray]:
@@ -273,7 +353,7 @@ def remove(cache: Path, rank: int, keep: int | None = None, nranks: int | None =
         names = os.listdir(cache)
     except OSError:
         return
-    pattern = re.compile(r"^ckpt-(\d{10,})\.rank(\d+)\.(json|json\.tmp|json\.bad|data)$")
+    pattern = _FILES
     for name in sorted(names, key=lambda n: not n.endswith(".json")):
         m = pattern.match(name)
         owner = int(m.group(2)) if m else -1
