@@ -56,6 +56,11 @@ END_TIME_ENV = "HPCCKPT_END_TIME"
 SIGNAL_ENV = "HPCCKPT_SIGNAL"
 #: A node-local fast tier for every Checkpointer of the job (``cache=`` wins).
 CACHE_ENV = "HPCCKPT_CACHE"
+#: Redundancy of the node-local tier for every Checkpointer of the job: "xor", "partner",
+#: optionally with the set size ("xor:4"); ``redundancy=`` wins.
+REDUNDANCY_ENV = "HPCCKPT_REDUNDANCY"
+#: Drain only every Nth node-local checkpoint to the directory (``drain_every=`` wins).
+DRAIN_EVERY_ENV = "HPCCKPT_DRAIN_EVERY"
 #: How often rank 0 asks Slurm again for the job's end time (it can be extended).
 END_TIME_REFRESH = 300.0
 
@@ -168,8 +173,8 @@ class Checkpointer:
         async_save: bool = False,
         cache: str | os.PathLike[str] | None = None,
         redundancy: str | None = None,
-        redundancy_set: int = 8,
-        drain_every: int = 1,
+        redundancy_set: int | None = None,
+        drain_every: int | None = None,
         node_name: str | None = None,
     ) -> None:
         directory = directory if directory is not None else os.environ.get(job_status.DIR_ENV)
@@ -209,6 +214,9 @@ class Checkpointer:
             "keep_every": keep_every,
             "keep_every_seconds": keep_every_seconds,
         }
+        redundancy, redundancy_set, drain_every = _multilevel_options(
+            redundancy, redundancy_set, drain_every
+        )
         if redundancy is not None and cache is None and not os.environ.get(CACHE_ENV):
             raise ValueError(
                 f"redundancy={redundancy!r} protects the node-local tier: pass cache=PATH too "
@@ -735,7 +743,9 @@ class Checkpointer:
                 self.directory,
             )
         elif self.cache is not None:  # the job is done: free the node's memory or disk
-            fast_tier.remove(self.cache, self.rank, nranks=self.nranks)
+            moved = self.store.redundancy is not None  # ranks may have left files here
+            self.comm.Barrier()
+            fast_tier.remove(self.cache, self.rank, nranks=self.nranks, every_rank=moved)
             self.comm.Barrier()
             try:
                 self.cache.rmdir()  # one rank per node succeeds, once all copies are gone
@@ -790,6 +800,33 @@ class Checkpointer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _multilevel_options(
+    redundancy: str | None, redundancy_set: int | None, drain_every: int | None
+) -> tuple[str | None, int, int]:
+    """The arguments, else ``$HPCCKPT_REDUNDANCY`` ("xor", "xor:4") and
+    ``$HPCCKPT_DRAIN_EVERY``; ValueError naming the variable when one is malformed."""
+    set_size = redundancy_set
+    if redundancy is None and os.environ.get(REDUNDANCY_ENV):
+        text = os.environ[REDUNDANCY_ENV].strip()
+        scheme, _, size = text.partition(":")
+        redundancy = scheme or None
+        if size and set_size is None:
+            try:
+                set_size = int(size)
+            except ValueError:
+                raise ValueError(
+                    f"{REDUNDANCY_ENV}={text!r}: write the scheme and optionally the set "
+                    "size, e.g. xor, xor:4 or partner"
+                ) from None
+    if drain_every is None and os.environ.get(DRAIN_EVERY_ENV):
+        text = os.environ[DRAIN_EVERY_ENV].strip()
+        try:
+            drain_every = int(text)
+        except ValueError:
+            raise ValueError(f"{DRAIN_EVERY_ENV}={text!r} must be a positive integer") from None
+    return redundancy, set_size or 8, 1 if drain_every is None else drain_every
 
 
 def _arrays_in(value: Any) -> list[np.ndarray]:

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpcckpt.job import report_nodes
+from hpcckpt.job import report_nodes, report_tiers
 from hpcckpt.job.events import EVENTS_FILE
 
 __all__ = [
@@ -82,6 +82,7 @@ _KNOWN = {
     "finish",
     "node_failure",  # issue 11: hpcckpt/job/report_nodes.py
     "relaunch",
+    "local_skipped",  # hpcckpt/job/report_tiers.py
 }
 #: Outcomes after which the job was not meant to run again by itself.
 FINISHED, STOPPED, CRASHED, UNKNOWN = "finished", "stopped", "crashed", "unknown"
@@ -396,7 +397,9 @@ def analyze(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     - ``interval``: ``used_seconds`` (median measured), ``configured_seconds`` (the
       policy's ``next_interval``), ``cost_seconds``, ``mtbf_seconds``, ``young_seconds``,
       ``daly_seconds``, ``model_efficiency_used``, ``model_efficiency_daly``,
-      ``young_lower_bound_seconds`` (with no failure), ``note``.
+      ``young_lower_bound_seconds`` (with no failure), ``note``;
+    - ``restores``: every restore of a checkpoint, with its tier ("directory", "cache",
+      "cache (rebuilt from xor)") and the node-local checkpoints skipped before it.
     """
     events = [dict(e) for e in events if isinstance(e, Mapping) and _valid(e)]
     unknown = Counter(e["event"] for e in events if e["event"] not in _KNOWN)
@@ -518,6 +521,7 @@ def analyze(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "failures": fail,
         "interval": _interval_analysis(attempts, checkpoints["mean_seconds"], mtbf, run),
         "node_failures": report_nodes.analyze_node_failures(events, rows, t0),  # issue 11
+        "restores": report_tiers.analyze_restores(events, t0),
     }
 
 
@@ -691,6 +695,7 @@ def format_report(report: Mapping[str, Any]) -> str:
     if ck["uncommitted"]:
         lines.append(f"  {ck['uncommitted']} checkpoint(s) begun and never committed")
     lines.append("")
+    lines += report_tiers.format_restores(report.get("restores") or [])
     lines.append("Time")
     lines.append(
         f"  wall {_dur(tm['wall_seconds'])} = run {_dur(tm['run_seconds'])} "

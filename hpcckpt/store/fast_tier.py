@@ -345,10 +345,17 @@ def load(copy: LocalCopy) -> dict[str, np.ndarray]:
     return out
 
 
-def remove(cache: Path, rank: int, keep: int | None = None, nranks: int | None = None) -> None:
+def remove(
+    cache: Path,
+    rank: int,
+    keep: int | None = None,
+    nranks: int | None = None,
+    every_rank: bool = False,
+) -> None:
     """Delete this rank's copies (manifest first, so a half-deleted one never counts),
     except step ``keep``; with ``nranks``, also those of ranks this run does not have
-    (left by a run with more ranks)."""
+    (left by a run with more ranks); with ``every_rank``, those of every rank (ranks
+    that ran on this node before a relaunch moved them)."""
     try:
         names = os.listdir(cache)
     except OSError:
@@ -357,7 +364,7 @@ def remove(cache: Path, rank: int, keep: int | None = None, nranks: int | None =
     for name in sorted(names, key=lambda n: not n.endswith(".json")):
         m = pattern.match(name)
         owner = int(m.group(2)) if m else -1
-        gone = nranks is not None and owner >= nranks
+        gone = (nranks is not None and owner >= nranks) or (every_rank and owner >= 0)
         if m and (owner == rank or gone) and int(m.group(1)) != keep:
             safety.remove_leftover(cache / name)
 
