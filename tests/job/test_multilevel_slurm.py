@@ -172,15 +172,15 @@ def test_partner_copy_rebuilds_a_lost_node_and_a_flipped_byte_is_never_restored(
     failed: list[str] = []
     try:
         local_checkpoint_after(ckpt, 49, job, env)
-        failed.append(node_of(local, 0))
+        failed.append(node_of(local, 1))  # not rank 0's: the batch script runs there
         cluster.fail_node(failed[-1], wait=False, wipe=[f"{local}/%n"])
         wait_relaunched(ckpt, 1, job, env)
-        # second failure: rank 0's node; rank 1 keeps rank 0's partner copy: flip a byte
+        # second failure: rank 1's node; rank 2 keeps rank 1's partner copy: flip a byte
         local_checkpoint_after(ckpt, max(restores(ckpt)[0]["step"], 99), job, env)
-        failed.append(node_of(local, 0))
-        keeper = node_of(local, 1)
+        failed.append(node_of(local, 1))
+        keeper = node_of(local, 2)
         cluster.fail_node(failed[-1], wait=False, wipe=[f"{local}/%n"])
-        (copy,) = (local / keeper).glob("ckpt-*.rank1.partner")
+        (copy,) = (local / keeper).glob("ckpt-*.rank2.partner")
         raw = bytearray(copy.read_bytes())
         raw[len(raw) // 2] ^= 0x10
         copy.write_bytes(raw)
@@ -194,7 +194,7 @@ def test_partner_copy_rebuilds_a_lost_node_and_a_flipped_byte_is_never_restored(
     (sealed, committed), (_, committed2) = before_relaunches(evs)
     first, second = restores(ckpt)
     assert first["tier"] == "cache" and first["rebuilt_from"] == "partner", first
-    assert first["rebuilt"] == [0] and first["step"] >= sealed > committed, (first, sealed)
+    assert first["rebuilt"] == [1] and first["step"] >= sealed > committed, (first, sealed)
     skipped = [e for e in evs if e["event"] == "local_skipped"]
     assert skipped and "does not match its checksum" in skipped[-1]["reason"], skipped
     assert second["tier"] == "directory" and second["step"] == committed2, (second, committed2)
@@ -202,4 +202,49 @@ def test_partner_copy_rebuilds_a_lost_node_and_a_flipped_byte_is_never_restored(
     # the report says where each restore came from
     report = analyze(evs)
     assert [r["tier"] for r in report["restores"]] == ["cache (rebuilt from partner)", "directory"]
-    assert "from the cache (rebuilt from partner), rank(s) 0 rebuilt" in format_report(report)
+    assert "from the cache (rebuilt from partner), rank(s) 1 rebuilt" in format_report(report)
+
+
+def test_requeue_without_the_old_node_local_directories_resumes_from_the_directory(
+    slurm_cluster_nodes, tmp_path
+):
+    """A node fails after node-local-only checkpoints and Slurm requeues the job (no
+    --no-kill); the requeued job gets fresh node-local directories (a per-restart path,
+    as a per-job /dev/shm or other nodes would give): it resumes from the directory's
+    checkpoint, bit-identical at the end."""
+    ref = reference(tmp_path)
+    cluster = slurm_cluster_nodes(5)
+    env = cluster_env(cluster)
+    ckpt, log, local = tmp_path / "ckpt", tmp_path / "job.out", tmp_path / "local"
+    script = tmp_path / "heat.sbatch"
+    script.write_text(
+        "#!/bin/bash\n"
+        f'export HPCCKPT_CACHE="{local}/${{SLURM_RESTART_COUNT:-0}}/%n" HPCCKPT_REDUNDANCY=xor '
+        "HPCCKPT_DRAIN_EVERY=5\n"
+        f"exec hpcckpt srun --ckpt-dir {ckpt} --min-progress 3600 -- --mpi=pmix python "
+        f"{EXAMPLES}/heat2d.py {' '.join(HEAT)} --sleep 0.1 --out {tmp_path}/out.npy\n"
+    )
+    script.chmod(0o755)
+    job = sbatch(["-N", "3", "--ntasks-per-node=1", "--requeue", "--open-mode=append",
+                  f"--output={log}", script], env, cwd=str(ROOT))  # fmt: skip
+    failed = None
+    try:
+        local_checkpoint_after(ckpt, 49, job, env)
+        failed = node_of(local / "0", 1)
+        cluster.fail_node(failed, wait=True, timeout=90)
+        cluster.restore_node(failed, timeout=60)
+        info = follow(job, env, timeout=300)
+    finally:
+        if failed:
+            cluster.restore_node(failed, timeout=60)
+    text = log_of(log)
+    assert info["JobState"] == "COMPLETED", text
+    assert int(info["Restarts"]) == 1, text
+    evs = list(read_events(ckpt))
+    first = [e for e in evs if e.get("restart") == 0 and e["event"] == "checkpoint"]
+    committed = max(e["step"] for e in first if not e.get("tier"))
+    sealed = max(e["step"] for e in first)
+    assert sealed > committed, first  # the node-local tier was ahead of the directory
+    (resumed,) = restores(ckpt)
+    assert (resumed["step"], resumed["tier"]) == (committed, "directory"), resumed
+    assert np.load(tmp_path / "out.npy").tobytes() == ref
