@@ -33,6 +33,7 @@ from hpcckpt.policy import (
     initial_cost_estimate,
     job_mtbf,
     make_policy,
+    multilevel,
     parse_duration,
     parse_end_time,
 )
@@ -174,7 +175,8 @@ class Checkpointer:
         cache: str | os.PathLike[str] | None = None,
         redundancy: str | None = None,
         redundancy_set: int | None = None,
-        drain_every: int | None = None,
+        drain_every: int | str | None = None,
+        local_fraction: float | None = None,
         node_name: str | None = None,
     ) -> None:
         directory = directory if directory is not None else os.environ.get(job_status.DIR_ENV)
@@ -222,10 +224,21 @@ class Checkpointer:
                 f"redundancy={redundancy!r} protects the node-local tier: pass cache=PATH too "
                 f"(or set {CACHE_ENV})"
             )
-        if int(drain_every) != drain_every or drain_every < 1:
-            raise ValueError(f"drain_every must be a positive integer, not {drain_every!r}")
-        #: Every how many node-local checkpoints one is drained to the directory.
-        self.drain_every = int(drain_every)
+        auto = drain_every == "auto"
+        if not auto and (
+            isinstance(drain_every, str) or int(drain_every) != drain_every or drain_every < 1
+        ):
+            raise ValueError(
+                f"drain_every must be a positive integer or 'auto', not {drain_every!r}"
+            )
+        #: Every how many node-local checkpoints one is drained to the directory (None: chosen
+        #: by the two-level model from the measured costs, see :meth:`level_plan`).
+        self.drain_every: int | None = None if auto else int(drain_every)
+        self.local_fraction = (
+            multilevel.DEFAULT_LOCAL_FRACTION if local_fraction is None else float(local_fraction)
+        )
+        if not 0.0 <= self.local_fraction <= 1.0:
+            raise ValueError(f"local_fraction must be in [0, 1], not {local_fraction!r}")
         self._local_saves = 0  # node-local checkpoints since the last drained one
         #: This rank's node: the failure group of redundancy sets, ``%n`` in ``cache``.
         self.node_name = node_name or slurm.node_name() or socket.gethostname()
@@ -383,7 +396,14 @@ class Checkpointer:
     @property
     def interval(self) -> float | None:
         """Seconds of work between checkpoints now (None when only steps count)."""
-        return None if self.policy is None else self.policy.interval(self.cost_estimate)
+        if self.policy is None:
+            return None
+        plan = self.level_plan() if self.drain_every is None else None
+        if plan is not None:  # two levels: the node-local interval of the model
+            low = getattr(self.policy, "min_interval", 0.0)
+            high = getattr(self.policy, "max_interval", plan.interval)
+            return min(max(plan.interval, low), high)
+        return self.policy.interval(self.cost_estimate)
 
     # -- helpers -----------------------------------------------------------------
     def _report(self, state: str, step: int | None = None, reason: str = "") -> None:
@@ -530,7 +550,22 @@ class Checkpointer:
 
     def _local_only(self) -> bool:
         """Whether this save stays node-local (``drain_every``: only every Nth drains)."""
-        return (self._local_saves + 1) % self.drain_every != 0
+        every = self.drain_every
+        if every is None:
+            plan = self.level_plan()
+            every = 1 if plan is None else plan.drain_every
+        return (self._local_saves + 1) % every != 0
+
+    def level_plan(self) -> multilevel.LevelPlan | None:
+        """With ``drain_every="auto"``: the two-level model's node-local interval and drain
+        period for the measured costs (node-local save: the blocked time; drain: the
+        full cost) and the policy's MTBF; None without a cache or an MTBF-based policy."""
+        mtbf = getattr(self.policy, "mtbf", None)
+        if self.drain_every is not None or self.cache is None or mtbf is None:
+            return None
+        local = max(self.cost_estimate, 1e-3)
+        drain = max(self.durable_cost_estimate, local)
+        return multilevel.plan_levels(local, drain, mtbf, self.local_fraction)
 
     def _save_local(
         self, step: int, state: dict[str, Any], reason: str, t0: float
@@ -803,8 +838,8 @@ class Checkpointer:
 
 
 def _multilevel_options(
-    redundancy: str | None, redundancy_set: int | None, drain_every: int | None
-) -> tuple[str | None, int, int]:
+    redundancy: str | None, redundancy_set: int | None, drain_every: int | str | None
+) -> tuple[str | None, int, int | str]:
     """The arguments, else ``$HPCCKPT_REDUNDANCY`` ("xor", "xor:4") and
     ``$HPCCKPT_DRAIN_EVERY``; ValueError naming the variable when one is malformed."""
     set_size = redundancy_set
@@ -823,9 +858,11 @@ def _multilevel_options(
     if drain_every is None and os.environ.get(DRAIN_EVERY_ENV):
         text = os.environ[DRAIN_EVERY_ENV].strip()
         try:
-            drain_every = int(text)
+            drain_every = "auto" if text == "auto" else int(text)
         except ValueError:
-            raise ValueError(f"{DRAIN_EVERY_ENV}={text!r} must be a positive integer") from None
+            raise ValueError(
+                f"{DRAIN_EVERY_ENV}={text!r} must be a positive integer or auto"
+            ) from None
     return redundancy, set_size or 8, 1 if drain_every is None else drain_every
 
 

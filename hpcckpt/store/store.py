@@ -195,6 +195,11 @@ class CheckpointStore:
         self.local_newer = False
         #: This rank's node-local copy the last restore took (see ``begin_save(redrain=)``).
         self.restored_copy: fast_tier.LocalCopy | None = None
+        if redundancy is not None:  # collective; a layout without distinct nodes fails here
+            self._sets = redundancy_mod.SetLayout.build(
+                comm, self.node, redundancy, self.redundancy_set
+            )
+            self._log_sets(self._sets)
 
     def _agree(
         self, error: BaseException | None, what: str, kind: type[Exception] = CheckpointError
@@ -459,12 +464,8 @@ class CheckpointStore:
         red_doc = None
         if self.redundancy is not None:
             error: BaseException | None = None
-            if self._sets is None:
-                self._sets = redundancy_mod.SetLayout.build(
-                    self.comm, self.node, self.redundancy, self.redundancy_set
-                )
-                self._log_sets(self._sets)
             sets = self._sets
+            assert sets is not None
             data = cache / fast_tier.data_name(step, self.rank)
             out = cache / redundancy_mod.file_name(step, self.rank, sets.scheme)
             encoded: dict[str, Any] = {}
