@@ -141,6 +141,19 @@ class Checkpointer:
     or at the deadline are written synchronously. ``restore`` takes a node-local copy
     newer than the directory's newest checkpoint when every rank still holds its part,
     on the same host, and it verifies.
+
+    Surviving a node (docs/async-and-fast-tier.md): ``%n`` in ``cache`` is the node's
+    name (``node_name``, default ``$SLURMD_NODENAME`` or the hostname). With
+    ``redundancy="partner"`` (a copy on the next node of the set) or ``"xor"`` (parity
+    over a set) each save also writes redundancy across sets of ``redundancy_set`` ranks
+    on distinct nodes (8; fewer nodes make smaller sets; ranks on one node only are an
+    error) before it returns; ``restore`` then rebuilds a lost node's copies, moves copies
+    to where the ranks now run, verifies every array, and falls back to the directory
+    when it cannot. ``drain_every`` N keeps N-1 of N saves on the node-local tier only
+    (``"auto"``: the interval and N from the two-level model, with ``local_fraction`` of
+    failures survivable by the tier, 0.8 by default); ``finish()`` and ``close()`` drain
+    a newest checkpoint the directory lacks. ``$HPCCKPT_REDUNDANCY`` ("xor", "xor:4",
+    "partner") and ``$HPCCKPT_DRAIN_EVERY`` set them for a whole job.
     """
 
     def __init__(

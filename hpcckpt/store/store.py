@@ -473,6 +473,7 @@ class CheckpointStore:
                 encoded = redundancy_mod.encode(sets, data, out, self.file_mode)
             except OSError as exc:
                 error = exc
+            faults.fault_point("redundancy.encoded", step)
             manifests = sets.comm.allgather(doc)
             try:
                 self._agree(error, f"writing the {sets.scheme} redundancy of step {step}")

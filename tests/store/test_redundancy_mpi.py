@@ -28,7 +28,10 @@ STEPS = list(range(7))
 DRAINED = 4  # the directory's newest; 5 and 6 are node-local only
 
 
-def run(work: Path, n: int, mode: str, nodes: list[str], **spec) -> list[dict]:
+def run(
+    work: Path, n: int, mode: str, nodes: list[str], fault: str = "", **spec
+) -> list[dict] | None:
+    """Run the app; its results (None when ``fault`` killed it, as it must)."""
     out = work / f"{mode}-{len(list(work.glob('*.out')))}.out"
     doc = {
         "mode": mode,
@@ -42,7 +45,10 @@ def run(work: Path, n: int, mode: str, nodes: list[str], **spec) -> list[dict]:
     }
     path = out.with_suffix(".json")
     path.write_text(json.dumps(doc))
-    proc = mpirun(n, [APP, path], env={"HPCCKPT_FAULT": ""}, timeout=180)
+    proc = mpirun(n, [APP, path], env={"HPCCKPT_FAULT": fault}, timeout=180)
+    if fault:
+        assert proc.returncode != 0 and "injected fault" in proc.stderr, proc.stderr
+        return None
     assert proc.returncode == 0, proc.stderr
     results = json.loads(out.read_text())
     assert [r["error"] for r in results] == [None] * n, results
@@ -184,12 +190,37 @@ def test_requeue_onto_other_nodes_without_their_directories_resumes_from_the_dir
     assert ev["tier"] == "directory"
 
 
-def test_finish_drains_a_newest_checkpoint_only_the_node_local_tier_has(tmp_path):
-    run(tmp_path, 3, "finish", ["n1", "n2", "n3"], redundancy="xor", set=3)
+def test_nothing_lost_restores_the_node_local_copies_as_they_are(tmp_path):
+    nodes = ["n1", "n2", "n3"]
+    run(tmp_path, 3, "save", nodes, redundancy="partner", set=3)
+    results = run(tmp_path, 3, "restore", nodes, redundancy="partner", set=3)
+    assert [(r["step"], r["same"]) for r in results] == [(6, True)] * 3
+    (ev,) = restores(tmp_path)
+    assert (ev["tier"], ev["rebuilt"], ev["moved"]) == ("cache", [], []), ev
+
+
+def test_a_save_killed_before_its_redundancy_is_sealed_is_never_rebuilt(tmp_path):
+    # rank 1 dies at step 6 with its data and parity written and no manifest: step 6
+    # never became good; with rank 1's node lost, step 5 is rebuilt, not 6
+    nodes = ["n1", "n2", "n3"]
+    run(tmp_path, 3, "save", nodes, "redundancy.encoded:1:6", redundancy="xor", set=3)
+    for rank, node in enumerate(nodes):
+        assert (tmp_path / "cache" / node / redundancy.file_name(6, rank, "xor")).exists()
+    wipe(tmp_path, "n2")
+    results = run(tmp_path, 3, "restore", ["n1", "n4", "n3"], redundancy="xor", set=3)
+    assert [(r["step"], r["same"]) for r in results] == [(5, True)] * 3
+    (ev,) = restores(tmp_path)
+    assert (ev["tier"], ev["rebuilt"]) == ("cache", [1]), ev
+
+
+@pytest.mark.parametrize("end", ["finish", "close"])
+def test_finish_or_close_drains_a_newest_checkpoint_only_the_node_local_tier_has(tmp_path, end):
+    run(tmp_path, 3, end, ["n1", "n2", "n3"], redundancy="xor", set=3)
     assert [e.step for e in layout.scan(tmp_path / "ck")] == [6, DRAINED]
     evs = list(read_events(tmp_path / "ck"))
     scavenged = [e for e in evs if e["event"] == "checkpoint" and e.get("reason") == "scavenge"]
     assert [e["step"] for e in scavenged] == [6], evs
-    assert not (tmp_path / "cache" / "n1").exists()  # finish() freed the node-local tier
+    if end == "finish":
+        assert not (tmp_path / "cache" / "n1").exists()  # finish() freed the node-local tier
     results = run(tmp_path, 3, "restore", ["n1", "n2", "n3"], redundancy="xor", set=3)
     assert [(r["step"], r["same"]) for r in results] == [(6, True)] * 3

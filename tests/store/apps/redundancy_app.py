@@ -4,8 +4,8 @@ Usage: ``redundancy_app.py SPEC.json`` where SPEC holds:
 
 - ``mode``: ``save`` (save ``steps``, commit the pending drain, exit *without* finish(),
   as a job killed after its last save), ``restore`` (restore, check the state against
-  the one saved at the restored step, commit the drain of it, exit without finish) or
-  ``finish`` (save ``steps``, then finish(): the scavenge);
+  the one saved at the restored step, commit the drain of it, exit without finish),
+  ``finish`` or ``close`` (save ``steps``, then finish() or close(): the scavenge);
 - ``dir``, ``cache`` (may hold ``%n``), ``nodes`` (rank -> fake node name), ``redundancy``,
   ``set``, ``drain_every``, ``steps``, ``big`` (rows of the large array), ``out``.
 
@@ -78,11 +78,13 @@ def main() -> None:
             keep_last=None,
         )
         result["cache"] = str(ck.cache)
-        if spec["mode"] in ("save", "finish"):
+        if spec["mode"] in ("save", "finish", "close"):
             for step in spec["steps"]:
                 ck.save(step, state_of(rank, step, big))
             if spec["mode"] == "finish":
                 ck.finish()
+            elif spec["mode"] == "close":
+                ck.close()
             else:
                 ck.wait()
         else:
