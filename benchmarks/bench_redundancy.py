@@ -1,6 +1,6 @@
 """Blocked time of a node-local save with partner or XOR redundancy, and the rebuild time.
 
-    .venv/bin/python benchmarks/bench_redundancy.py [--sizes 64M,256M,1G] [--reps 3]
+    .venv/bin/python benchmarks/bench_redundancy.py [--sizes 64M,256M,512M] [--reps 3]
         [--nranks 3] [--cache-root /dev/shm] [--dir SCRATCH] [--json FILE]
 
 Started without MPI it re-launches itself under ``mpirun -n NRANKS``. Every rank gets
@@ -50,7 +50,7 @@ import _util  # noqa: E402
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--sizes", default="64M,256M,1G", help="state per rank, comma-separated")
+    p.add_argument("--sizes", default="64M,256M,512M", help="state per rank, comma-separated")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--nranks", type=int, default=3, help="ranks when it launches mpirun itself")
     p.add_argument("--cache-root", default="/dev/shm")
@@ -113,6 +113,13 @@ def run(args: argparse.Namespace) -> None:
     try:
         for size_text in args.sizes.split(","):
             nbytes = _util.parse_size(size_text)
+            # per rank: state, memcpy target, and on /dev/shm the copies of three
+            # variants (1 + 2 + n/(n-1)) plus one transient copy: about 7 x the state
+            need = n * 7 * nbytes
+            if comm.bcast(need > 0.7 * _mem_available() if rank == 0 else None):
+                if rank == 0:
+                    print(f"skipping {size_text}: needs ~{need / 2**30:.1f} GiB of memory")
+                continue
             state = {"u": np.random.default_rng(rank).random(nbytes // 8)}
             target = np.empty_like(state["u"])
             cks = {v: checkpointer(v, size_text) for v in variants}
@@ -141,6 +148,11 @@ def run(args: argparse.Namespace) -> None:
             for ck in cks.values():
                 ck.close()
             samples[size_text] = per
+            del state, target
+            comm.Barrier()
+            if rank == 0:  # free the node-local copies (memory, on /dev/shm) before the next
+                shutil.rmtree(base / size_text, ignore_errors=True)
+                shutil.rmtree(work / size_text, ignore_errors=True)
             comm.Barrier()
     finally:
         comm.Barrier()
@@ -149,6 +161,14 @@ def run(args: argparse.Namespace) -> None:
             shutil.rmtree(work, ignore_errors=True)
     if rank == 0:
         report(args, n, variants, samples, time.time() - t_start)
+
+
+def _mem_available() -> int:
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def report(args, n, variants, samples, seconds) -> None:

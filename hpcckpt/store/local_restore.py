@@ -20,6 +20,7 @@ checkpoint, then the directory; each skipped one comes back with the reason.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections import defaultdict
@@ -149,8 +150,6 @@ class _Node:
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
-    import json
-
     try:
         with open(path, encoding="utf-8") as fh:
             doc = json.loads(fh.read(256 << 20))
@@ -212,7 +211,7 @@ def _execute(at: _Node, p: _Plan, found: LocalRestore, node: str) -> str | None:
             why = redundancy.recv_file(comm, path, holder, _TAG_FILE, at.mode)
             if why is None and rdoc is not None:
                 try:
-                    redundancy.write_manifest(
+                    fast_tier.write_manifest(
                         at.cache / redundancy.manifest_name(step, owner), rdoc, at.mode
                     )
                 except OSError as exc:

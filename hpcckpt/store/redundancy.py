@@ -347,12 +347,6 @@ def file_checksum(path: Path) -> int:
     return hasher.intdigest()
 
 
-def write_manifest(path: Path, doc: dict[str, Any], mode: int) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    safety.write_private(tmp, json.dumps(doc, allow_nan=True), mode)
-    os.replace(tmp, path)
-
-
 @dataclass(frozen=True)
 class RedundancyCopy:
     """One rank's sealed redundancy manifest (its parity or partner file sits beside it)."""

@@ -496,7 +496,7 @@ class CheckpointStore:
             )
             if red_doc is not None:
                 path = cache / redundancy_mod.manifest_name(step, self.rank)
-                redundancy_mod.write_manifest(path, red_doc, self.file_mode)
+                fast_tier.write_manifest(path, red_doc, self.file_mode)
         except OSError as exc:
             problem = f"rank {self.rank}: {exc}"
         problems = [p for p in self.comm.allgather(problem) if p]

@@ -20,9 +20,7 @@ down, which is most of each test's time.
 
 from __future__ import annotations
 
-import os
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +28,7 @@ import pytest
 
 from hpcckpt.job.events import read_events
 from hpcckpt.job.report import analyze, format_report
+from tests.job.test_node_failure_slurm import cluster_env
 from tests.mpi_helpers import EXAMPLES, ROOT, mpirun
 from tests.slurm_helpers import follow, sbatch, wait_for_event
 
@@ -37,15 +36,6 @@ pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
 
 STEPS = 260
 HEAT = ["--nx", "64", "--ny", "64", "--steps", str(STEPS), "--every", "10"]
-
-
-def cluster_env(cluster) -> dict[str, str]:
-    env = dict(os.environ, **cluster.env())
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    for key in [k for k in env if k.startswith(("SLURM_", "HPCCKPT_")) and k != "SLURM_CONF"]:
-        del env[key]
-    return env
 
 
 def reference(tmp_path: Path) -> bytes:
