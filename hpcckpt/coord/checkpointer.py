@@ -620,7 +620,10 @@ class Checkpointer:
             self._save_failed(step, None, "scavenge", exc)
             return
         self._pending, self._pending_reason = pending, "scavenge"
-        self._complete_pending()
+        try:
+            self._complete_pending()
+        except CheckpointError as exc:  # the node-local copy stays (local_newer): say so
+            log.warning("draining node-local step %d failed: %s", step, exc)
 
     def _begin_staged(
         self, step: int, state: dict[str, Any], reason: str, t0: float, redrain: bool = False
