@@ -103,3 +103,26 @@ def test_bad_multilevel_options_are_named(tmp_path, monkeypatch, kwargs, message
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match=message):
         Checkpointer(tmp_path / "ck", comm=MPI.COMM_SELF, **kwargs)
+
+
+def test_with_drain_every_a_stop_checkpoint_still_goes_to_the_directory(tmp_path):
+    import os
+    import signal
+
+    from hpcckpt.store import layout
+
+    ck = Checkpointer(
+        tmp_path / "ck", comm=MPI.COMM_SELF, cache=tmp_path / "cache", every_steps=1,
+        drain_every=5, signal="USR1",
+    )  # fmt: skip
+    try:
+        state = {"u": np.arange(10.0)}
+        ck.save(0, state)  # node-local only
+        assert ck.last_save is not None and ck.last_save.tier == "cache"
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert ck.due(1) and ck.due(2)
+        ck.save(2, state)
+        assert ck.stop_requested and ck.last_save.tier == "directory"
+        assert [e.step for e in layout.scan(tmp_path / "ck")] == [2]
+    finally:
+        ck.close()
