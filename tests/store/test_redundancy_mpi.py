@@ -224,3 +224,19 @@ def test_finish_or_close_drains_a_newest_checkpoint_only_the_node_local_tier_has
         assert not (tmp_path / "cache" / "n1").exists()  # finish() freed the node-local tier
     results = run(tmp_path, 3, "restore", ["n1", "n2", "n3"], redundancy="xor", set=3)
     assert [(r["step"], r["same"]) for r in results] == [(6, True)] * 3
+
+
+@pytest.mark.parametrize("lost", [1, 2])
+def test_a_rank_with_only_empty_arrays_is_rebuilt_and_rebuilds_others(tmp_path, lost):
+    # rank 2 holds no element at all: its data file is empty, the XOR chunks are sized
+    # by the largest member and padded (FTI's level 3 broke on such odd sizes)
+    nodes = ["n1", "n2", "n3"]
+    run(tmp_path, 3, "save", nodes, redundancy="xor", set=3, empty_ranks=[2])
+    assert (tmp_path / "cache" / "n3" / fast_tier.data_name(6, 2)).stat().st_size == 0
+    wipe(tmp_path, nodes[lost])
+    moved = ["n1", "n2", "n3"]
+    moved[lost] = "n4"
+    results = run(tmp_path, 3, "restore", moved, redundancy="xor", set=3, empty_ranks=[2])
+    assert [(r["step"], r["same"]) for r in results] == [(6, True)] * 3
+    (ev,) = restores(tmp_path)
+    assert (ev["tier"], ev["rebuilt"]) == ("cache", [lost]), ev

@@ -7,7 +7,8 @@ Usage: ``redundancy_app.py SPEC.json`` where SPEC holds:
   the one saved at the restored step, commit the drain of it, exit without finish),
   ``finish`` or ``close`` (save ``steps``, then finish() or close(): the scavenge);
 - ``dir``, ``cache`` (may hold ``%n``), ``nodes`` (rank -> fake node name), ``redundancy``,
-  ``set``, ``drain_every``, ``steps``, ``big`` (rows of the large array), ``out``.
+  ``set``, ``drain_every``, ``steps``, ``big`` (rows of the large array),
+  ``empty_ranks`` (ranks whose arrays are all empty), ``out``.
 
 The state of rank r at step s is a pure function of (r, s) with arrays of odd byte
 sizes, an empty array, a non-contiguous one and per-rank sizes that differ, so a
@@ -27,22 +28,24 @@ from mpi4py import MPI
 import hpcckpt
 
 
-def state_of(rank: int, step: int, big: int) -> dict:
+def state_of(rank: int, step: int, big: int, empty: bool = False) -> dict:
+    """``empty``: every array of this rank has no element (a rank with no share of the data)."""
     rng = np.random.default_rng(1000 * rank + step)
-    wide = rng.random((big + 7 * rank, 3))
+    k = 0 if empty else 1
+    wide = rng.random(((big + 7 * rank) * k, 3))
     return {
-        "u": rng.random(1001 + 337 * rank),  # odd element counts, differ per rank
-        "bytes": rng.integers(0, 255, 4093 + rank, dtype=np.uint8),  # odd byte size
+        "u": rng.random((1001 + 337 * rank) * k),  # odd element counts, differ per rank
+        "bytes": rng.integers(0, 255, (4093 + rank) * k, dtype=np.uint8),  # odd byte size
         "empty": np.zeros((0, 4)),
         "strided": wide[:, 1],  # not contiguous
-        "ints": np.arange(17 * (rank + 1), dtype=np.int32) * step,
+        "ints": np.arange(17 * (rank + 1) * k, dtype=np.int32) * step,
         "t": float(step) / 7.0,
         "step": step,
     }
 
 
-def blank(rank: int, big: int) -> dict:
-    s = state_of(rank, 0, big)
+def blank(rank: int, big: int, empty: bool = False) -> dict:
+    s = state_of(rank, 0, big, empty)
     return {k: (np.zeros_like(v) if isinstance(v, np.ndarray) else None) for k, v in s.items()}
 
 
@@ -64,6 +67,7 @@ def main() -> None:
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     big = int(spec.get("big", 100))
+    empty = rank in spec.get("empty_ranks", [])
     result: dict = {"rank": rank, "error": None}
     try:
         ck = hpcckpt.Checkpointer(
@@ -80,7 +84,7 @@ def main() -> None:
         result["cache"] = str(ck.cache)
         if spec["mode"] in ("save", "finish", "close"):
             for step in spec["steps"]:
-                ck.save(step, state_of(rank, step, big))
+                ck.save(step, state_of(rank, step, big, empty))
             if spec["mode"] == "finish":
                 ck.finish()
             elif spec["mode"] == "close":
@@ -88,10 +92,10 @@ def main() -> None:
             else:
                 ck.wait()
         else:
-            state = blank(rank, big)
+            state = blank(rank, big, empty)
             step = ck.restore(state)
             result["step"] = step
-            result["same"] = step is not None and same(state, state_of(rank, step, big))
+            result["same"] = step is not None and same(state, state_of(rank, step, big, empty))
             ck.wait()
     except Exception:
         result["error"] = traceback.format_exc()
