@@ -142,37 +142,14 @@ def _map(
     return out
 
 
-def seal(
-    cache: Path,
-    *,
-    step: int,
-    uid: str,
-    rank: int,
-    nranks: int,
-    directory: Path,
-    block_size: int,
-    tree: Any,
-    arrays: dict[str, np.ndarray],
-    hashes: dict[str, np.ndarray],
-    offsets: dict[str, int],
-    mode: int,
-    node: str | None = None,
-) -> Path:
-    """Write this rank's manifest atomically: from now on the copy can be restored."""
-    doc = manifest_doc(
-        step=step,
-        uid=uid,
-        rank=rank,
-        nranks=nranks,
-        directory=directory,
-        block_size=block_size,
-        tree=tree,
-        arrays=arrays,
-        hashes=hashes,
-        offsets=offsets,
-        node=node,
-    )
-    return write_manifest(cache / manifest_name(step, rank), doc, mode)
+def seal(cache: Path, *, mode: int, **fields: Any) -> Path:
+    """Write this rank's manifest atomically: from now on the copy can be restored.
+
+    ``fields`` are those of :func:`manifest_doc` (step, uid, rank, nranks, directory,
+    block_size, tree, arrays, hashes, offsets, node).
+    """
+    doc = manifest_doc(**fields)
+    return write_manifest(cache / manifest_name(doc["step"], doc["rank"]), doc, mode)
 
 
 def manifest_doc(
