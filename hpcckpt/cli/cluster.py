@@ -164,15 +164,26 @@ def status(as_json: bool, state_dir: str | None) -> None:
 @click.argument("name")
 @click.option("--no-wait", is_flag=True, help="Do not wait until Slurm sees the node down.")
 @click.option("--timeout", type=float, default=90.0, show_default=True)
+@click.option(
+    "--wipe",
+    "wipe",
+    multiple=True,
+    metavar="DIR",
+    help="Also delete DIR, the node's local storage (%n = the node's name), as if the "
+    "node were replaced by an empty one; e.g. --wipe /dev/shm/myjob/%n (repeatable).",
+)
 @_state_dir_option
-def fail_node(name: str, no_wait: bool, timeout: float, state_dir: str | None) -> None:
+def fail_node(
+    name: str, no_wait: bool, timeout: float, wipe: tuple[str, ...], state_dir: str | None
+) -> None:
     """Power loss of node NAME: SIGKILL its slurmd, slurmstepds and job processes.
 
     Slurm notices after SlurmdTimeout (10 s) plus its ping interval: about 20-30 s.
+    With --wipe, the node's node-local directory goes too (a replaced node's disk is empty).
     """
     c = LocalCluster(state_dir)
     try:
-        waited = c.fail_node(name, wait=not no_wait, timeout=timeout)
+        waited = c.fail_node(name, wait=not no_wait, timeout=timeout, wipe=wipe)
     except ClusterError as exc:
         raise click.ClickException(str(exc)) from exc
     if no_wait:

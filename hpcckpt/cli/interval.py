@@ -246,7 +246,8 @@ def interval(
 Examples:
   hpcckpt simulate --work 48h --mtbf 12h --cost 5m --restart-cost 2m
   hpcckpt simulate --work 7d --nodes 512 --cost 10m --plot efficiency.png
-  hpcckpt simulate --work 48h --mtbf 12h --cost 5m --min 10m --max 6h --json""",
+  hpcckpt simulate --work 48h --mtbf 12h --cost 5m --min 10m --max 6h --json
+  hpcckpt simulate --work 48h --mtbf 6h --cost 5m --local-cost 20s   # two levels""",
 )
 @click.option(
     "--work",
@@ -297,6 +298,28 @@ Examples:
     metavar="DURATION",
     help="Longest interval tried. [default: Daly's x 5, at most --work]",
 )
+@click.option(
+    "--local-cost",
+    type=DURATION,
+    default=None,
+    metavar="DURATION",
+    help="Two levels: the node-local save (with redundancy) takes this; --cost is then the "
+    "drain to the file system. Prints the two-level plan against a single level on the "
+    "same failures.",
+)
+@click.option(
+    "--local-fraction",
+    type=click.FloatRange(0.0, 1.0),
+    default=None,
+    help="Two levels: fraction of failures the node-local tier survives. [default: 0.8]",
+)
+@click.option(
+    "--local-restart-cost",
+    type=DURATION,
+    default=None,
+    metavar="DURATION",
+    help="Two levels: time to resume from the node-local tier. [default: --restart-cost]",
+)
 @click.option("--seed", type=int, default=1, show_default=True, help="Random seed.")
 @click.option(
     "--plot",
@@ -316,6 +339,9 @@ def simulate(
     count: int,
     low: float | None,
     high: float | None,
+    local_cost: float | None,
+    local_fraction: float | None,
+    local_restart_cost: float | None,
     seed: int,
     plot: str | None,
     as_json: bool,
@@ -341,6 +367,24 @@ def simulate(
         raise click.BadParameter("a checkpoint takes some time: must be > 0", param_hint="--cost")
     source = _job_mtbf(mtbf, nodes, node_mtbf)
     m = source["mtbf"]
+    if local_cost is not None:
+        from hpcckpt.cli.multilevel import compare_levels
+        from hpcckpt.policy.multilevel import DEFAULT_LOCAL_FRACTION
+
+        compare_levels(
+            work=work,
+            mtbf=m,
+            mtbf_text=_describe_mtbf(source),
+            cost=cost,
+            restart_cost=restart_cost,
+            local_cost=local_cost,
+            local_fraction=DEFAULT_LOCAL_FRACTION if local_fraction is None else local_fraction,
+            local_restart_cost=restart_cost if local_restart_cost is None else local_restart_cost,
+            runs=runs,
+            seed=seed,
+            as_json=as_json,
+        )
+        return
     try:
         grid = default_intervals(cost, m, count, low, high, work=work)
     except ValueError as exc:

@@ -34,7 +34,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -576,11 +576,21 @@ class LocalCluster:
         self._munged_record.unlink(missing_ok=True)
         return [pid]
 
-    def fail_node(self, name: str, wait: bool = True, timeout: float = 90.0) -> float:
+    def fail_node(
+        self, name: str, wait: bool = True, timeout: float = 90.0, wipe: Sequence[str] = ()
+    ) -> float:
         """Power-loss of node ``name``: SIGKILL its slurmd, slurmstepds and job processes.
 
-        With ``wait``, returns once sinfo shows the node down (seconds waited).
+        ``wipe``: directories the node loses with it (its node-local storage, the node
+        replaced by an empty one), ``%n`` standing for the node's name; removed after the
+        kill. With ``wait``, returns once sinfo shows the node down (seconds waited).
         """
+        for pattern in wipe:
+            if "%n" not in pattern:
+                raise ClusterError(
+                    f"--wipe {pattern!r} names no node: put %n where the node's name goes "
+                    "(e.g. /dev/shm/job/%n), so that only this node's directory is removed"
+                )
         self._check_node(name)
         with self._locked():
             killed = []
@@ -593,6 +603,8 @@ class LocalCluster:
                 _wait_gone(pids, 5.0)
             with contextlib.suppress(OSError):
                 self._slurmd_pidfile(name).unlink()
+            for pattern in wipe:
+                shutil.rmtree(pattern.replace("%n", name), ignore_errors=True)
         if not wait:
             return 0.0
         return self.wait_nodes(lambda s: s.startswith("down"), [name], timeout, "down")

@@ -10,8 +10,10 @@ step whose order the ranks must agree on; the mechanics live in policy/, store/,
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import socket
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -31,6 +33,7 @@ from hpcckpt.policy import (
     initial_cost_estimate,
     job_mtbf,
     make_policy,
+    multilevel,
     parse_duration,
     parse_end_time,
 )
@@ -38,7 +41,15 @@ from hpcckpt.policy.durations import format_duration
 from hpcckpt.rundir import events as job_events
 from hpcckpt.rundir import status as job_status
 from hpcckpt.rundir import verbosity
-from hpcckpt.rundir.env import ATTEMPT_ENV, CACHE_ENV, DIR_ENV, END_TIME_ENV, SIGNAL_ENV
+from hpcckpt.rundir.env import (
+    ATTEMPT_ENV,
+    CACHE_ENV,
+    DIR_ENV,
+    DRAIN_EVERY_ENV,
+    END_TIME_ENV,
+    REDUNDANCY_ENV,
+    SIGNAL_ENV,
+)
 from hpcckpt.rundir.heartbeat import HeartbeatWriter
 from hpcckpt.store import fast_tier, faults, safety, tensors
 from hpcckpt.store.filesystem import TuningOptions
@@ -151,6 +162,19 @@ class Checkpointer:
     :class:`hpcckpt.training.RNGState`...). ``replicated`` names key paths whose values
     are identical on every rank (a data-parallel model and optimizer): checked equal by
     checksum at each save, written once by rank 0, restorable on any rank count.
+
+    Surviving a node (docs/async-and-fast-tier.md): ``%n`` in ``cache`` is the node's
+    name (``node_name``, default ``$SLURMD_NODENAME`` or the hostname). With
+    ``redundancy="partner"`` (a copy on the next node of the set) or ``"xor"`` (parity
+    over a set) each save also writes redundancy across sets of ``redundancy_set`` ranks
+    on distinct nodes (8; fewer nodes make smaller sets; ranks on one node only are an
+    error) before it returns; ``restore`` then rebuilds a lost node's copies, moves copies
+    to where the ranks now run, verifies every array, and falls back to the directory
+    when it cannot. ``drain_every`` N keeps N-1 of N saves on the node-local tier only
+    (``"auto"``: the interval and N from the two-level model, with ``local_fraction`` of
+    failures survivable by the tier, 0.8 by default); ``finish()`` and ``close()`` drain
+    a newest checkpoint the directory lacks. ``$HPCCKPT_REDUNDANCY`` ("xor", "xor:4",
+    "partner") and ``$HPCCKPT_DRAIN_EVERY`` set them for a whole job.
     """
 
     def __init__(
@@ -185,6 +209,11 @@ class Checkpointer:
         cache: str | os.PathLike[str] | None = None,
         replicated: Iterable[str] = (),
         staging_budget: int | str | None = None,
+        redundancy: str | None = None,
+        redundancy_set: int | None = None,
+        drain_every: int | str | None = None,
+        local_fraction: float | None = None,
+        node_name: str | None = None,
     ) -> None:
         directory = directory if directory is not None else os.environ.get(DIR_ENV)
         if not directory:
@@ -223,9 +252,38 @@ class Checkpointer:
             "keep_every": keep_every,
             "keep_every_seconds": keep_every_seconds,
         }
+        redundancy, redundancy_set, drain_every = _multilevel_options(
+            redundancy, redundancy_set, drain_every
+        )
+        if redundancy is not None and cache is None and not os.environ.get(CACHE_ENV):
+            raise ValueError(
+                f"redundancy={redundancy!r} protects the node-local tier: pass cache=PATH too "
+                f"(or set {CACHE_ENV})"
+            )
+        auto = drain_every == "auto"
+        if not auto and (
+            isinstance(drain_every, str) or int(drain_every) != drain_every or drain_every < 1
+        ):
+            raise ValueError(
+                f"drain_every must be a positive integer or 'auto', not {drain_every!r}"
+            )
+        #: Every how many node-local checkpoints one is drained to the directory (None: chosen
+        #: by the two-level model from the measured costs, see :meth:`level_plan`).
+        self.drain_every: int | None = None if auto else int(drain_every)
+        self.local_fraction = (
+            multilevel.DEFAULT_LOCAL_FRACTION if local_fraction is None else float(local_fraction)
+        )
+        if not 0.0 <= self.local_fraction <= 1.0:
+            raise ValueError(f"local_fraction must be in [0, 1], not {local_fraction!r}")
+        self._local_saves = 0  # node-local checkpoints since the last drained one
+        #: This rank's node: the failure group of redundancy sets, ``%n`` in ``cache``.
+        self.node_name = node_name or slurm.node_name() or socket.gethostname()
         self.store = CheckpointStore(
             self.directory,
             self.comm,
+            redundancy=redundancy,
+            redundancy_set=redundancy_set,
+            node=self.node_name,
             distributed=distributed,
             tuning=fs_tuning,
             share_group=share_group,
@@ -236,7 +294,11 @@ class Checkpointer:
             **({} if block_size is None else {"block_size": block_size}),
         )
         cache = cache if cache is not None else (os.environ.get(CACHE_ENV) or None)
-        self.cache = Path(cache).absolute() if cache is not None else None
+        self.cache = (
+            Path(fast_tier.node_path(os.fspath(cache), self.node_name)).absolute()
+            if cache is not None
+            else None
+        )
         if self.cache is not None:
             fast_tier.check_cache_dir(self.cache, self.directory)
         #: Host memory an async save stages into (None: not async, or staged to ``cache``).
@@ -374,7 +436,14 @@ class Checkpointer:
     @property
     def interval(self) -> float | None:
         """Seconds of work between checkpoints now (None when only steps count)."""
-        return None if self.policy is None else self.policy.interval(self.cost_estimate)
+        if self.policy is None:
+            return None
+        plan = self.level_plan() if self.drain_every is None else None
+        if plan is not None:  # two levels: the node-local interval of the model
+            low = getattr(self.policy, "min_interval", 0.0)
+            high = getattr(self.policy, "max_interval", plan.interval)
+            return min(max(plan.interval, low), high)
+        return self.policy.interval(self.cost_estimate)
 
     # -- helpers -----------------------------------------------------------------
     def _report(self, state: str, step: int | None = None, reason: str = "") -> None:
@@ -424,9 +493,24 @@ class Checkpointer:
             return None
         for step, reason in result.skipped:
             self._event(job_events.SKIP_BAD, step=step, reason=reason)
+        for step, reason in result.local_skipped:
+            self._event(job_events.LOCAL_SKIPPED, step=step, reason=reason)
         where = "node-local copy " if result.source == "cache" else ""
-        log.info("restored step %d from %s%s", result.step, where, result.path.name)
-        self._event(job_events.RESTORE, step=result.step, path=result.path.name, tier=result.source)
+        how = ""
+        if result.rebuilt:
+            ranks = ", ".join(map(str, result.rebuilt))
+            how = f" (rank {ranks} rebuilt from {result.rebuilt_from})"
+        log.info("restored step %d from %s%s%s", result.step, where, result.path.name, how)
+        extra: dict[str, Any] = {}
+        if result.source == "cache" and self.store.redundancy is not None:
+            extra = {
+                "rebuilt": list(result.rebuilt),
+                "rebuilt_from": result.rebuilt_from,
+                "moved": list(result.moved),
+            }
+        self._event(
+            job_events.RESTORE, step=result.step, path=result.path.name, tier=result.source, **extra
+        )
         if result.source == "cache":
             # The directory must hold the newest durable checkpoint: drain the copy
             # restored from (as it is, in the background) before the run goes on.
@@ -494,7 +578,10 @@ class Checkpointer:
         self._event(job_events.CHECKPOINT_BEGIN, step=step, reason=reason)
         self._heartbeat.beat(step, "save", force=True)
         _validate_guard(self, step, state, event=self._event)  # PoisonedState on every rank
+        if self.cache is not None and not stop and self._local_only():
+            return self._save_local(step, state, reason, t0)
         if self.staged and not stop:
+            self._local_saves = 0
             try:
                 return self._begin_staged(step, state, reason, t0)
             except StagingRefused as exc:  # every rank alike: too little memory to stage
@@ -511,6 +598,70 @@ class Checkpointer:
         self.durable_costs.add(result.seconds)
         self._committed(result, reason, stop)
         return result
+
+    def _local_only(self) -> bool:
+        """Whether this save stays node-local (``drain_every``: only every Nth drains)."""
+        every = self.drain_every
+        if every is None:
+            plan = self.level_plan()
+            every = 1 if plan is None else plan.drain_every
+        return (self._local_saves + 1) % every != 0
+
+    def level_plan(self) -> multilevel.LevelPlan | None:
+        """With ``drain_every="auto"``: the two-level model's node-local interval and drain
+        period for the measured costs (node-local save: the blocked time; drain: the
+        full cost) and the policy's MTBF; None without a cache or an MTBF-based policy."""
+        mtbf = getattr(self.policy, "mtbf", None)
+        if self.drain_every is not None or self.cache is None or mtbf is None:
+            return None
+        local = max(self.cost_estimate, 1e-3)
+        drain = max(self.durable_cost_estimate, local)
+        return multilevel.plan_levels(local, drain, mtbf, self.local_fraction)
+
+    def _save_local(
+        self, step: int, state: dict[str, Any], reason: str, t0: float
+    ) -> SaveResult | None:
+        """A checkpoint on the node-local tier (and its redundancy) only; no drain."""
+        assert self.cache is not None
+        try:
+            result = self.store.save_local(step, state, self.cache)
+        except CheckpointError as exc:
+            if self._save_failed(step, None, reason, exc):
+                raise
+            return None
+        self._local_saves += 1
+        blocked = self.comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+        result = dataclasses.replace(result, blocked_seconds=blocked)
+        self.costs.add(blocked)
+        self._committed(result, reason, None)
+        self._last_save_time = time.monotonic()
+        return result
+
+    def _scavenge(self) -> None:
+        """The allocation is ending: drain the newest checkpoint if only the node-local
+        tier holds it (collective; synchronous)."""
+        if self.cache is None or not self.store.local_newer or self.store.local_step is None:
+            return
+        step = self.store.local_step
+        copy = fast_tier.scan(self.cache, self.directory, self.rank, self.nranks)
+        mine = next((c for c in copy if c.step == step), None)
+        if not self.comm.allreduce(mine is not None, op=MPI.LAND):
+            log.warning("cannot drain node-local step %d: not every rank holds it", step)
+            return
+        self.store.restored_copy = mine
+        self._event(job_events.CHECKPOINT_BEGIN, step=step, reason="scavenge")
+        try:
+            pending = self.store.begin_save(
+                step, None, {"reason": "scavenge"}, cache=self.cache, redrain=True
+            )
+        except CheckpointError as exc:
+            self._save_failed(step, None, "scavenge", exc)
+            return
+        self._pending, self._pending_reason = pending, "scavenge"
+        try:
+            self._complete_pending()
+        except CheckpointError as exc:  # the node-local copy stays (local_newer): say so
+            log.warning("draining node-local step %d failed: %s", step, exc)
 
     def _begin_staged(
         self, step: int, state: dict[str, Any], reason: str, t0: float, redrain: bool = False
@@ -625,6 +776,9 @@ class Checkpointer:
             if result.blocked_seconds is None
             else f" in the background (blocked {result.blocked_seconds:.2f} s)"
         )
+        if result.tier != "directory":
+            red = self.store.redundancy
+            blocked = " on the node-local tier" + (f" with {red} redundancy" if red else "")
         log.info(
             "checkpoint step %d: %.1f MiB in %.2f s (%.0f MB/s)%s, %s; %s",
             step,
@@ -642,6 +796,8 @@ class Checkpointer:
             extra.update(staging_mode=result.staging, staging_bytes=result.staging_bytes)
         if result.write_path is not None:
             extra["write_path"] = result.write_path
+        if result.tier != "directory":
+            extra["tier"] = result.tier  # a node-local checkpoint, not drained
         self._event(
             job_events.CHECKPOINT,
             step=step,
@@ -681,6 +837,7 @@ class Checkpointer:
         """
         self._drain()
         self._complete_pending()
+        self._scavenge()
         self.comm.Barrier()
         if self.cache is not None and self.store.local_newer:
             log.warning(
@@ -691,7 +848,9 @@ class Checkpointer:
                 self.directory,
             )
         elif self.cache is not None:  # the job is done: free the node's memory or disk
-            fast_tier.remove(self.cache, self.rank, nranks=self.nranks)
+            moved = self.store.redundancy is not None  # ranks may have left files here
+            self.comm.Barrier()
+            fast_tier.remove(self.cache, self.rank, nranks=self.nranks, every_rank=moved)
             self.comm.Barrier()
             try:
                 self.cache.rmdir()  # one rank per node succeeds, once all copies are gone
@@ -709,6 +868,8 @@ class Checkpointer:
         self._drain()
         try:
             self._complete_pending()
+            if not self._finished:
+                self._scavenge()
         finally:
             self._signals.close()
             self._release_lock()
@@ -746,6 +907,35 @@ class Checkpointer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _multilevel_options(
+    redundancy: str | None, redundancy_set: int | None, drain_every: int | str | None
+) -> tuple[str | None, int, int | str]:
+    """The arguments, else ``$HPCCKPT_REDUNDANCY`` ("xor", "xor:4") and
+    ``$HPCCKPT_DRAIN_EVERY``; ValueError naming the variable when one is malformed."""
+    set_size = redundancy_set
+    if redundancy is None and os.environ.get(REDUNDANCY_ENV):
+        text = os.environ[REDUNDANCY_ENV].strip()
+        scheme, _, size = text.partition(":")
+        redundancy = scheme or None
+        if size and set_size is None:
+            try:
+                set_size = int(size)
+            except ValueError:
+                raise ValueError(
+                    f"{REDUNDANCY_ENV}={text!r}: write the scheme and optionally the set "
+                    "size, e.g. xor, xor:4 or partner"
+                ) from None
+    if drain_every is None and os.environ.get(DRAIN_EVERY_ENV):
+        text = os.environ[DRAIN_EVERY_ENV].strip()
+        try:
+            drain_every = "auto" if text == "auto" else int(text)
+        except ValueError:
+            raise ValueError(
+                f"{DRAIN_EVERY_ENV}={text!r} must be a positive integer or auto"
+            ) from None
+    return redundancy, set_size or 8, 1 if drain_every is None else drain_every
 
 
 def _arrays_in(value: Any) -> list[np.ndarray]:

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hpcckpt.policy.formulas import daly, efficiency, young
-from hpcckpt.report import saves
+from hpcckpt.report import saves, tiers
 from hpcckpt.report.format import mean, median, rounded
 from hpcckpt.report.model import (
     SEGMENT_KINDS,
@@ -41,6 +41,7 @@ _KNOWN = {
     "relaunch",
     evlog.STAGING_REFUSED,  # counted in hpcckpt/report/saves.py
     evlog.WRITE_PATH,
+    evlog.LOCAL_SKIPPED,  # shown by hpcckpt/report/tiers.py
 }
 
 
@@ -71,7 +72,9 @@ def analyze(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     - ``interval``: ``used_seconds`` (median measured), ``configured_seconds`` (the
       policy's ``next_interval``), ``cost_seconds``, ``mtbf_seconds``, ``young_seconds``,
       ``daly_seconds``, ``model_efficiency_used``, ``model_efficiency_daly``,
-      ``young_lower_bound_seconds`` (with no failure), ``note``.
+      ``young_lower_bound_seconds`` (with no failure), ``note``;
+    - ``restores``: every restore of a checkpoint, with its tier ("directory", "cache",
+      "cache (rebuilt from xor)") and the node-local checkpoints skipped before it.
     """
     events = [dict(e) for e in events if isinstance(e, Mapping) and _valid(e)]
     unknown = Counter(e["event"] for e in events if e["event"] not in _KNOWN)
@@ -195,6 +198,7 @@ def analyze(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "failures": fail,
         "interval": _interval_analysis(attempts, checkpoints["mean_seconds"], mtbf, run),
         "node_failures": analyze_node_failures(events, rows, t0),
+        "restores": tiers.analyze_restores(events, t0),
     }
 
 

@@ -27,6 +27,11 @@ LOG_LEVEL_ENV = "HPCCKPT_LOG_LEVEL"
 END_TIME_ENV = "HPCCKPT_END_TIME"
 #: Turns on the Checkpointer's node-local cache for a whole job (``cache``).
 CACHE_ENV = "HPCCKPT_CACHE"
+#: Redundancy of the node-local tier for every Checkpointer of the job: "xor", "partner",
+#: optionally with the set size ("xor:4"); ``redundancy=`` wins.
+REDUNDANCY_ENV = "HPCCKPT_REDUNDANCY"
+#: Drain only every Nth node-local checkpoint to the directory (``drain_every=`` wins).
+DRAIN_EVERY_ENV = "HPCCKPT_DRAIN_EVERY"
 
 # -- chains of jobs (hpcckpt/slurm/chain.py) ------------------------------------------------
 #: This job's position in a chain of jobs (0 for the first).

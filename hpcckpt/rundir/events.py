@@ -60,6 +60,7 @@ REJECTED = "rejected"
 STOP = "stop"
 FINISH = "finish"
 STAGING_REFUSED = "staging_refused"
+LOCAL_SKIPPED = "local_skipped"
 WRITE_PATH = "write_path"
 
 #: Events whose ``seconds`` is what one checkpoint cost (the Checkpointer's, or the

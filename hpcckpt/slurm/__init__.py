@@ -26,7 +26,15 @@ from hpcckpt.slurm.commands import (
     show_job,
     submit,
 )
-from hpcckpt.slurm.env import SlurmEnv, allocation, job_id, node_count, ntasks, restart_count
+from hpcckpt.slurm.env import (
+    SlurmEnv,
+    allocation,
+    job_id,
+    node_count,
+    node_name,
+    ntasks,
+    restart_count,
+)
 from hpcckpt.slurm.hostlist import expand_hostlist
 from hpcckpt.slurm.parse import is_failed, parse_end_time, parse_show_job, parse_sinfo
 from hpcckpt.slurm.runner import (
@@ -62,6 +70,7 @@ __all__ = [
     "is_failed",
     "job_id",
     "job_ids",
+    "node_name",
     "job_nodes",
     "job_steps",
     "node_count",

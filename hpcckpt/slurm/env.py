@@ -59,6 +59,16 @@ def restart_count(environ: Mapping[str, str] | None = None) -> int:
     return max(0, _int(env.get("SLURM_RESTART_COUNT", "").strip() or None, 0))
 
 
+def node_name(environ: Mapping[str, str] | None = None) -> str | None:
+    """The Slurm name of the node this process runs on (``SLURMD_NODENAME``), or None.
+
+    Several slurmd instances on one machine (the local cluster) share a hostname but
+    not a node name, so the node name is what tells nodes apart.
+    """
+    env = os.environ if environ is None else environ
+    return (env.get("SLURMD_NODENAME") or "").strip() or None
+
+
 def node_count(environ: Mapping[str, str] | None = None) -> int:
     """Nodes in the allocation (``SLURM_JOB_NUM_NODES``, else ``SLURM_NNODES``; 1 if unset)."""
     env = os.environ if environ is None else environ

@@ -37,6 +37,8 @@ FORMAT = "hpcckpt-local"
 #: 2: manifests name the replicated arrays (rank 0's copy only; the others hold stand-ins).
 FORMAT_VERSION = 2
 _NAME = re.compile(r"^ckpt-(\d{10,})\.rank(\d+)\.json$")
+#: Every file of a rank's copy: data, manifest, and the redundancy files (.redundancy).
+_FILES = re.compile(r"^ckpt-(\d{10,})\.rank(\d+)\.(json|data|xor|partner|red\.json)(\.tmp|\.bad)?$")
 #: Each array starts at a multiple of this in the data file (page-aligned for the drain).
 ALIGN = 4096
 
@@ -53,6 +55,12 @@ def host() -> str:
     return socket.gethostname()
 
 
+def node_path(cache: str, node: str) -> str:
+    """``cache`` with ``%n`` replaced by the node's name (``%%`` is a literal ``%``), so
+    that nodes sharing a file system (or one machine) get directories of their own."""
+    return re.sub(r"%[n%]", lambda m: node if m.group(0) == "%n" else "%", cache)
+
+
 @dataclass(frozen=True)
 class LocalCopy:
     """One rank's manifest of a node-local copy (the data file sits beside it)."""
@@ -67,6 +75,7 @@ class LocalCopy:
     block_size: int
     tree: Any
     arrays: dict[str, dict[str, Any]]  # path -> {dtype, shape, offset, checksum}
+    node: str = ""  # the node name (a Slurm node name; the host outside Slurm)
     replicated: tuple[str, ...] = ()  # arrays whose value is rank 0's copy
 
     @property
@@ -135,8 +144,17 @@ def _map(
     return out
 
 
-def seal(
-    cache: Path,
+def seal(cache: Path, *, mode: int, **fields: Any) -> Path:
+    """Write this rank's manifest atomically: from now on the copy can be restored.
+
+    ``fields`` are those of :func:`manifest_doc` (step, uid, rank, nranks, directory,
+    block_size, tree, arrays, hashes, offsets, node, replicated).
+    """
+    doc = manifest_doc(**fields)
+    return write_manifest(cache / manifest_name(doc["step"], doc["rank"]), doc, mode)
+
+
+def manifest_doc(
     *,
     step: int,
     uid: str,
@@ -148,11 +166,11 @@ def seal(
     arrays: dict[str, np.ndarray],
     hashes: dict[str, np.ndarray],
     offsets: dict[str, int],
-    mode: int,
+    node: str | None = None,
     replicated: Any = (),
-) -> Path:
-    """Write this rank's manifest atomically: from now on the copy can be restored."""
-    manifest = {
+) -> dict[str, Any]:
+    """The manifest of one rank's copy as a JSON-ready dict (see :func:`seal`)."""
+    return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "step": step,
@@ -160,6 +178,7 @@ def seal(
         "rank": rank,
         "nranks": nranks,
         "host": host(),
+        "node": node or host(),
         "directory": str(directory.absolute()),
         "block_size": block_size,
         "tree": tree,
@@ -174,9 +193,12 @@ def seal(
             for name, a in arrays.items()
         },
     }
-    path = cache / manifest_name(step, rank)
+
+
+def write_manifest(path: Path, doc: dict[str, Any], mode: int) -> Path:
+    """Write a manifest document atomically (temporary name, then rename)."""
     tmp = path.with_name(path.name + ".tmp")
-    safety.write_private(tmp, json.dumps(manifest, allow_nan=True), mode)
+    safety.write_private(tmp, json.dumps(doc, allow_nan=True), mode)
     os.replace(tmp, path)
     return path
 
@@ -212,6 +234,16 @@ def read_manifest(path: Path) -> LocalCopy | None:
         safety.check_regular_file(path)
         with open(path, encoding="utf-8") as fh:
             doc = json.loads(fh.read(64 << 20))
+    except (OSError, ValueError, RecursionError):
+        return None
+    except CorruptCheckpoint:  # a link or a FIFO where the manifest should be
+        return None
+    return parse_manifest(path, doc)
+
+
+def parse_manifest(path: Path, doc: Any) -> LocalCopy | None:
+    """A manifest document (as read from ``path``) checked field by field; None if unusable."""
+    try:
         if doc.get("format") != FORMAT or doc.get("format_version") != FORMAT_VERSION:
             return None
         safety.check_tree(doc["tree"])
@@ -240,12 +272,37 @@ def read_manifest(path: Path) -> LocalCopy | None:
             blocks.check_block_size(int(doc["block_size"])),
             doc["tree"],
             arrays,
-            tuple(str(n) for n in doc.get("replicated", []) if str(n) in arrays),
+            node=str(doc.get("node") or doc["host"]),
+            replicated=tuple(str(n) for n in doc.get("replicated", []) if str(n) in arrays),
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
-    except CorruptCheckpoint:  # a link or a FIFO where the manifest should be
+    except CorruptCheckpoint:
         return None
+
+
+def scan_all(cache: Path, directory: Path, nranks: int) -> list[LocalCopy]:
+    """Every sealed copy in ``cache`` for ``directory`` made by ``nranks`` ranks, whatever
+    rank or host wrote it (ranks move between nodes after a failure)."""
+    try:
+        names = os.listdir(cache)
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        m = _NAME.match(name)
+        if not m:
+            continue
+        copy = read_manifest(cache / name)
+        if (
+            copy is not None
+            and copy.rank == int(m.group(2))
+            and copy.nranks == nranks
+            and copy.directory == str(directory.absolute())
+            and copy.step == int(m.group(1))
+        ):
+            found.append(copy)
+    return found
 
 
 def load(copy: LocalCopy) -> dict[str, np.ndarray]:
@@ -270,19 +327,26 @@ def load(copy: LocalCopy) -> dict[str, np.ndarray]:
     return out
 
 
-def remove(cache: Path, rank: int, keep: int | None = None, nranks: int | None = None) -> None:
+def remove(
+    cache: Path,
+    rank: int,
+    keep: int | None = None,
+    nranks: int | None = None,
+    every_rank: bool = False,
+) -> None:
     """Delete this rank's copies (manifest first, so a half-deleted one never counts),
     except step ``keep``; with ``nranks``, also those of ranks this run does not have
-    (left by a run with more ranks)."""
+    (left by a run with more ranks); with ``every_rank``, those of every rank (ranks
+    that ran on this node before a relaunch moved them)."""
     try:
         names = os.listdir(cache)
     except OSError:
         return
-    pattern = re.compile(r"^ckpt-(\d{10,})\.rank(\d+)\.(json|json\.tmp|json\.bad|data)$")
+    pattern = _FILES
     for name in sorted(names, key=lambda n: not n.endswith(".json")):
         m = pattern.match(name)
         owner = int(m.group(2)) if m else -1
-        gone = nranks is not None and owner >= nranks
+        gone = (nranks is not None and owner >= nranks) or (every_rank and owner >= 0)
         if m and (owner == rank or gone) and int(m.group(1)) != keep:
             safety.remove_leftover(cache / name)
 

@@ -32,6 +32,8 @@ Phases of a staged save (``async_save=True`` or ``cache=PATH``; :data:`STAGED_PH
                          node-local copy sealed); the checkpoint file not created yet
 ``drain.writing``        the background thread: its first piece of array bytes is in
                          the ``.partial`` file, the rest not
+``redundancy.encoded``   every rank (``cache`` with ``redundancy``): its data and its
+                         parity or partner file are written, no manifest yet
 ``drain.eio``            not a kill: the background thread's next write fails with
                          ``OSError(EIO)``, as a failing disk or a lost server would
 =======================  ===========================================================
@@ -63,7 +65,9 @@ PHASES = (
 RESTORE_PHASES = ("restore.reading",)
 #: Phases only a staged save (async or through a node-local cache) meets.
 STAGED_PHASES = ("stage.written", "drain.writing", "drain.eio")
-_ALL = (*PHASES, *RESTORE_PHASES, *STAGED_PHASES)
+#: Phases of a node-local save with redundancy (tests/store/test_redundancy_mpi.py).
+REDUNDANCY_PHASES = ("redundancy.encoded",)
+_ALL = (*PHASES, *RESTORE_PHASES, *STAGED_PHASES, *REDUNDANCY_PHASES)
 
 _RANK_ENVS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
 

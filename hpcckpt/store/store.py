@@ -56,6 +56,7 @@ from hpcckpt.store import (
     faults,
     filesystem,
     layout,
+    local_restore,
     memory,
     retention,
     safety,
@@ -63,6 +64,7 @@ from hpcckpt.store import (
     tensors,
     write_path,
 )
+from hpcckpt.store import redundancy as redundancy_mod
 from hpcckpt.store.blocks import ChainPolicy, ChainState
 from hpcckpt.store.checkpoint_file import Written, write_file
 from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
@@ -113,6 +115,8 @@ class SaveResult:
     #: (:mod:`.write_path`: the rates measured, the path kept).
     write_path: str | None = None
     write_decision: dict[str, Any] | None = None
+    #: "directory" (committed there), or "cache": a node-local checkpoint only.
+    tier: str = "directory"
 
     @property
     def dirty_fraction(self) -> float:
@@ -127,6 +131,11 @@ class RestoreResult:
     skipped: list[tuple[int, str]]  # newer checkpoints found bad, with the reason
     saved_ranks: int = 0  # how many ranks wrote the restored checkpoint
     source: str = "directory"  # or "cache": a node-local copy newer than the directory's
+    rebuilt: tuple[int, ...] = ()  # ranks whose node-local data was rebuilt
+    rebuilt_from: str | None = None  # "partner" or "xor"
+    moved: tuple[int, ...] = ()  # ranks whose node-local files came from another node
+    #: Node-local checkpoints newer than the one restored that could not be, with why.
+    local_skipped: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass
@@ -192,6 +201,9 @@ class CheckpointStore:
         max_chain: int = 8,
         max_chain_fraction: float = 0.5,
         replicated: Iterable[str] = (),
+        redundancy: str | None = None,
+        redundancy_set: int = redundancy_mod.DEFAULT_SET_SIZE,
+        node: str | None = None,
     ) -> None:
         self.replicated = normalize(replicated)
         declared = [distributed] if isinstance(distributed, str) else list(distributed)
@@ -201,6 +213,15 @@ class CheckpointStore:
         #: Per save: the replicated array paths and rank 0's block hashes of them.
         self._replicated_paths: set[str] = set()
         self._known_hashes: dict[str, np.ndarray] = {}
+        redundancy_mod.check_scheme(redundancy, redundancy_set)
+        #: "partner", "xor" or None: how node-local copies survive a node (:mod:`.redundancy`).
+        self.redundancy = redundancy
+        self.redundancy_set = int(redundancy_set)
+        #: This rank's node name: the failure group of the redundancy sets.
+        self.node = node or fast_tier.host()
+        self._sets: redundancy_mod.SetLayout | None = None
+        #: The newest node-local checkpoint this run sealed (None: none yet).
+        self.local_step: int | None = None
         self.block_size = blocks.check_block_size(block_size)
         self.chain_policy = ChainPolicy(bool(incremental), max_chain, max_chain_fraction)
         #: This rank's hashes of the last committed or restored checkpoint (None: next is full).
@@ -223,6 +244,11 @@ class CheckpointStore:
         self.restored_copy: fast_tier.LocalCopy | None = None
         self._local_ranks: int | None = None  # ranks on this node (the first staged save)
         self.paths: write_path.WritePathChooser | None = None  # made at the first save
+        if redundancy is not None:  # collective; a layout without distinct nodes fails here
+            self._sets = redundancy_mod.SetLayout.build(
+                comm, self.node, redundancy, self.redundancy_set
+            )
+            self._log_sets(self._sets)
 
     def _agree(
         self,
@@ -305,6 +331,7 @@ class CheckpointStore:
         )
         decision = self._path_chooser().record(per_rank, direct, slowest_write)
         self.last = written.state
+        self.local_newer = False  # the directory's newest is newer than any node-local copy
         return SaveResult(
             step,
             final,
@@ -354,10 +381,43 @@ class CheckpointStore:
         return plan
 
     def _prepare(
-        self, step: int, state: dict[str, Any]
+        self,
+        step: int,
+        state: dict[str, Any] | None,
+        copy: fast_tier.LocalCopy | None = None,
     ) -> tuple[Any, dict[str, Any], int, ChainState | None]:
         """Steps 1-2 of a save: encode (agreed), prepare the directory; (tree, arrays,
-        bytes over all ranks, the checkpoint this one may be a delta of)."""
+        bytes over all ranks, the checkpoint this one may be a delta of). With ``copy``
+        (a node-local copy drained as it is) its tree and arrays stand for the state."""
+        if copy is None:
+            tree, arrays, state_bytes = self._encode(step, state)
+        else:
+            tree, arrays = copy.tree, fast_tier.maps(copy)
+            self._replicated_paths, self._known_hashes = set(copy.replicated), {}
+            mine = sum(a.nbytes for a in arrays.values())
+            state_bytes = self._agree(None, f"reading node-local step {step}", extra=mine)
+        faults.fault_point("save.begin", step)
+        error: BaseException | None = None
+
+        if self.rank == 0:
+            try:
+                safety.make_directory(self.directory, self.dir_mode)
+                for leftover in layout.partials(self.directory):
+                    log.info("removing leftover %s from an interrupted save", leftover.name)
+                    safety.remove_leftover(leftover)  # a link is unlinked, never followed
+                safety.check_free_space(self.directory, state_bytes)  # ENOSPC before HDF5 sees it
+            except OSError as exc:
+                error = exc
+        parent = self._parent(error)
+        faults.fault_point("save.prepared")
+        if self.tuning is None:
+            self.tuning = self._tune(state_bytes)
+        return tree, arrays, state_bytes, parent
+
+    def _encode(self, step: int, state: Any) -> tuple[Any, dict[str, Any], int]:
+        """Step 1: the state's tree and arrays (replicated ones checked equal and left to
+        rank 0) and the bytes to store over all ranks; TypeError on every rank if any
+        rank fails."""
         error: BaseException | None = None
         tree, arrays = None, {}
         try:
@@ -375,28 +435,13 @@ class CheckpointStore:
             # Checked equal on every rank: all but rank 0 dropped the same bytes.
             replicated_bytes = sum(before[p].nbytes for p in self._replicated_paths)
             state_bytes -= (self.nranks - 1) * replicated_bytes
-        faults.fault_point("save.begin", step)
-
-        if self.rank == 0:
-            try:
-                safety.make_directory(self.directory, self.dir_mode)
-                for leftover in layout.partials(self.directory):
-                    log.info("removing leftover %s from an interrupted save", leftover.name)
-                    safety.remove_leftover(leftover)  # a link is unlinked, never followed
-                safety.check_free_space(self.directory, state_bytes)  # ENOSPC before HDF5 sees it
-            except OSError as exc:
-                error = exc
-        parent = self._parent(error)
-        faults.fault_point("save.prepared")
-        if self.tuning is None:
-            self.tuning = self._tune(state_bytes)
-        return tree, arrays, state_bytes, parent
+        return tree, arrays, state_bytes
 
     # -- staged saves ------------------------------------------------------------------------
     def begin_save(
         self,
         step: int,
-        state: dict[str, Any],
+        state: dict[str, Any] | None,
         extra_meta: dict[str, Any] | None = None,
         *,
         buffers: HostBuffers | None = None,
@@ -414,6 +459,8 @@ class CheckpointStore:
 
         ``redrain``: ``state`` was just restored from the node-local copy in ``cache``
         (:attr:`restored_copy`); drain that copy as it is, without writing it again.
+        With ``state=None`` the copy's own tree and arrays are drained (the scavenge of a
+        node-local checkpoint the directory does not have yet).
         """
         if (buffers is None) == (cache is None):
             raise ValueError("begin_save needs exactly one staging area: buffers or cache")
@@ -421,7 +468,11 @@ class CheckpointStore:
         memory.reset_peak()
         final = self.directory / layout.checkpoint_name(step)
         partial = final.with_name(final.name + layout.PARTIAL)
-        tree, arrays, state_bytes, parent = self._prepare(step, state)
+        copy = self.restored_copy if redrain else None
+        if redrain and (copy is None or copy.step != step or cache is None):
+            raise ValueError(f"nothing to drain again: step {step} is not a node-local copy")
+        drained = copy if copy is not None and state is None else None
+        tree, arrays, state_bytes, parent = self._prepare(step, state, drained)
         plan = None
         if buffers is not None:
             plan = self._plan_staging(buffers, arrays)  # StagingRefused: go synchronous
@@ -431,9 +482,6 @@ class CheckpointStore:
         staged: dict[str, Any] = {}
         hashes: dict[str, Any] = {}
         offsets: dict[str, int] = {}
-        copy = self.restored_copy if redrain else None
-        if redrain and (copy is None or copy.step != step or cache is None):
-            raise ValueError(f"nothing to drain again: step {step} was not restored from a cache")
         try:
             if copy is not None:
                 staged = fast_tier.maps(copy)
@@ -456,26 +504,11 @@ class CheckpointStore:
         where = f" in {cache}" if cache is not None else " in memory"
         self._agree(error, f"staging checkpoint of step {step}{where}")
         if cache is not None and copy is None:
-            try:
-                fast_tier.seal(
-                    cache,
-                    step=step,
-                    uid=uid,
-                    rank=self.rank,
-                    nranks=self.nranks,
-                    directory=self.directory,
-                    block_size=self.block_size,
-                    tree=tree,
-                    arrays=arrays,
-                    hashes=hashes,
-                    offsets=offsets,
-                    mode=self.file_mode,
-                    replicated=self._replicated_paths,
-                )
-                fast_tier.remove(cache, self.rank, keep=step, nranks=self.nranks)
+            why = self._seal_local(cache, step, uid, tree, arrays, hashes, offsets)
+            if why is None:
                 self.local_newer = False
-            except OSError as exc:  # the drain goes on; this copy just cannot be restored
-                log.warning("rank %d: cannot seal its copy in %s: %s", self.rank, cache, exc)
+            else:  # the drain goes on; this copy just cannot be restored
+                log.warning("rank %d: cannot seal its copy in %s: %s", self.rank, cache, why)
         faults.fault_point("stage.written")
         written, error = self._create(
             partial, step, tree, staged, extra_meta, parent, hashes=hashes or None, uid=uid
@@ -503,6 +536,141 @@ class CheckpointStore:
             total,
             staging=None if plan is None else plan.mode,
             staging_bytes=0 if buffers is None else buffers.nbytes,
+        )
+
+    def save_local(self, step: int, state: dict[str, Any], cache: Path) -> SaveResult:
+        """A node-local checkpoint only (no drain): every rank's copy and its redundancy
+        are written and sealed when this returns; collective.
+
+        It is restorable from then on (:meth:`restore`), never from the directory, until
+        a later save or the scavenge (:meth:`begin_save` with ``redrain``) drains one.
+        Raises CheckpointError on every rank when any rank fails; nothing is sealed then.
+        """
+        t0 = time.perf_counter()
+        tree, arrays, _ = self._encode(step, state)
+        faults.fault_point("save.begin", step)
+        uid = self.comm.bcast(uuid.uuid4().hex if self.rank == 0 else None)
+        error: BaseException | None = None
+        hashes: dict[str, Any] = {}
+        offsets: dict[str, int] = {}
+        try:
+            safety.make_directory(cache, self.dir_mode)
+            if not self.local_newer:  # older copies are durable in the directory
+                fast_tier.remove(cache, self.rank, nranks=self.nranks)
+            _, hashes, offsets = fast_tier.write_data(
+                cache, step, self.rank, arrays, self.block_size, self.file_mode
+            )
+        except Exception as exc:  # every rank must reach the agreement below
+            error = exc
+        self._agree(error, f"writing node-local checkpoint of step {step} in {cache}")
+        why = self._seal_local(cache, step, uid, tree, arrays, hashes, offsets)
+        if why is not None:
+            raise CheckpointError(f"sealing node-local checkpoint of step {step} failed ({why})")
+        self.local_newer = True
+        faults.fault_point("stage.written")
+        mine = sum(a.nbytes for a in arrays.values())
+        total = self.comm.allreduce(mine, op=MPI.SUM)
+        seconds = self.comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+        nblocks = sum(len(h) for h in hashes.values())
+        nblocks = self.comm.allreduce(nblocks, op=MPI.SUM)
+        return SaveResult(
+            step,
+            cache / fast_tier.manifest_name(step, self.rank),
+            total,
+            seconds,
+            "full",
+            nblocks,
+            nblocks,
+            blocked_seconds=seconds,
+            tier="cache",
+        )
+
+    def _seal_local(
+        self,
+        cache: Path,
+        step: int,
+        uid: str,
+        tree: Any,
+        arrays: dict[str, np.ndarray],
+        hashes: dict[str, Any],
+        offsets: dict[str, int],
+    ) -> str | None:
+        """Write the redundancy (if any), then seal every rank's copy; collective.
+
+        Returns None when every rank sealed, else the ranks' errors (the copies that
+        were sealed stay valid: each one verifies on its own).
+        """
+        doc = fast_tier.manifest_doc(
+            step=step,
+            uid=uid,
+            rank=self.rank,
+            nranks=self.nranks,
+            directory=self.directory,
+            block_size=self.block_size,
+            tree=tree,
+            arrays=arrays,
+            hashes=hashes,
+            offsets=offsets,
+            node=self.node,
+            replicated=self._replicated_paths,
+        )
+        red_doc = None
+        if self.redundancy is not None:
+            error: BaseException | None = None
+            sets = self._sets
+            assert sets is not None
+            data = cache / fast_tier.data_name(step, self.rank)
+            out = cache / redundancy_mod.file_name(step, self.rank, sets.scheme)
+            encoded: dict[str, Any] = {}
+            try:
+                encoded = redundancy_mod.encode(sets, data, out, self.file_mode)
+            except OSError as exc:
+                error = exc
+            faults.fault_point("redundancy.encoded", step)
+            manifests = sets.comm.allgather(doc)
+            try:
+                self._agree(error, f"writing the {sets.scheme} redundancy of step {step}")
+            except CheckpointError as exc:
+                return str(exc)
+            red_doc = redundancy_mod.redundancy_doc(
+                step=step,
+                uid=uid,
+                rank=self.rank,
+                nranks=self.nranks,
+                directory=self.directory,
+                layout=sets,
+                encoded=encoded,
+                manifests=manifests,
+            )
+        problem = None
+        try:
+            fast_tier.write_manifest(
+                cache / fast_tier.manifest_name(step, self.rank), doc, self.file_mode
+            )
+            if red_doc is not None:
+                path = cache / redundancy_mod.manifest_name(step, self.rank)
+                fast_tier.write_manifest(path, red_doc, self.file_mode)
+        except OSError as exc:
+            problem = f"rank {self.rank}: {exc}"
+        problems = [p for p in self.comm.allgather(problem) if p]
+        if problems:
+            return "; ".join(problems[:4])
+        fast_tier.remove(cache, self.rank, keep=step, nranks=self.nranks)
+        self.local_step = step
+        return None
+
+    def _log_sets(self, sets: redundancy_mod.SetLayout) -> None:
+        """One line: the sets the ranks formed (smaller than asked when nodes are few)."""
+        if self.rank != 0:
+            return
+        sizes = sorted({len(s) for s in sets.sets})
+        smaller = max(sizes) < self.redundancy_set
+        log.info(
+            "%s redundancy: %d set(s) of %s rank(s) on distinct nodes%s",
+            sets.scheme,
+            len(sets.sets),
+            "/".join(map(str, sizes)),
+            f" (fewer nodes than redundancy_set={self.redundancy_set})" if smaller else "",
         )
 
     def finish_save(self, pending: PendingSave) -> SaveResult:
@@ -539,7 +707,9 @@ class CheckpointStore:
             ),
         )
         self.last = pending.written.state
-        self.local_newer = False  # whatever the cache holds is durable in the directory now
+        # whatever the cache holds is durable in the directory now, unless a newer
+        # node-local-only checkpoint was sealed while this one drained
+        self.local_newer = self.local_step is not None and self.local_step > pending.step
         log.debug("rank %d waited %.3f s for its background write", self.rank, waited)
         w = pending.written
         return SaveResult(
@@ -901,10 +1071,16 @@ class CheckpointStore:
             only = (only,) if isinstance(only, str) else tuple(only)
         targets = Targets()
         skipped: list[tuple[int, str]] = []
+        local_skipped: list[tuple[int, str]] = []  # node-local checkpoints that could not be
         entries = self.entries()
         if cache is not None:
             newest = max((e.step for e in entries if e.good_candidate), default=-1)
-            local = self._restore_local(state, cache, newest, targets) if only is None else None
+            if only is not None:
+                local = None
+            elif self.redundancy is not None:
+                local = self._restore_rebuilt(state, cache, newest, local_skipped, targets)
+            else:
+                local = self._restore_local(state, cache, newest, targets)
             if local is not None:
                 return local
         for entry in entries:
@@ -936,7 +1112,9 @@ class CheckpointStore:
                     _reading_marker(entry.path).unlink(missing_ok=True)
             self._decode(state, tree, arrays, targets)
             self.last = chain_state
-            return RestoreResult(entry.step, entry.path, skipped, saved)
+            return RestoreResult(
+                entry.step, entry.path, skipped, saved, local_skipped=tuple(local_skipped)
+            )
         if entries:
             detail = "; ".join(f"step {s}: {r}" for s, r in skipped[:4])
             raise CheckpointError(
@@ -955,6 +1133,58 @@ class CheckpointStore:
         except (CheckpointError, ValueError, TypeError) as exc:
             error = exc
         self._agree(error, "loading the restored state")
+
+    def _restore_rebuilt(
+        self,
+        state: dict[str, Any],
+        cache: Path,
+        newest: int,
+        skipped: list[tuple[int, str]],
+        targets: Targets,
+    ) -> RestoreResult | None:
+        """Restore the newest node-local checkpoint newer than step ``newest`` that the ranks
+        can move and rebuild (:mod:`.local_restore`); the ones that could not, into ``skipped``."""
+        try:  # a node new to this job (a spare, a replaced node) has no directory yet
+            safety.make_directory(cache, self.dir_mode)
+        except OSError as exc:
+            log.warning("rank %d: cannot create %s: %s", self.rank, cache, exc)
+        found = local_restore.restore(
+            self.comm, cache, self.directory, newest, self.file_mode, self.node
+        )
+        for step, why in found.skipped:
+            if self.rank == 0:
+                log.warning("node-local checkpoint of step %d not used: %s", step, why)
+            skipped.append((step, why))
+        if found.step is None:
+            return None
+        copy = found.copy
+        assert copy is not None
+        arrays = dict(found.arrays)
+        # Replicated arrays are in rank 0's copy only (the others hold stand-ins).
+        for name in self.comm.bcast(copy.replicated if self.rank == 0 else None):
+            arrays[name] = _bcast_array(self.comm, arrays.get(name))
+        fatal = check_fits(state, copy.tree, arrays, targets)
+        fatals = [f for f in self.comm.allgather(fatal) if f]
+        if fatals:
+            if self.rank == 0:
+                log.warning("node-local copy of step %d not used (%s)", found.step, fatals[0])
+            return None
+        self._decode(state, copy.tree, arrays, targets)
+        self.last = None  # the next save is a full one, in the directory
+        self.local_newer = True
+        self.local_step = found.step
+        self.restored_copy = copy
+        return RestoreResult(
+            found.step,
+            copy.path,
+            [],
+            self.nranks,
+            source="cache",
+            local_skipped=tuple(skipped),
+            rebuilt=tuple(found.rebuilt),
+            rebuilt_from=found.scheme,
+            moved=tuple(found.moved),
+        )
 
     def _restore_local(
         self, state: dict[str, Any], cache: Path, newest: int, targets: Targets

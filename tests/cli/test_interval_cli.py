@@ -143,3 +143,15 @@ def test_simulate_plot(tmp_path):
     assert result.exit_code == 0, result.output
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"Plot written to {out}" in result.output
+
+
+def test_simulate_two_levels_beats_a_single_level_on_the_same_failures():
+    args = ["--work", "48h", "--mtbf", "6h", "--cost", "5m", "--local-cost", "20s"]
+    result = run(simulate, *args, "--runs", "500", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    two, one = doc["strategies"]
+    assert two["name"] == "two levels" and two["drain_every"] > 1
+    assert one["drain_every"] == 1 and one["efficiency"] < two["efficiency"]
+    text = run(simulate, *args, "--runs", "200").output
+    assert "two levels" in text and "sooner than a single level" in text

@@ -57,6 +57,7 @@ def test_json_report(ckpt_dir: Path) -> None:
         "failures",
         "node_failures",
         "interval",
+        "restores",
     }
     assert data["directory"] == str(ckpt_dir)
     assert [a["outcome"] for a in data["attempts"]] == ["crashed", "stopped", "finished"]

@@ -71,6 +71,11 @@ def test_down_and_status_of_nothing_are_harmless(tmp_path: Path) -> None:
     assert json.loads(result.output)["running"] is False
     result = runner.invoke(COMMANDS[0], ["fail-node", "n1", "--state-dir", str(tmp_path)])
     assert result.exit_code == 1 and "no cluster configured" in result.output
+    result = runner.invoke(
+        COMMANDS[0], ["fail-node", "n1", "--wipe", str(tmp_path), "--state-dir", str(tmp_path)]
+    )
+    assert result.exit_code == 1 and "put %n where the node's name goes" in result.output
+    assert tmp_path.exists()
 
 
 @pytest.mark.slurm
@@ -148,7 +153,10 @@ def test_fail_node_and_restore(slurm_cluster_nodes, tmp_path: Path) -> None:
     victims = cluster.node_pids("n2")
     assert len(victims) >= 3, victims  # slurmd, slurmstepd, the task
 
-    waited = cluster.fail_node("n2", timeout=90)
+    for node in ("n1", "n2"):  # their node-local directories
+        (tmp_path / "local" / node).mkdir(parents=True)
+    waited = cluster.fail_node("n2", timeout=90, wipe=[f"{tmp_path}/local/%n"])
+    assert not (tmp_path / "local" / "n2").exists() and (tmp_path / "local" / "n1").exists()
     assert cluster.node_states()["n2"].startswith("down")
     assert cluster.slurmd_pid("n2") is None
     assert not any(procfs.pid_alive(p) for p in victims)

@@ -395,3 +395,9 @@ def test_check_cache_dir_refuses_the_checkpoint_directory(tmp_path, monkeypatch)
         fast_tier.check_cache_dir(Path("ckpt/"), Path("./ckpt"))
     fast_tier.check_cache_dir(tmp_path / "cache", d)  # anything else is accepted
     fast_tier.check_cache_dir(d / "cache", d)
+
+
+def test_node_path_gives_each_node_its_own_directory():
+    assert fast_tier.node_path("/dev/shm/job/%n", "n3") == "/dev/shm/job/n3"
+    assert fast_tier.node_path("/x/%n-%%n", "n3") == "/x/n3-%n"
+    assert fast_tier.node_path("/dev/shm/job", "n3") == "/dev/shm/job"
