@@ -220,19 +220,24 @@ class WrapperConfig:
 
     @property
     def app_mode(self) -> bool:
-        return self.app_signal is not None
+        return self.app_signal is not None or bool(self.restart_files)
+
+    @property
+    def own_schedule(self) -> bool:
+        """Restart files without a signal: the application writes them when it wants."""
+        return self.app_signal is None and bool(self.restart_files)
 
     def check(self) -> None:
-        if not self.app_mode:
+        if self.app_signal is None:
             for name, value in (
-                ("--restart-files", self.restart_files),
                 ("--ckpt-every", self.ckpt_every),
                 ("--restart-marker", self.restart_marker),
             ):
                 if value:
                     raise WrapperError(
-                        f"{name} is for applications without the Python API: add --app-signal "
-                        "SIG (the Checkpointer schedules and records its own checkpoints)"
+                        f"{name} needs a signal the application checkpoints on: add "
+                        "--app-signal SIG (the Checkpointer schedules its own checkpoints; "
+                        "with --restart-files alone the application writes on its own schedule)"
                     )
         if self.restart_marker and not self.restart_files:
             raise WrapperError("--restart-marker needs --restart-files GLOB")
@@ -318,6 +323,8 @@ class Wrapper:
         self._ended_by_wrapper = False
         self._lead_thread: threading.Thread | None = None
         self.hang: hang.HangWatch | None = None  # --hang-timeout (job/hang.py)
+        self.stops: Any = None  # stops.WrapperStops: not exec'd, end-time stop, preemption
+        self.own: Any = None  # stops.OwnScheduleMode: --restart-files without --app-signal
         self.node_failures: Any = None  # relaunch.NodeFailures (issue 11)
 
     # -- logging -------------------------------------------------------------------------
@@ -416,12 +423,19 @@ class Wrapper:
         status = self.own_status()
         return status is not None and status.state == RUNNING
 
-    def handle_signal(self, signum: int, t: float | None) -> None:
-        name = signal_name(signum)
+    def handle_signal(self, signum: int, t: float | None, heard: str | None = None) -> None:
+        """A stop request: a signal, or (``heard``) the wrapper's own end-time stop."""
+        name = signal_name(signum) if heard is None else heard
         when = self._when(t)
+        if heard is None:
+            heard = f"signal {name} received"
         elapsed = None if t is None else round(self.elapsed(t), 3)
         note = ""
-        if signum not in (self.config.stop_signal, signal.SIGTERM, signal.SIGINT):
+        if heard.startswith("signal") and signum not in (
+            self.config.stop_signal,
+            signal.SIGTERM,
+            signal.SIGINT,
+        ):
             note = f" (not the configured --signal {signal_name(self.config.stop_signal)})"
         if signum == signal.SIGINT:
             self._interrupts += 1
@@ -436,14 +450,14 @@ class Wrapper:
                 return
         if self._forwarded_at is not None or (self._requested_at is not None and not self._held):
             self.log(
-                f"signal {name} received {when}{note}; a stop request is already under way; "
+                f"{heard} {when}{note}; a stop request is already under way; "
                 "not forwarding it again"
             )
             self.event("signal", name=name, elapsed=elapsed, forwarded=False, duplicate=True)
             return
         if self._held:
             self.log(
-                f"signal {name} received {when}{note}; a stop request is already held until "
+                f"{heard} {when}{note}; a stop request is already held until "
                 "the application is ready for it"
             )
             self.event("signal", name=name, elapsed=elapsed, forwarded=False, duplicate=True)
@@ -454,19 +468,19 @@ class Wrapper:
         self._start_lead_check()
         if self.child is None or self.child.poll() is not None:
             self._held = True
-            self.log(f"signal {name} received {when}{note}; held until the step is running")
+            self.log(f"{heard} {when}{note}; held until the step is running")
             self.event("signal", name=name, elapsed=elapsed, forwarded=False, held=True)
             return
         if self.config.app_mode:
             if self.app_ready():
-                self._stop_app(f"signal {name} received {when}{note}")
+                self._stop_app(f"{heard} {when}{note}")
                 self.event(
                     "signal", name=name, elapsed=elapsed, forwarded=True, as_signal=self._fwd_name()
                 )
             else:
                 self._held = True
                 self.log(
-                    f"signal {name} received {when}{note}; held until the application has run "
+                    f"{heard} {when}{note}; held until the application has run "
                     f"{self.config.app_ready:g} s (--app-ready)"
                 )
                 self.event("signal", name=name, elapsed=elapsed, forwarded=False, held=True)
@@ -474,20 +488,19 @@ class Wrapper:
         status = self.own_status()
         state = status.state if status is not None else None
         if state == RUNNING:
-            self._forward(f"signal {name} received {when}{note}")
+            self._forward(f"{heard} {when}{note}")
             self.event(
                 "signal", name=name, elapsed=elapsed, forwarded=True, as_signal=self._fwd_name()
             )
         elif state in (STOPPED, FINISHED):
             self.log(
-                f"signal {name} received {when}{note}; the application already reported "
-                f"{state}; not forwarding"
+                f"{heard} {when}{note}; the application already reported {state}; not forwarding"
             )
             self.event("signal", name=name, elapsed=elapsed, forwarded=False, app_state=state)
         else:
             self._held = True
             self.log(
-                f"signal {name} received {when}{note}; held: the application has not "
+                f"{heard} {when}{note}; held: the application has not "
                 "reported running yet (forwarding as soon as it does)"
             )
             self.event("signal", name=name, elapsed=elapsed, forwarded=False, held=True)
@@ -503,12 +516,30 @@ class Wrapper:
         as_ = "" if fwd == self._requested_name else f" as {fwd}"
         subject = f"{subject} " if subject else ""
         try:
-            os.kill(self.child.pid, sig)
+            got = self._deliver(sig)
         except ProcessLookupError:
             self.log(f"{what}; the step (pid {self.child.pid}) is already gone")
             return False
-        self.log(f"{what}; {subject}forwarded{as_} to step (pid {self.child.pid})")
+        self.log(f"{what}; {subject}forwarded{as_} {got.describe()}")
         return True
+
+    def _deliver(self, sig: signal.Signals) -> Any:
+        """Send ``sig`` to the step's ranks once, by the launcher's safe path (job/delivery)."""
+        from hpcckpt.job import delivery, jobid
+
+        assert self.child is not None
+        kind = delivery.launcher_kind(self.config.command)
+        try:
+            got = delivery.deliver(
+                kind, self.child.pid, sig, job=jobid.target(self.environ), environ=self.environ
+            )
+        except slurm.SlurmError as exc:
+            self.log(f"warning: {exc}; sending {signal_name(sig)} to the launcher instead", WARN)
+            got = delivery.deliver_to_launcher(self.child.pid, sig)
+        if got.note:
+            self.log(f"note: {got.note}", WARN)
+        self.event("signal_delivered", signal=signal_name(sig), path=got.path, targets=got.targets)
+        return got
 
     def _forward(self, what: str, subject: str = "") -> None:
         self._held = False
@@ -519,6 +550,9 @@ class Wrapper:
         """A stop request for an application without the API (see docs/wrapper.md)."""
         self._held = False
         self._forwarded_at = time.monotonic()
+        if self.config.own_schedule:  # no signal to send: end the step once no write is under way
+            self.log(f"{what}; {self.own.stop_text()}")
+            return
         if self._pending is not None:
             self._pending.stop = True
             self.log(
@@ -606,6 +640,9 @@ class Wrapper:
     # -- applications without the API: periodic checkpoints, restart files ---------------
     def _tick_app(self) -> None:
         """One pass of the app-mode bookkeeping (periodic signal, watching restart files)."""
+        if self.config.own_schedule:
+            self.own.tick()
+            return
         if self.files is not None and self._pending is not None:
             pending = self._pending
             if self.files.poll(pending):
@@ -629,11 +666,11 @@ class Wrapper:
             assert self.child is not None
             interval = self.schedule.interval()
             try:
-                os.kill(self.child.pid, self.forward_signal)
+                got = self._deliver(self.forward_signal)
             except ProcessLookupError:
                 return
             self.log(
-                f"periodic checkpoint: sent {self._fwd_name()} to step (pid {self.child.pid}) "
+                f"periodic checkpoint: sent {self._fwd_name()} {got.describe()} "
                 f"{self.elapsed():.1f} s after start (every {interval:.0f} s, "
                 f"{self.schedule.describe()})"
             )
@@ -815,6 +852,8 @@ class Wrapper:
             self._drain_wakeup()
             while self._queue:
                 self.handle_signal(*self._queue.popleft())
+            if self.stops is not None:
+                self.stops.tick()  # the wrapper's own end-time stop (job/stops.py)
             self.check_held()
             if self.config.app_mode:
                 self._tick_app()
@@ -863,7 +902,11 @@ class Wrapper:
     def _run(self) -> int:
         cfg = self.config
         cfg.check()
+        from hpcckpt.job.stops import OwnScheduleMode, WrapperStops
+
+        self.stops = WrapperStops(self)  # not exec'd? (first lines of the log); end-time stop
         prepare_ckpt_dir(cfg.ckpt_dir)
+        self.own = OwnScheduleMode(self) if cfg.own_schedule else None
         where = f"Slurm job {self.slurm_env.job_id}" if self.slurm_env.in_job else "outside Slurm"
         cont = self.continuation or "off"
         mode = f"; application signal {self._fwd_name()}" if cfg.app_mode else ""
@@ -891,8 +934,11 @@ class Wrapper:
         except relaunch.RelaunchError as exc:
             raise WrapperError(str(exc)) from None
         extra = self.prepare_app() if cfg.app_mode else {}
+        if cfg.own_schedule:
+            extra.update(self.own.prepare())
         self.hang = hang.start_watch(self)  # clears the heartbeats of earlier attempts
         failed = self.start_child(extra)
+        self.stops.arm(self.continuation is not None)
         if failed is not None:
             self.event("crashed", exit_code=failed, reason="the step could not be started")
             return failed
@@ -909,6 +955,13 @@ class Wrapper:
     def _result(self, rc: int) -> StepResult:
         if not self.config.app_mode:
             return classify(rc, read_status(self.config.ckpt_dir), self.attempt)
+        if self.config.own_schedule:
+            return self.own.result(rc)
+        from hpcckpt.job.stops import died_by_signal
+
+        if self._pending is not None and died_by_signal(rc):  # its writer was killed mid-write
+            self.log(f"the step was {describe_returncode(rc)}: its restart files may be cut")
+            self._pending = None
         self._finish_pending()
         return classify_app(
             rc,
@@ -945,9 +998,10 @@ class Wrapper:
                 self._stop_set_registered = True
                 self._register(self._stop_cost, stop=True)
             if rc != 0 and not self._ended_by_wrapper:
+                what = "its restart files" if self.config.app_mode else "reporting stopped; the"
                 self.log(
-                    f"note: the step ended with {describe_returncode(rc)} after reporting "
-                    "stopped; the checkpoint was complete before that"
+                    f"note: the step ended with {describe_returncode(rc)} after {what} "
+                    "checkpoint was complete: a stop, not a crash"
                 )
             return self.after_stop(step)
         if result.outcome is Outcome.POISONED:  # rejected state: never requeue into it
@@ -1027,8 +1081,13 @@ class Wrapper:
                 "not requeueing after a crash: the restart could not be counted in the log", WARN
             )
             return EXIT_CONTINUE_FAILED
+        from hpcckpt.job import jobid
+
         try:
-            slurm.requeue(job, timeout=self.config.requeue_timeout, environ=self.environ)
+            target = jobid.target(self.environ) or job
+            if self.stops is not None and self.stops.preempted_requeue(target):
+                return EXIT_OK  # Slurm requeues a preempted job by itself (job/stops.py)
+            slurm.requeue(target, timeout=self.config.requeue_timeout, environ=self.environ)
         except (slurm.SlurmError, ValueError) as exc:
             self.log(f"requeue failed: {exc}", WARN)
             self.log(

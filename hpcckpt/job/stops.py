@@ -1,0 +1,202 @@
+"""The wrapper's side of the stops Slurm does not announce to it.
+
+:class:`WrapperStops` (one per wrapper run):
+
+- **not exec'd** (:mod:`hpcckpt.job.batchshell`): said in the first lines of the job log,
+  with the fix, and recorded as the ``not_batch_shell`` event;
+- **the end-time stop** (:mod:`hpcckpt.job.endstop`): inside a Slurm job that continues
+  (requeue or chain), the wrapper requests the stop itself before the end time, exactly
+  as if the stop signal had arrived; when not exec'd, early enough to beat the signal that
+  would kill the batch shell. For applications using the Checkpointer, whose own
+  deadline normally stops them first, the wrapper's comes :data:`API_BACKSTOP` seconds
+  later, as a backstop;
+- **preemption**: Slurm signals a preempted job's tasks directly and requeues the job
+  by itself after ``GraceTime``; :meth:`WrapperStops.preempted` asks scontrol.
+
+:class:`OwnScheduleMode`: ``--restart-files`` without ``--app-signal``
+(:mod:`hpcckpt.job.ownschedule`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+from hpcckpt.job import batchshell, endstop, events, jobid, slurm
+from hpcckpt.job.outcome import Outcome, StepResult, describe_returncode
+
+#: Seconds the wrapper's end-time stop waits after the planned time for applications using
+#: the Checkpointer (its own deadline, with the cost it tracks, stops them first).
+API_BACKSTOP = 10.0
+#: ``scontrol show job`` values that mean "no time".
+_NO_TIME = {"", "none", "unknown", "n/a", "(null)"}
+WARN = 0  # verbosity.QUIET: shown even with --quiet
+
+
+def died_by_signal(returncode: int) -> bool:
+    """The step (or, as srun/mpirun report it, a task) was killed by a signal."""
+    if returncode < 0:
+        return True
+    return returncode > 128 and returncode - 128 in signal.Signals._value2member_map_
+
+
+class WrapperStops:
+    """Not exec'd, the end-time stop, preemption: see the module doc."""
+
+    def __init__(self, wrapper: Any) -> None:
+        self.w = wrapper
+        self.end: endstop.EndStop | None = None
+        self._armed_logged = False
+        self.shell = batchshell.check(wrapper.environ, os.getpid())
+        if self.shell is not None and not self.shell.exec_ok:
+            wrapper.log(f"warning: {self.shell.problem()}", WARN)
+            wrapper.log(f"fix: {self.shell.fix()}", WARN)
+
+    def arm(self, continues: bool) -> None:
+        """After the step started: record the shell problem, start the end-time stop."""
+        w = self.w
+        lead = None
+        if self.shell is not None and not self.shell.exec_ok:
+            lead = self.shell.signal_lead
+            w.event(
+                "not_batch_shell",
+                parent=self.shell.parent,
+                parent_pid=self.shell.parent_pid,
+                script_signal=self.shell.signal_name,
+                signal_lead=lead,
+            )
+        target = jobid.target(w.environ)
+        if target is None or not continues:
+            return
+
+        def fetch_end() -> float | None:
+            end = slurm.end_time(target, environ=w.environ)
+            return None if end is None else end.timestamp()
+
+        def history() -> list[dict[str, Any]]:
+            try:
+                return list(events.read_events(w.config.ckpt_dir))
+            except OSError:
+                return []
+
+        self.end = endstop.EndStop(fetch_end, history, signal_lead=lead)
+        self.end.start()
+
+    def _stop_time(self) -> float | None:
+        plan = self.end.plan if self.end is not None else None
+        if plan is None:
+            return None
+        return plan.stop_at + (0.0 if self.w.config.app_mode else API_BACKSTOP)
+
+    def tick(self) -> None:
+        """In the main loop: request the stop once the end-time stop is due."""
+        end = self.end
+        if end is None or end.fired:
+            return
+        if end.error is not None:
+            self.w.log(f"note: no end-time stop: {end.error}")
+            end.fired = True
+            return
+        stop = self._stop_time()
+        if stop is None:
+            return
+        if not self._armed_logged:
+            self._armed_logged = True
+            assert end.plan is not None
+            self.w.log(f"end-time stop armed: {end.plan.describe()}")
+        if time.time() < stop:
+            return
+        end.fired = True
+        assert end.plan is not None
+        left = end.plan.end - time.time()
+        self.w.event(
+            "end_time_stop",
+            end_time=round(end.plan.end, 3),
+            left=round(left, 3),
+            cost=round(end.plan.cost, 3),
+            measured=end.plan.measured,
+        )
+        self.w.handle_signal(
+            int(self.w.config.stop_signal),
+            time.monotonic(),
+            heard=f"end-time stop ({left:.0f} s before the job's end time)",
+        )
+
+    def preempted(self, target: str) -> bool:
+        """Was this job preempted (``PreemptTime`` set)? False when scontrol cannot tell."""
+        try:
+            info = slurm.show_job(target, environ=self.w.environ)
+        except (slurm.SlurmError, ValueError):
+            return False
+        return info.get("PreemptTime", "").strip().lower() not in _NO_TIME
+
+    def preempted_requeue(self, target: str) -> bool:
+        """Hook before ``scontrol requeue``; True when the requeue must be left to Slurm."""
+        return False
+
+
+class OwnScheduleMode:
+    """``--restart-files`` without ``--app-signal``: see :mod:`hpcckpt.job.ownschedule`."""
+
+    def __init__(self, wrapper: Any) -> None:
+        self.w = wrapper
+        self.watch: Any = None
+        self.ended = False
+
+    def prepare(self) -> dict[str, str]:
+        """After ``prepare_app``: start watching; the step's ``HPCCKPT_INTERVAL``."""
+        from hpcckpt.job.ownschedule import OwnScheduleWatch
+        from hpcckpt.job.periodic import AUTO, PeriodicSchedule
+        from hpcckpt.job.wrapper import INTERVAL_ENV
+
+        w = self.w
+        self.watch = OwnScheduleWatch(w.files, time.time_ns(), w.config.settle)
+        try:
+            history = list(events.read_events(w.config.ckpt_dir))
+        except OSError:
+            history = []
+        schedule = PeriodicSchedule(
+            AUTO, start=0.0, nodes=w.slurm_env.num_nodes, mtbf=w.config.mtbf, history=history
+        )
+        interval = max(1, round(schedule.interval()))
+        w.log(
+            f"restart files on the application's own schedule (no signal is sent); "
+            f"{INTERVAL_ENV}={interval} ({schedule.describe()})"
+        )
+        return {INTERVAL_ENV: str(interval)}
+
+    def stop_text(self) -> str:
+        if self.watch is not None and self.watch.writing:
+            return (
+                "the application takes no signal: ending the step once the restart files "
+                "being written are complete"
+            )
+        return "the application takes no signal: ending the step now (no restart write under way)"
+
+    def tick(self) -> None:
+        w = self.w
+        alive = w.child is not None and w.child.poll() is None
+        done = self.watch.tick(alive) if self.watch is not None else None
+        if done is not None:
+            w._register(w.files.cost(done), stop=False)
+        if w._forwarded_at is None or self.ended or not alive:
+            return
+        writing = self.watch is not None and self.watch.writing
+        if writing and time.monotonic() - w._forwarded_at < w.config.restart_timeout:
+            return
+        self.ended = True
+        why = "the stop request" + (" (a restart write did not finish)" if writing else "")
+        w._ended_by_wrapper = True
+        w._terminate_child(reason=why)
+
+    def result(self, rc: int) -> StepResult:
+        exited = describe_returncode(rc)
+        w = self.w
+        if w._forwarded_at is not None:
+            how = "ended by the wrapper" if w._ended_by_wrapper else exited
+            return StepResult(Outcome.STOPPED, rc, None, f"stopped on request; {how}")
+        if rc == 0:
+            return StepResult(Outcome.FINISHED, rc, None, f"{exited} without a stop request")
+        return StepResult(Outcome.CRASHED, rc, None, exited)
