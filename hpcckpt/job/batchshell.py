@@ -34,10 +34,10 @@ class ShellCheck:
 
     def problem(self) -> str:
         return (
-            f"this wrapper is not the batch shell: its parent is {self.parent} (pid "
-            f"{self.parent_pid}), not slurmstepd. Slurm's --signal=B:... goes to that shell, "
-            "which is killed by it (or runs its trap only after the wrapper returns), so "
-            "the stop signal never reaches the wrapper"
+            f"this wrapper is not the batch shell: its parent is the batch script's shell "
+            f"({self.parent}, pid {self.parent_pid}), not slurmstepd. Slurm's "
+            "--signal=B:... goes to that shell, which is killed by it (or runs its trap only "
+            "after the wrapper returns), so the stop signal never reaches the wrapper"
         )
 
     def fix(self) -> str:

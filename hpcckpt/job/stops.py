@@ -29,7 +29,7 @@ from hpcckpt.job.outcome import Outcome, StepResult, describe_returncode
 
 #: Seconds the wrapper's end-time stop waits after the planned time for applications using
 #: the Checkpointer (its own deadline, with the cost it tracks, stops them first).
-API_BACKSTOP = 10.0
+API_BACKSTOP = 5.0
 #: ``scontrol show job`` values that mean "no time".
 _NO_TIME = {"", "none", "unknown", "n/a", "(null)"}
 WARN = 0  # verbosity.QUIET: shown even with --quiet

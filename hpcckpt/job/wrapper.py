@@ -465,7 +465,8 @@ class Wrapper:
         self._requested_at = time.monotonic() if t is None else t
         self._requested_wall = time.time() - (time.monotonic() - self._requested_at)
         self._requested_name = name
-        self._start_lead_check()
+        if heard.startswith("signal"):  # the wrapper's own end-time stop has no lead to check
+            self._start_lead_check()
         if self.child is None or self.child.poll() is not None:
             self._held = True
             self.log(f"{heard} {when}{note}; held until the step is running")
@@ -998,10 +999,10 @@ class Wrapper:
                 self._stop_set_registered = True
                 self._register(self._stop_cost, stop=True)
             if rc != 0 and not self._ended_by_wrapper:
-                what = "its restart files" if self.config.app_mode else "reporting stopped; the"
+                what = "its restart files were" if self.config.app_mode else "the checkpoint was"
                 self.log(
                     f"note: the step ended with {describe_returncode(rc)} after {what} "
-                    "checkpoint was complete: a stop, not a crash"
+                    "complete: a stop, not a crash"
                 )
             return self.after_stop(step)
         if result.outcome is Outcome.POISONED:  # rejected state: never requeue into it

@@ -46,11 +46,11 @@ def stopapp(tmp_path_factory) -> Path:
     return out / "stopapp"
 
 
-def reference(binary: Path, tmp_path: Path, mode_args: list[str]) -> bytes:
+def reference(binary: Path, tmp_path: Path, mode_args: list[str], ranks: int = 2) -> bytes:
     """The result of an uninterrupted run (no sleep)."""
     mode, steps, _sleep, *rest = mode_args
     args = [mode, steps, "0", str(tmp_path / "ref-rs"), str(tmp_path / "ref.bin"), *rest]
-    r = subprocess.run(["mpirun", "-n", "2", str(binary), *args], env=mpi_env(),
+    r = subprocess.run(["mpirun", "-n", str(ranks), str(binary), *args], env=mpi_env(),
                        capture_output=True, text=True, timeout=120)  # fmt: skip
     assert r.returncode == 0, r.stderr
     return (tmp_path / "ref.bin").read_bytes()
@@ -148,3 +148,148 @@ def test_term_app_three_segments(slurm_cluster, tmp_path, stopapp, launcher):
     assert len(resumed) == 2 and 0 < resumed[0] < resumed[1] < 400, text
     assert not events_of(ckpt, "crashed"), text
     assert (tmp_path / "out.bin").read_bytes() == expected
+
+
+def _cut_write_then_kill(path: Path, job: str, timeout: float = 8.0) -> int | None:
+    """Wait until ``path`` is caught half-written, then SIGKILL every task of the job."""
+    from tests.slurm_helpers import job_task_pids
+
+    full = 12 + 2000 * 8 + 4  # header, the rank's cells, the trailer (stopapp.c)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            size = path.stat().st_size
+        except OSError:
+            size = 0
+        if 12 < size < full:
+            for pid in job_task_pids(job):
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+            return size
+        time.sleep(0.02)
+    return None
+
+
+def test_no_signal_app_own_schedule_across_segments(slurm_cluster, tmp_path, stopapp):
+    """An app that takes no signal and rewrites its restart files every 40 steps, no
+    --signal, --time=1: killed once mid-write (crash: the cut file is found and the kept
+    set put back at the next start), stopped by the wrapper's end-time stop once no write
+    is under way (a stop: requeued), finished; result identical."""
+    mode = ["periodic", "800", "50", "40"]
+    expected = reference(stopapp, tmp_path, mode)
+    env = cluster_env(slurm_cluster)
+    ckpt, log = tmp_path / "ckpt", tmp_path / "job.out"
+    wrapper = [HPCCKPT, "srun", "--ckpt-dir", str(ckpt), "--app-ready", "2", "--settle", "1",
+               "--restart-files",
+               f"{tmp_path}/rs.*", "--", "--mpi=pmix", "-n", "2",
+               *app_args(stopapp, tmp_path, mode)]  # fmt: skip
+    script = write_script(tmp_path / "job.sbatch", "exec " + shlex.join(wrapper))
+    job = sbatch(["--time=1", "-n", "2", "--requeue", "--open-mode=append", f"--output={log}",
+                  script], env, cwd=str(tmp_path))  # fmt: skip
+    cut: list[int | None] = []
+
+    def kill_mid_write(restart: int, _running_for: float) -> None:
+        if restart == 0 and not cut and events_of(ckpt, "restart_set"):
+            cut.append(_cut_write_then_kill(tmp_path / "rs.0", job))
+
+    info = drive(job, env, ckpt, timeout=400, on_start=kill_mid_write)
+    text = log_of(log)
+    assert cut and cut[0] is not None, f"never caught rs.0 half-written:\n{text}"
+    ends = [e["outcome"] for e in events_of(ckpt, "step_end")]
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == len(ends) - 1, text
+    assert ends[0] == "crashed" and ends[-1] == "finished", text
+    assert len(ends) >= 3 and set(ends[1:-1]) == {"stopped"}, text
+    checked = events_of(ckpt, "restart_files_checked")
+    assert checked and checked[0]["restored"] is True, text
+    assert any("rs.0" in p for p in checked[0]["problems"]), checked
+    assert events_of(ckpt, "end_time_stop") and not events_of(ckpt, "signal_delivered"), text
+    causes = [e["cause"] for e in events_of(ckpt, "requeue")]
+    assert causes == ["crash"] + ["stop"] * (len(ends) - 2), text
+    sets = events_of(ckpt, "restart_set")
+    assert all(not e["stop"] and e["seconds"] < 5 for e in sets), sets  # one write each
+    assert "HPCCKPT_INTERVAL=" in text
+    assert (tmp_path / "out.bin").read_bytes() == expected
+
+
+def _heat_words(tmp_path: Path, steps: int) -> list[str]:
+    heat = str(EXAMPLES / "heat2d.py")
+    return [sys.executable, heat, "--nx", "64", "--ny", "64", "--sleep", "0.1", "--steps",
+            str(steps), "--every", "10", "--out", str(tmp_path / "heat.npy")]  # fmt: skip
+
+
+def test_no_signal_time_limit_both_kinds(slurm_cluster, tmp_path, stopapp):
+    """No #SBATCH --signal, --time=1: the wrapper's end-time stop checkpoints both an
+    --app-signal TERM app and a Checkpointer app whose own deadline is off
+    (HPCCKPT_END_TIME=unlimited) before the limit; requeue, resume, results identical."""
+    import numpy as np
+
+    env = cluster_env(slurm_cluster)
+    c_dir, api_dir = tmp_path / "c", tmp_path / "api"
+    c_dir.mkdir()
+    api_dir.mkdir()
+    mode = ["term", "300", "50"]
+    expected = reference(stopapp, c_dir, mode, ranks=1)
+    ref = subprocess.run(
+        ["mpirun", "-n", "1", *_heat_words(api_dir, 400)[:-2], "--sleep", "0", "--ckpt-dir",
+         str(api_dir / "ref-ckpt"), "--out", str(api_dir / "ref.npy")],  # fmt: skip
+        env=mpi_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert ref.returncode == 0, ref.stderr
+    c_line = shlex.join([HPCCKPT, "srun", "--ckpt-dir", str(c_dir / "ckpt"), "--app-signal",
+                         "TERM", "--app-ready", "2", "--restart-files", f"{c_dir}/rs.*", "--",
+                         "--mpi=pmix", "-n", "1", *app_args(stopapp, c_dir, mode)])  # fmt: skip
+    api_line = shlex.join([HPCCKPT, "srun", "--ckpt-dir", str(api_dir / "ckpt"), "--",
+                           "--mpi=pmix", "-n", "1", *_heat_words(api_dir, 400)])  # fmt: skip
+    jobs = []
+    no_deadline = "export HPCCKPT_END_TIME=unlimited\n"
+    for where, line, header in ((c_dir, c_line, ""), (api_dir, api_line, no_deadline)):
+        script = write_script(where / "job.sbatch", "exec " + line, header)
+        jobs.append(sbatch(["--time=1", "-n", "1", "--requeue", "--open-mode=append",
+                            f"--output={where}/job.out", script], env, cwd=str(where)))  # fmt: skip
+    wheres = (c_dir, api_dir)
+    infos = [drive(job, env, w / "ckpt", timeout=400) for job, w in zip(jobs, wheres, strict=True)]
+    for info, where in zip(infos, wheres, strict=True):
+        text = log_of(where / "job.out")
+        assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, text
+        stops = events_of(where / "ckpt", "end_time_stop")
+        assert len(stops) == int(info["Restarts"]) and all(e["left"] > 5 for e in stops), text
+        assert [e["cause"] for e in events_of(where / "ckpt", "requeue")] == ["stop"] * len(stops)
+        assert "end-time stop armed" in text and "TIMEOUT" not in text, text
+    assert (c_dir / "out.bin").read_bytes() == expected
+    api_stops = [e for e in read_events(api_dir / "ckpt") if e["event"] == "stop"]
+    assert api_stops and all(e["reason"] != "deadline" for e in api_stops), api_stops
+    assert np.load(api_dir / "heat.npy").tobytes() == np.load(api_dir / "ref.npy").tobytes()
+
+
+def test_not_execd_wrapper_says_so_and_still_stops_in_time(slurm_cluster, tmp_path, stopapp):
+    """The wrapper line without `exec` and --signal=B:USR1@30: the first lines of the job
+    log name the problem and the fix, and the end-time stop checkpoints and requeues
+    before the USR1 that would kill the batch shell."""
+    env = cluster_env(slurm_cluster)
+    ckpt, log = tmp_path / "ckpt", tmp_path / "job.out"
+    mode = ["term", "100000", "50"]
+    line = shlex.join([HPCCKPT, "srun", "--ckpt-dir", str(ckpt), "--app-signal", "TERM",
+                       "--app-ready", "2", "--restart-files", f"{tmp_path}/rs.*", "--",
+                       "--mpi=pmix", "-n", "2", *app_args(stopapp, tmp_path, mode)])  # fmt: skip
+    script = write_script(tmp_path / "job.sbatch", line + "\necho 'batch script goes on'",
+                          "#SBATCH --signal=B:USR1@30\n")  # fmt: skip
+    job = sbatch(["--time=2", "-n", "2", "--requeue", "--open-mode=append", f"--output={log}",
+                  script], env, cwd=str(tmp_path))  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (ckpt.exists() and events_of(ckpt, "requeue")):
+        time.sleep(0.5)
+    subprocess.run(["scancel", job], env=env, capture_output=True, timeout=30)
+    text = log_of(log)
+    first = [ln for ln in text.splitlines() if ln.startswith("hpcckpt:")][:3]
+    assert (
+        "not the batch shell" in first[0] and "its parent is the batch script's shell" in first[0]
+    ), text
+    assert "exec hpcckpt" in first[1], text
+    shell = events_of(ckpt, "not_batch_shell")
+    assert shell and shell[0]["signal_lead"] == 30 and shell[0]["script_signal"] == "USR1"
+    stop = events_of(ckpt, "end_time_stop")
+    assert stop and stop[0]["left"] > 30 + 60, text  # before USR1@30 can come (60 s slack)
+    assert [e["cause"] for e in events_of(ckpt, "requeue")] == ["stop"], text
+    assert events_of(ckpt, "restart_set")[0]["stop"] is True, text
