@@ -539,7 +539,10 @@ class Wrapper:
             got = delivery.deliver_to_launcher(self.child.pid, sig)
         if got.note:
             self.log(f"note: {got.note}", WARN)
-        self.event("signal_delivered", signal=signal_name(sig), path=got.path, targets=got.targets)
+        if got.path != "launcher":  # a path other than kill(launcher): say which
+            self.event(
+                "signal_delivered", signal=signal_name(sig), path=got.path, targets=got.targets
+            )
         return got
 
     def _forward(self, what: str, subject: str = "") -> None:
