@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpcckpt.job import slurm
+from hpcckpt.job import jobid, slurm
 from hpcckpt.job.events import ATTEMPT_ENV, CHAIN_COUNT_ENV
 
 CHAIN_SCRIPT_ENV = "HPCCKPT_CHAIN_SCRIPT"
@@ -49,7 +49,7 @@ _CARRIED = (
 )
 _NO_VALUE = {"", "(null)", "n/a", "none", "unlimited", "partition_limit", "unknown"}
 #: Options never carried to the next link: ours replace them.
-_DROPPED = ("--dependency", "-d", "--export", "--parsable")
+_DROPPED = ("--dependency", "-d", "--export", "--parsable", "--array", "-a")
 
 
 class ChainError(RuntimeError):
@@ -79,7 +79,7 @@ def _drop_options(args: Sequence[str]) -> list[str]:
             continue
         name = arg.split("=", 1)[0]
         if name in _DROPPED:
-            skip = "=" not in arg and name in ("--dependency", "-d", "--export")
+            skip = "=" not in arg and name in ("--dependency", "-d", "--export", "--array", "-a")
             continue
         out.append(arg)
     return out
@@ -179,5 +179,10 @@ def submit_next(
     env = next_environment(
         environ, ckpt_dir=ckpt_dir, next_count=count, sbatch_args=spec.sbatch_args
     )
-    new = slurm.submit(submit_argv(spec, job), timeout=timeout, environ=environ, env=env)
+    argv = submit_argv(spec, job)
+    ident = jobid.identity(environ)
+    if ident.is_array_task:  # exactly this index: the script's #SBATCH --array is overridden
+        argv[0] = f"--dependency=afterany:{ident.target}"
+        argv.insert(1, f"--array={ident.array_task_id}")
+    new = slurm.submit(argv, timeout=timeout, environ=environ, env=env)
     return new, spec, count

@@ -35,6 +35,9 @@ def job_context(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
     if job:
         ctx["job_id"] = job
+    array_job, array_task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    if array_job and array_task:  # the task's unambiguous name (hpcckpt.job.jobid)
+        ctx["array_task"] = f"{array_job}_{array_task}"
     restarts = _count(env.get("SLURM_RESTART_COUNT")) or 0
     ctx["restart_count"] = restarts
     chain = _count(env.get(CHAIN_COUNT_ENV))
