@@ -1079,16 +1079,16 @@ class Wrapper:
         at_step = f" at step {step}" if step is not None else ""
         if self.continuation == "chain":
             return self._chain(job, cause, step, at_step)
-        self.log(f"requeueing job {job} (scontrol requeue)")
+        from hpcckpt.job import jobid
+
+        target = jobid.target(self.environ) or job  # an array task: <array job id>_<task id>
+        self.log(f"requeueing job {target} (scontrol requeue)")
         if not self.event("requeue", job_id=job, step=step, cause=cause) and cause == "crash":
             self.log(
                 "not requeueing after a crash: the restart could not be counted in the log", WARN
             )
             return EXIT_CONTINUE_FAILED
-        from hpcckpt.job import jobid
-
         try:
-            target = jobid.target(self.environ) or job
             if self.stops is not None and self.stops.preempted_requeue(target):
                 return EXIT_OK  # Slurm requeues a preempted job by itself (job/stops.py)
             slurm.requeue(target, timeout=self.config.requeue_timeout, environ=self.environ)

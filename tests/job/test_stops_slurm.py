@@ -293,3 +293,74 @@ def test_not_execd_wrapper_says_so_and_still_stops_in_time(slurm_cluster, tmp_pa
     assert stop and stop[0]["left"] > 30 + 60, text  # before USR1@30 can come (60 s slack)
     assert [e["cause"] for e in events_of(ckpt, "requeue")] == ["stop"], text
     assert events_of(ckpt, "restart_set")[0]["stop"] is True, text
+
+
+@pytest.mark.parametrize("how", ["requeue", "chain"])
+def test_array_tasks_continue_alone(slurm_cluster, tmp_path, stopapp, how):
+    """sbatch --array=0-2, no --signal, --time=1: each task is stopped by the end-time stop
+    and continues alone (requeued as <array>_<task>, or chained with --array=<task>), never
+    more than three jobs of the array at once; all three results identical."""
+    mode = ["term", "300", "50"]
+    expected = reference(stopapp, tmp_path, mode, ranks=1)
+    env = cluster_env(slurm_cluster)
+    d = str(tmp_path)
+    chain = "--chain " if how == "chain" else ""
+    body = (
+        f"#SBATCH --array=0-2 --time=1 -n 1 --open-mode=append --output={d}/task-%a.out\n"
+        'T=$SLURM_ARRAY_TASK_ID\nexport HPCCKPT_CHAIN_SCRIPT="$0"\n'
+        f"exec {HPCCKPT} srun {chain}--ckpt-dir {d}/ckpt-$T --app-signal TERM --app-ready 2 "
+        f'--restart-files "{d}/rs$T.*" -- --mpi=pmix -n 1 {stopapp} term 300 50 {d}/rs$T '
+        f"{d}/out$T.bin"
+    )
+    script = write_script(tmp_path / "array.sbatch", body)
+    first = sbatch(["--requeue", f"--job-name=arr-{how}", script], env, cwd=d)
+    jobs = {f"{first}_{t}" for t in range(3)}
+    done: dict[str, dict] = {}
+    most = 0
+    deadline = time.monotonic() + 400
+    while len(done) < len(jobs) and time.monotonic() < deadline:
+        squeue = ["squeue", "-h", "-r", "-n", f"arr-{how}", "-o", "%i"]
+        listed = subprocess.run(squeue, env=env, capture_output=True, text=True, timeout=30)
+        most = max(most, len(listed.stdout.split()))
+        for t in range(3):
+            ckpt = tmp_path / f"ckpt-{t}"
+            for ev in read_events(ckpt) if ckpt.exists() else []:
+                if ev["event"] == "chain_submitted":
+                    jobs.add(ev["next_job"])
+        for job in sorted(jobs - set(done)):
+            info = job_info(job, env)
+            if info.get("JobState") in FINAL:
+                done[job] = info
+            elif info.get("JobState") == "PENDING" and info.get("Reason") == "BeginTime":
+                time.sleep(RELEASE_AFTER)
+                subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env,
+                               capture_output=True, timeout=30)  # fmt: skip
+        time.sleep(0.5)
+    subprocess.run(["scancel", "-n", f"arr-{how}"], env=env, capture_output=True, timeout=30)
+    logs = "\n".join(log_of(p) for p in sorted(tmp_path.glob("task-*.out")))
+    assert len(done) == len(jobs), f"not all ended: {sorted(jobs - set(done))}\n{logs}"
+    assert all(i["JobState"] == "COMPLETED" for i in done.values()), (done, logs)
+    assert most <= 3, f"{most} jobs of the array queued at once\n{logs}"
+    for t in range(3):
+        evs = list(read_events(tmp_path / f"ckpt-{t}"))
+        starts = [e for e in evs if e["event"] == "wrapper_start"]
+        assert len(starts) >= 2 and {e["array_task"].split("_")[1] for e in starts} == {str(t)}
+        ends = [e["outcome"] for e in evs if e["event"] == "step_end"]
+        assert ends[-1] == "finished" and set(ends[:-1]) == {"stopped"}, logs
+        if how == "requeue":
+            info = done[f"{first}_{t}"]
+            assert int(info["Restarts"]) == len(ends) - 1, (info, logs)
+            assert [e["cause"] for e in evs if e["event"] == "requeue"] == ["stop"] * (
+                len(ends) - 1
+            )
+            assert f"requeueing job {first}_{t} (scontrol requeue)" in logs or t != 0, logs
+        else:
+            subs = [e for e in evs if e["event"] == "chain_submitted"]
+            assert len(subs) == len(ends) - 1, logs
+            assert all(int(i.get("Restarts", 0)) == 0 for i in done.values())
+        assert (tmp_path / f"out{t}.bin").read_bytes() == expected
+    if how == "chain":
+        assert len(jobs) == 3 + sum(
+            len([e for e in read_events(tmp_path / f"ckpt-{t}") if e["event"] == "chain_submitted"])
+            for t in range(3)
+        )
