@@ -36,6 +36,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from hpcckpt.job import preemption
+
 DIR_ENV = "HPCCKPT_CLUSTER_DIR"
 PORT_ENV = "HPCCKPT_CLUSTER_PORT"
 DEFAULT_PORT = 16817
@@ -105,8 +107,14 @@ class ClusterConfig:
     port: int = DEFAULT_PORT
     kill_wait: int = DEFAULT_KILL_WAIT
     real_memory: int = DEFAULT_REAL_MEMORY
+    preempt: str = "off"  # hpcckpt.job.preemption.MODES
+    grace_time: int = 30
 
     def __post_init__(self) -> None:
+        from hpcckpt.job.preemption import MODES
+
+        if self.preempt not in MODES:
+            raise ClusterError(f"--preempt must be one of {', '.join(MODES)}, not {self.preempt}")
         if self.nodes < 1:
             raise ClusterError(f"--nodes must be at least 1, not {self.nodes}")
         if self.cpus_per_node < 1:
@@ -167,6 +175,7 @@ def render_slurm_conf(state: Path, cfg: ClusterConfig) -> str:
         "JobAcctGatherType=jobacct_gather/none",
         "JobCompType=jobcomp/none",
         "MailProg=/bin/true",
+        *preemption.global_lines(cfg.preempt),
         "",
     ]
     for name in cfg.node_names:
@@ -178,8 +187,11 @@ def render_slurm_conf(state: Path, cfg: ClusterConfig) -> str:
     nodelist = ",".join(cfg.node_names)
     lines.append(
         f"PartitionName={PARTITION} Nodes={nodelist} Default=YES MaxTime=INFINITE "
-        "OverSubscribe=NO State=UP"
+        "OverSubscribe=NO State=UP" + preemption.partition_suffix(cfg.preempt, cfg.grace_time)
     )
+    high = preemption.high_partition_line(cfg.preempt, nodelist)
+    if high:
+        lines.append(high)
     return "\n".join(lines) + "\n"
 
 
@@ -762,6 +774,8 @@ class LocalCluster:
         port: int | None = None,
         kill_wait: int | None = None,
         timeout: float = 60.0,
+        preempt: str | None = None,
+        grace_time: int | None = None,
     ) -> bool:
         """Start the cluster (or keep the running one if its configuration matches).
 
@@ -779,6 +793,8 @@ class LocalCluster:
             cpus_per_node=defaults.cpus_per_node if cpus_per_node is None else cpus_per_node,
             port=port or self._port or defaults.port,
             kill_wait=defaults.kill_wait if kill_wait is None else kill_wait,
+            preempt=defaults.preempt if preempt is None else preempt,
+            grace_time=defaults.grace_time if grace_time is None else grace_time,
         )
         text = render_slurm_conf(self.state_dir, cfg)
         with self._locked():

@@ -132,9 +132,47 @@ class WrapperStops:
             return False
         return info.get("PreemptTime", "").strip().lower() not in _NO_TIME
 
+    def preempted_app_stop(self, rc: int) -> bool:
+        """After an ``--app-signal`` step ended non-zero without a stop from the wrapper: was
+        the job preempted, its tasks given Slurm's TERM directly, and are the restart files
+        all rewritten since the step started (and settled)? Then it is a stop: True, and the
+        wrapper's state says so (the files are registered as the stop's set)."""
+        w = self.w
+        target = jobid.target(w.environ)
+        if target is None or w.files is None or w.child_started is None or died_by_signal(rc):
+            return False
+        if not self.preempted(target):
+            return False
+        since_ns = int((time.time() - (time.monotonic() - w.child_started)) * 1e9)
+        snap = _stats(w.files.current())
+        time.sleep(w.config.settle)
+        fresh = snap and all(m >= since_ns for _, m in snap.values())
+        if not fresh or _stats(w.files.current()) != snap:
+            w.log("the job was preempted, but its restart files were not rewritten since the start")
+            return False
+        w.log(
+            "the job was preempted: Slurm sent the tasks its TERM directly; their restart files "
+            f"were all rewritten since the start ({describe_returncode(rc)}): a stop, not a crash"
+        )
+        w.event("preempted", exit_code=rc, files=len(snap))
+        w._forwarded_at = time.monotonic()
+        w._set_after_stop = True
+        return True
+
     def preempted_requeue(self, target: str) -> bool:
         """Hook before ``scontrol requeue``; True when the requeue must be left to Slurm."""
         return False
+
+
+def _stats(paths: list[str]) -> dict[str, tuple[int, int]]:
+    out = {}
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        out[path] = (st.st_size, st.st_mtime_ns)
+    return out
 
 
 class OwnScheduleMode:

@@ -967,6 +967,8 @@ class Wrapper:
             self.log(f"the step was {describe_returncode(rc)}: its restart files may be cut")
             self._pending = None
         self._finish_pending()
+        if self._forwarded_at is None and rc != 0 and self.stops is not None:
+            self.stops.preempted_app_stop(rc)  # Slurm's TERM went to the tasks directly
         return classify_app(
             rc,
             stop_sent=self._forwarded_at is not None,

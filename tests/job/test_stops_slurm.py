@@ -364,3 +364,73 @@ def test_array_tasks_continue_alone(slurm_cluster, tmp_path, stopapp, how):
             len([e for e in read_events(tmp_path / f"ckpt-{t}") if e["event"] == "chain_submitted"])
             for t in range(3)
         )
+
+
+@pytest.fixture(scope="module")
+def preempt_cluster():
+    """A 1-node cluster of its own with a preemptible default partition and `high`."""
+    from hpcckpt.job.cluster import ClusterError, LocalCluster
+    from tests.conftest import SLURM_TEST_DIR, SLURM_TEST_PORT
+
+    cluster = LocalCluster(f"{SLURM_TEST_DIR}-preempt", port=SLURM_TEST_PORT + 8)
+    try:
+        yield cluster
+    finally:
+        try:
+            cluster.down(stop_munge=False)
+        except ClusterError:
+            pass
+
+
+@pytest.mark.parametrize("mode", ["requeue", "requeue-signal"])
+def test_preemption_checkpoints_within_grace_and_requeues_once(preempt_cluster, tmp_path,
+                                                               stopapp, mode):  # fmt: skip
+    """A `high` job preempts ours (GraceTime 30): without send_user_signal the tasks get
+    Slurm's TERM directly and the wrapper learns of the preemption (PreemptTime); with it,
+    the B:USR1 reaches the wrapper, which forwards TERM. Either way the restart files are
+    complete within the grace time, the job is requeued once (not twice), resumes, and the
+    result is identical."""
+    from hpcckpt.job.cluster import ClusterError
+
+    try:
+        preempt_cluster.up(nodes=1, cpus_per_node=2, kill_wait=10, preempt=mode, grace_time=30)
+    except ClusterError as exc:
+        pytest.fail(f"the preemptible cluster did not start: {exc}")
+    mode_args = ["term", "300", "50"]
+    expected = reference(stopapp, tmp_path, mode_args)
+    env = cluster_env(preempt_cluster)
+    ckpt, log = tmp_path / "ckpt", tmp_path / "job.out"
+    line = shlex.join([HPCCKPT, "srun", "--ckpt-dir", str(ckpt), "--app-signal", "TERM",
+                       "--app-ready", "2", "--restart-files", f"{tmp_path}/rs.*", "--",
+                       "--mpi=pmix", "-n", "2",
+                       *app_args(stopapp, tmp_path, mode_args)])  # fmt: skip
+    script = write_script(tmp_path / "job.sbatch", "exec " + line, "#SBATCH --signal=B:USR1@10\n")
+    job = sbatch(["--time=5", "-n", "2", "--requeue", "--open-mode=append", f"--output={log}",
+                  script], env, cwd=str(tmp_path))  # fmt: skip
+    preempted: list[float] = []
+
+    def preempt(restart: int, running_for: float) -> None:
+        if restart == 0 and not preempted and running_for > 5:
+            preempted.append(time.time())
+            sbatch(["-p", "high", "-n", "2", f"--output={tmp_path}/high.out", "--wrap", "sleep 3"],
+                   env)  # fmt: skip
+
+    info = drive(job, env, ckpt, timeout=300, on_start=preempt)
+    text = log_of(log)
+    assert preempted, text
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 1, text
+    assert [e["cause"] for e in events_of(ckpt, "requeue")] == ["stop"], text
+    ends = [e["outcome"] for e in events_of(ckpt, "step_end")]
+    assert ends == ["stopped", "finished"], text
+    sets = events_of(ckpt, "restart_set")
+    assert len(sets) == 1 and sets[0]["stop"], text
+    requeued = events_of(ckpt, "requeue")[0]
+    # within the grace time of the preemption (Slurm acts within ~1 s of the submission)
+    assert requeued["time"] - preempted[0] < 30, text
+    if mode == "requeue":
+        assert events_of(ckpt, "preempted") and not events_of(ckpt, "signal_delivered"), text
+    else:
+        delivered = events_of(ckpt, "signal_delivered")
+        assert [e["signal"] for e in delivered] == ["TERM"], text
+        assert not events_of(ckpt, "preempted"), text
+    assert (tmp_path / "out.bin").read_bytes() == expected
