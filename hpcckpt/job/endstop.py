@@ -56,11 +56,12 @@ def plan(
     history: Iterable[Mapping[str, Any]],
     *,
     signal_lead: float | None = None,
+    default_cost: float = DEFAULT_COST,
 ) -> EndStopPlan:
     """When to request the stop for a job ending at ``end`` (Unix seconds)."""
     cost = leadtime.measured_cost(history)
     measured = cost is not None
-    cost = cost if cost is not None else DEFAULT_COST
+    cost = cost if cost is not None else default_cost
     limit = end if signal_lead is None else end - signal_lead - SIGNAL_SLACK
     stop = Deadline(limit).stop_at(cost)
     assert stop is not None
@@ -76,10 +77,12 @@ class EndStop:
         history: Callable[[], Iterable[Mapping[str, Any]]],
         *,
         signal_lead: float | None = None,
+        default_cost: float = DEFAULT_COST,
     ) -> None:
         self._fetch_end = fetch_end
         self._history = history
         self.signal_lead = signal_lead
+        self.default_cost = default_cost
         self.plan: EndStopPlan | None = None
         self.error: str | None = None
         self.fired = False
@@ -95,7 +98,12 @@ class EndStop:
             if end is None:
                 self.error = "Slurm reports no end time"
                 return
-            self.plan = plan(end, list(self._history()), signal_lead=self.signal_lead)
+            self.plan = plan(
+                end,
+                list(self._history()),
+                signal_lead=self.signal_lead,
+                default_cost=self.default_cost,
+            )
         except Exception as exc:  # noqa: BLE001 - any failure only disarms the stop
             self.error = str(exc)
 

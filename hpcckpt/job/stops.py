@@ -28,7 +28,9 @@ from hpcckpt.job import batchshell, endstop, events, jobid, slurm
 from hpcckpt.job.outcome import Outcome, StepResult, describe_returncode
 
 #: Seconds the wrapper's end-time stop waits after the planned time for applications using
-#: the Checkpointer (its own deadline, with the cost it tracks, stops them first).
+#: the Checkpointer (its own deadline, with the cost it tracks, stops them first); before a
+#: checkpoint was measured the wrapper assumes no cost for them (the Checkpointer knows the
+#: size of its state, the wrapper does not).
 API_BACKSTOP = 5.0
 #: ``scontrol show job`` values that mean "no time".
 _NO_TIME = {"", "none", "unknown", "n/a", "(null)"}
@@ -81,7 +83,8 @@ class WrapperStops:
             except OSError:
                 return []
 
-        self.end = endstop.EndStop(fetch_end, history, signal_lead=lead)
+        default = endstop.DEFAULT_COST if w.config.app_mode else 0.0
+        self.end = endstop.EndStop(fetch_end, history, signal_lead=lead, default_cost=default)
         self.end.start()
 
     def _stop_time(self) -> float | None:
