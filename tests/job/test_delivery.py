@@ -36,9 +36,21 @@ def _start_launcher() -> subprocess.Popen[str]:
     proc = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     deadline = time.monotonic() + 10
-    while len(delivery.rank_processes(proc.pid)) < 2 and time.monotonic() < deadline:
+    while time.monotonic() < deadline:  # both ranks started and catching TERM
+        ranks = delivery.rank_processes(proc.pid)
+        if len(ranks) == 2 and all(_catches_term(pid) for pid in ranks):
+            break
         time.sleep(0.05)
     return proc
+
+
+def _catches_term(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            mask = next(int(ln.split()[1], 16) for ln in fh if ln.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(mask & (1 << (signal.SIGTERM - 1)))
 
 
 def test_term_under_mpirun_goes_to_the_ranks_not_the_launcher():
