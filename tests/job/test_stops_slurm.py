@@ -118,7 +118,7 @@ def test_term_app_three_segments(slurm_cluster, tmp_path, stopapp, launcher):
     env = cluster_env(slurm_cluster)
     ckpt, log = tmp_path / "ckpt", tmp_path / "job.out"
     wrapper = [HPCCKPT, *launcher_words(launcher, app_args(stopapp, tmp_path, mode))]
-    opts = ["--ckpt-dir", str(ckpt), "--app-signal", "TERM", "--app-ready", "2",
+    opts = ["--ckpt-dir", str(ckpt), "--app-signal", "TERM",
             "--restart-files", f"{tmp_path}/rs.*"]  # fmt: skip
     wrapper[2:2] = opts
     script = write_script(tmp_path / "job.sbatch", "exec " + shlex.join(wrapper))
@@ -181,7 +181,7 @@ def test_no_signal_app_own_schedule_across_segments(slurm_cluster, tmp_path, sto
     expected = reference(stopapp, tmp_path, mode)
     env = cluster_env(slurm_cluster)
     ckpt, log = tmp_path / "ckpt", tmp_path / "job.out"
-    wrapper = [HPCCKPT, "srun", "--ckpt-dir", str(ckpt), "--app-ready", "2", "--settle", "1",
+    wrapper = [HPCCKPT, "srun", "--ckpt-dir", str(ckpt), "--settle", "1",
                "--restart-files",
                f"{tmp_path}/rs.*", "--", "--mpi=pmix", "-n", "2",
                *app_args(stopapp, tmp_path, mode)]  # fmt: skip
@@ -238,7 +238,7 @@ def test_no_signal_time_limit_both_kinds(slurm_cluster, tmp_path, stopapp):
     )  # fmt: skip
     assert ref.returncode == 0, ref.stderr
     c_line = shlex.join([HPCCKPT, "srun", "--ckpt-dir", str(c_dir / "ckpt"), "--app-signal",
-                         "TERM", "--app-ready", "2", "--restart-files", f"{c_dir}/rs.*", "--",
+                         "TERM", "--restart-files", f"{c_dir}/rs.*", "--",
                          "--mpi=pmix", "-n", "1", *app_args(stopapp, c_dir, mode)])  # fmt: skip
     api_line = shlex.join([HPCCKPT, "srun", "--ckpt-dir", str(api_dir / "ckpt"), "--",
                            "--mpi=pmix", "-n", "1", *_heat_words(api_dir, 400)])  # fmt: skip
@@ -271,7 +271,7 @@ def test_not_execd_wrapper_says_so_and_still_stops_in_time(slurm_cluster, tmp_pa
     ckpt, log = tmp_path / "ckpt", tmp_path / "job.out"
     mode = ["term", "100000", "50"]
     line = shlex.join([HPCCKPT, "srun", "--ckpt-dir", str(ckpt), "--app-signal", "TERM",
-                       "--app-ready", "2", "--restart-files", f"{tmp_path}/rs.*", "--",
+                       "--restart-files", f"{tmp_path}/rs.*", "--",
                        "--mpi=pmix", "-n", "2", *app_args(stopapp, tmp_path, mode)])  # fmt: skip
     script = write_script(tmp_path / "job.sbatch", line + "\necho 'batch script goes on'",
                           "#SBATCH --signal=B:USR1@30\n")  # fmt: skip
@@ -308,7 +308,7 @@ def test_array_tasks_continue_alone(slurm_cluster, tmp_path, stopapp, how):
     body = (
         f"#SBATCH --array=0-2 --time=1 -n 1 --open-mode=append --output={d}/task-%a.out\n"
         'T=$SLURM_ARRAY_TASK_ID\nexport HPCCKPT_CHAIN_SCRIPT="$0"\n'
-        f"exec {HPCCKPT} srun {chain}--ckpt-dir {d}/ckpt-$T --app-signal TERM --app-ready 2 "
+        f"exec {HPCCKPT} srun {chain}--ckpt-dir {d}/ckpt-$T --app-signal TERM "
         f'--restart-files "{d}/rs$T.*" -- --mpi=pmix -n 1 {stopapp} term 300 50 {d}/rs$T '
         f"{d}/out$T.bin"
     )
@@ -401,7 +401,7 @@ def test_preemption_checkpoints_within_grace_and_requeues_once(preempt_cluster, 
     env = cluster_env(preempt_cluster)
     ckpt, log = tmp_path / "ckpt", tmp_path / "job.out"
     line = shlex.join([HPCCKPT, "srun", "--ckpt-dir", str(ckpt), "--app-signal", "TERM",
-                       "--app-ready", "2", "--restart-files", f"{tmp_path}/rs.*", "--",
+                       "--restart-files", f"{tmp_path}/rs.*", "--",
                        "--mpi=pmix", "-n", "2",
                        *app_args(stopapp, tmp_path, mode_args)])  # fmt: skip
     script = write_script(tmp_path / "job.sbatch", "exec " + line, "#SBATCH --signal=B:USR1@10\n")
