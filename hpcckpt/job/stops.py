@@ -10,8 +10,10 @@
   would kill the batch shell. For applications using the Checkpointer, whose own
   deadline normally stops them first, the wrapper's comes :data:`API_BACKSTOP` seconds
   later, as a backstop;
-- **preemption**: Slurm signals a preempted job's tasks directly and requeues the job
-  by itself after ``GraceTime``; :meth:`WrapperStops.preempted` asks scontrol.
+- **preemption**: Slurm signals a preempted job's tasks directly and would requeue the job
+  by itself after ``GraceTime``; :meth:`WrapperStops.preempted` asks scontrol, and
+  :meth:`WrapperStops.preempted_app_stop` turns the step's end into a stop. The wrapper
+  then requeues at once (measured: Slurm does not requeue the job a second time).
 
 :class:`OwnScheduleMode`: ``--restart-files`` without ``--app-signal``
 (:mod:`hpcckpt.job.ownschedule`).
@@ -161,10 +163,6 @@ class WrapperStops:
         w._forwarded_at = time.monotonic()
         w._set_after_stop = True
         return True
-
-    def preempted_requeue(self, target: str) -> bool:
-        """Hook before ``scontrol requeue``; True when the requeue must be left to Slurm."""
-        return False
 
 
 def _stats(paths: list[str]) -> dict[str, tuple[int, int]]:

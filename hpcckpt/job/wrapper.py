@@ -1091,8 +1091,6 @@ class Wrapper:
             )
             return EXIT_CONTINUE_FAILED
         try:
-            if self.stops is not None and self.stops.preempted_requeue(target):
-                return EXIT_OK  # Slurm requeues a preempted job by itself (job/stops.py)
             slurm.requeue(target, timeout=self.config.requeue_timeout, environ=self.environ)
         except (slurm.SlurmError, ValueError) as exc:
             self.log(f"requeue failed: {exc}", WARN)
