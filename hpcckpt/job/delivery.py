@@ -9,7 +9,9 @@ measured on the local cluster; docs/wrapper.md "How the signal reaches the ranks
   the signal twice. ``scancel --signal=SIG JOB`` (job level, no ``--batch``/``--full``)
   delivers it once to every task of the job's steps and not to the batch step, i.e.
   not to the wrapper nor to srun. ``JOB`` is ``<array job id>_<task id>`` for an array
-  task (:func:`hpcckpt.job.jobid.target`).
+  task (:func:`hpcckpt.job.jobid.target`). If scancel fails or hangs (a busy slurmctld),
+  the tasks of the job on this node get the signal directly (``SLURM_PROCID`` in their
+  environment), never srun.
 - **mpirun**, USR1/USR2: ``kill`` to mpirun, which forwards them to every rank.
 - **mpirun**, any other signal: mpirun answers TERM/INT with SIGCONT, TERM one second
   later and SIGKILL one second after that (``odls_base_sigkill_timeout``), so the rank
@@ -60,7 +62,7 @@ def launcher_kind(command: Sequence[str]) -> Launcher:
 class Delivered:
     """What a delivery did: the path taken, the pids or job signalled, and any note."""
 
-    path: str  # "launcher", "scancel", "ranks"
+    path: str  # "launcher", "scancel", "ranks", "tasks"
     targets: list[str] = field(default_factory=list)
     note: str = ""
 
@@ -69,6 +71,10 @@ class Delivered:
             return f"to every task by scancel --signal (job {self.targets[0]})"
         if self.path == "ranks":
             return f"to the rank processes directly (pid {', '.join(self.targets)})"
+        if self.path == "none":
+            return "nowhere (it could not be delivered)"
+        if self.path == "tasks":
+            return f"to the tasks on this node directly (pid {', '.join(self.targets)})"
         return f"to step (pid {self.targets[0]})"
 
 
@@ -109,7 +115,7 @@ def signal_job(
     job: str,
     sig: signal.Signals,
     *,
-    timeout: float = slurm.QUERY_TIMEOUT,
+    timeout: float = slurm.REQUEUE_TIMEOUT,
     environ: Mapping[str, str] | None = None,
 ) -> None:
     """``scancel --signal=SIG JOB``: once to every task of the job's steps, not the batch step."""
@@ -144,7 +150,14 @@ def deliver(
             )
             return got
         os.kill(launcher_pid, 0)  # the step is still there
-        signal_job(job, sig, environ=environ)
+        try:
+            signal_job(job, sig, environ=environ)
+        except slurm.SlurmError as exc:
+            env = os.environ if environ is None else environ
+            tasks = _signal_all(task_processes(env.get("SLURM_JOB_ID") or job), sig)
+            if not tasks:
+                raise
+            return Delivered("tasks", tasks, f"{exc}; signalled the tasks on this node directly")
         return Delivered("scancel", [job])
     os.kill(launcher_pid, 0)  # the step is still there
     ranks = rank_processes(launcher_pid, (environ or os.environ).get("SLURM_JOB_ID"))
@@ -152,16 +165,38 @@ def deliver(
         got = deliver_to_launcher(launcher_pid, sig)
         got.note = "no rank process found on this node; mpirun got the signal itself"
         return got
+    sent = _signal_all(ranks, sig)
+    if not sent:
+        raise ProcessLookupError(launcher_pid)
+    return Delivered("ranks", sent)
+
+
+def _signal_all(pids: list[int], sig: signal.Signals) -> list[str]:
     sent = []
-    for pid in ranks:
+    for pid in pids:
         try:
             os.kill(pid, sig)
             sent.append(str(pid))
         except ProcessLookupError:
             continue
-    if not sent:
-        raise ProcessLookupError(launcher_pid)
-    return Delivered("ranks", sent)
+    return sent
+
+
+def task_processes(slurm_job_id: str) -> list[int]:
+    """The tasks of the job's steps on this node: ``SLURM_PROCID`` and this job's id in the
+    environment, not the batch step, topmost only (a task's own children are its business)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        env = process_environ(int(entry))
+        if env.get("SLURM_JOB_ID") != slurm_job_id or "SLURM_PROCID" not in env:
+            continue
+        if env.get("SLURM_STEP_ID") in (None, "batch", "extern"):
+            continue
+        found.add(int(entry))
+    parents = _parents(found)
+    return sorted(pid for pid in found if parents.get(pid) not in found)
 
 
 def deliver_to_launcher(launcher_pid: int, sig: signal.Signals) -> Delivered:

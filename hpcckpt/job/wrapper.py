@@ -534,9 +534,15 @@ class Wrapper:
             got = delivery.deliver(
                 kind, self.child.pid, sig, job=jobid.target(self.environ), environ=self.environ
             )
-        except slurm.SlurmError as exc:
-            self.log(f"warning: {exc}; sending {signal_name(sig)} to the launcher instead", WARN)
-            got = delivery.deliver_to_launcher(self.child.pid, sig)
+        except slurm.SlurmError as exc:  # scancel failed and no task found on this node
+            self.log(
+                f"warning: cannot deliver {signal_name(sig)} to the tasks: {exc}; not sending it "
+                "to srun (srun kills its tasks on TERM); the application hears of the stop only "
+                "from Slurm at the time limit",
+                WARN,
+            )
+            self.event("signal_delivered", signal=signal_name(sig), path="none", error=str(exc))
+            return delivery.Delivered("none", [str(self.child.pid)], str(exc))
         if got.note:
             self.log(f"note: {got.note}", WARN)
         if got.path != "launcher":  # a path other than kill(launcher): say which
