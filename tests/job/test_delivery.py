@@ -95,3 +95,19 @@ def test_a_gone_step_raises():
     with pytest.raises(ProcessLookupError):
         delivery.deliver(delivery.Launcher.MPIRUN, proc.pid, signal.SIGTERM, environ={})
     assert os.getpid() > 0
+
+
+def test_task_processes_of_a_job_on_this_node():
+    env = dict(os.environ, SLURM_JOB_ID="987654321", SLURM_STEP_ID="0", SLURM_PROCID="0")
+    task = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    batch = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                             env=dict(env, SLURM_STEP_ID="batch"))  # fmt: skip
+    try:
+        deadline = time.monotonic() + 5
+        while delivery.task_processes("987654321") != [task.pid] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert delivery.task_processes("987654321") == [task.pid]
+    finally:
+        for proc in (task, batch):
+            proc.kill()
+            proc.wait()
