@@ -232,7 +232,7 @@ def test_no_signal_time_limit_both_kinds(slurm_cluster, tmp_path, stopapp):
     mode = ["term", "300", "50"]
     expected = reference(stopapp, c_dir, mode, ranks=1)
     ref = subprocess.run(
-        ["mpirun", "-n", "1", *_heat_words(api_dir, 400)[:-2], "--sleep", "0", "--ckpt-dir",
+        ["mpirun", "-n", "1", *_heat_words(api_dir, 600)[:-2], "--sleep", "0", "--ckpt-dir",
          str(api_dir / "ref-ckpt"), "--out", str(api_dir / "ref.npy")],  # fmt: skip
         env=mpi_env(), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -241,7 +241,7 @@ def test_no_signal_time_limit_both_kinds(slurm_cluster, tmp_path, stopapp):
                          "TERM", "--restart-files", f"{c_dir}/rs.*", "--",
                          "--mpi=pmix", "-n", "1", *app_args(stopapp, c_dir, mode)])  # fmt: skip
     api_line = shlex.join([HPCCKPT, "srun", "--ckpt-dir", str(api_dir / "ckpt"), "--",
-                           "--mpi=pmix", "-n", "1", *_heat_words(api_dir, 400)])  # fmt: skip
+                           "--mpi=pmix", "-n", "1", *_heat_words(api_dir, 600)])  # fmt: skip
     jobs = []
     no_deadline = "export HPCCKPT_END_TIME=unlimited\n"
     for where, line, header in ((c_dir, c_line, ""), (api_dir, api_line, no_deadline)):
