@@ -24,6 +24,15 @@ def stat_fields(pid: int | str) -> list[str] | None:
     return fields or None
 
 
+def command_name(pid: int) -> str | None:
+    """The process's command name (``/proc/PID/comm``, e.g. ``slurmstepd``), None when gone."""
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
+
+
 def parent_of(pid: int) -> int | None:
     """The parent's pid, None when the process is gone."""
     fields = stat_fields(pid)

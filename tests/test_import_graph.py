@@ -68,6 +68,7 @@ LAZY: dict[tuple[str, str], str] = {
     ("hpcckpt.policy", "hpcckpt.policy.simulate"): "policy stays numpy-free until simulate",
     # checksums (xxhash) only for applications with restart files
     ("hpcckpt.job.appmode", "hpcckpt.job.restart_files"): "xxhash only with --restart-files",
+    ("hpcckpt.job.stops", "hpcckpt.job.ownschedule"): "xxhash only with --restart-files",
     # the plot's matplotlib only for --plot
     ("hpcckpt.report.plot", "matplotlib"): "matplotlib only when a plot is drawn",
 }

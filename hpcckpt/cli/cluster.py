@@ -80,6 +80,21 @@ def cluster() -> None:
     help=f"KillWait: seconds between SIGTERM and SIGKILL at a time limit or cancel "
     f"[default: as before, else {DEFAULT_KILL_WAIT}].",
 )
+@click.option(
+    "--preempt",
+    type=click.Choice(["off", "requeue", "requeue-signal"]),
+    default=None,
+    help="A preemptible setup: a second partition `high` whose jobs preempt those of the "
+    "default one, which Slurm requeues after --grace-time (requeue-signal: also "
+    "SlurmctldParameters=preempt_send_user_signal) [default: as before, else off].",
+)
+@click.option(
+    "--grace-time",
+    type=click.IntRange(min=0),
+    default=None,
+    help="GraceTime of the preemptible partition: seconds between the preemption's SIGTERM "
+    "and the requeue [default: as before, else 30].",
+)
 @click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds to wait.")
 @_state_dir_option
 def up(
@@ -87,6 +102,8 @@ def up(
     cpus_per_node: int | None,
     port: int | None,
     kill_wait: int | None,
+    preempt: str | None,
+    grace_time: int | None,
     timeout: float,
     state_dir: str | None,
 ) -> None:
@@ -105,6 +122,8 @@ def up(
             port=port,
             kill_wait=kill_wait,
             timeout=timeout,
+            preempt=preempt,
+            grace_time=grace_time,
         )
     except ClusterError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -159,7 +159,9 @@ def _options(func: Callable[..., Any]) -> Callable[..., Any]:
             metavar="GLOB",
             help="The application's restart files (repeatable): watched after each signal, "
             "checksummed and kept aside in DIR/restart-sets/; a damaged set is replaced by "
-            "the previous good one at the next start.",
+            "the previous good one at the next start. Without --app-signal the application "
+            "takes no signal and writes them on its own schedule: every complete set is kept, "
+            "and a stop ends the step once no write is under way.",
         ),
         click.option(
             "--app-ready",
@@ -248,11 +250,12 @@ def _launch(command: list[str], opts: dict[str, Any]) -> None:
         raise click.UsageError(str(exc)) from None
     if opts["chain"] and opts["requeue"]:
         raise click.UsageError("--chain and --requeue exclude each other")
-    app_options = ("restart_files", "restart_marker", "ckpt_every")
+    app_options = ("restart_marker", "ckpt_every")
     if opts["app_signal"] is None and any(opts[k] for k in app_options):
         raise click.UsageError(
-            "--restart-files, --restart-marker and --ckpt-every are for applications without "
-            "the Python API: add --app-signal SIG"
+            "--restart-marker and --ckpt-every need a signal the application checkpoints on: "
+            "add --app-signal SIG (--restart-files alone: the application writes its restart "
+            "files on its own schedule)"
         )
     cfg = config.WrapperConfig(
         command=command,

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcckpt.cluster import preemption
 from hpcckpt.rundir.env import CLUSTER_DIR_ENV as DIR_ENV
 from hpcckpt.rundir.env import CLUSTER_PORT_ENV as PORT_ENV
 from hpcckpt.slurm.env import is_slurm_variable
@@ -78,8 +79,14 @@ class ClusterConfig:
     port: int = DEFAULT_PORT
     kill_wait: int = DEFAULT_KILL_WAIT
     real_memory: int = DEFAULT_REAL_MEMORY
+    preempt: str = "off"  # hpcckpt.cluster.preemption.MODES
+    grace_time: int = preemption.DEFAULT_GRACE_TIME
 
     def __post_init__(self) -> None:
+        if self.preempt not in preemption.MODES:
+            raise ClusterError(
+                f"--preempt must be one of {', '.join(preemption.MODES)}, not {self.preempt}"
+            )
         if self.nodes < 1:
             raise ClusterError(f"--nodes must be at least 1, not {self.nodes}")
         if self.cpus_per_node < 1:
@@ -140,6 +147,7 @@ def render_slurm_conf(state: Path, cfg: ClusterConfig) -> str:
         "JobAcctGatherType=jobacct_gather/none",
         "JobCompType=jobcomp/none",
         "MailProg=/bin/true",
+        *preemption.global_lines(cfg.preempt),
         "",
     ]
     for name in cfg.node_names:
@@ -151,8 +159,11 @@ def render_slurm_conf(state: Path, cfg: ClusterConfig) -> str:
     nodelist = ",".join(cfg.node_names)
     lines.append(
         f"PartitionName={PARTITION} Nodes={nodelist} Default=YES MaxTime=INFINITE "
-        "OverSubscribe=NO State=UP"
+        "OverSubscribe=NO State=UP" + preemption.partition_suffix(cfg.preempt, cfg.grace_time)
     )
+    high = preemption.high_partition_line(cfg.preempt, nodelist)
+    if high:
+        lines.append(high)
     return "\n".join(lines) + "\n"
 
 

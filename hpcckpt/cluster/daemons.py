@@ -463,6 +463,8 @@ class LocalCluster:
         port: int | None = None,
         kill_wait: int | None = None,
         timeout: float = 60.0,
+        preempt: str | None = None,
+        grace_time: int | None = None,
     ) -> bool:
         """Start the cluster (or keep the running one if its configuration matches).
 
@@ -480,6 +482,8 @@ class LocalCluster:
             cpus_per_node=defaults.cpus_per_node if cpus_per_node is None else cpus_per_node,
             port=port or self._port or defaults.port,
             kill_wait=defaults.kill_wait if kill_wait is None else kill_wait,
+            preempt=defaults.preempt if preempt is None else preempt,
+            grace_time=defaults.grace_time if grace_time is None else grace_time,
         )
         text = render_slurm_conf(self.state_dir, cfg)
         with self._locked():

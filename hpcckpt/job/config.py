@@ -148,19 +148,24 @@ class WrapperConfig:
 
     @property
     def app_mode(self) -> bool:
-        return self.app_signal is not None
+        return self.app_signal is not None or bool(self.restart_files)
+
+    @property
+    def own_schedule(self) -> bool:
+        """Restart files without a signal: the application writes them when it wants."""
+        return self.app_signal is None and bool(self.restart_files)
 
     def check(self) -> None:
-        if not self.app_mode:
+        if self.app_signal is None:
             for name, value in (
-                ("--restart-files", self.restart_files),
                 ("--ckpt-every", self.ckpt_every),
                 ("--restart-marker", self.restart_marker),
             ):
                 if value:
                     raise WrapperError(
-                        f"{name} is for applications without the Python API: add --app-signal "
-                        "SIG (the Checkpointer schedules and records its own checkpoints)"
+                        f"{name} needs a signal the application checkpoints on: add "
+                        "--app-signal SIG (the Checkpointer schedules its own checkpoints; "
+                        "with --restart-files alone the application writes on its own schedule)"
                     )
         if self.restart_marker and not self.restart_files:
             raise WrapperError("--restart-marker needs --restart-files GLOB")

@@ -19,7 +19,7 @@ from hpcckpt.job.outcome import EXIT_OK, StepResult, crash_exit_code
 from hpcckpt.job.reporting import WARN, Reporter
 from hpcckpt.rundir import events
 from hpcckpt.rundir.env import SCONTROL_ENV
-from hpcckpt.slurm import chain
+from hpcckpt.slurm import chain, jobid
 from hpcckpt.slurm import commands as slurm
 from hpcckpt.slurm.env import SlurmEnv
 from hpcckpt.slurm.runner import SlurmError
@@ -132,7 +132,8 @@ class Continuation:
         at_step = f" at step {step}" if step is not None else ""
         if self.how == "chain":
             return self._chain(job, cause, step, at_step)
-        self.reporter.log(f"requeueing job {job} (scontrol requeue)")
+        target = jobid.target(self.environ) or job  # an array task: <array job id>_<task id>
+        self.reporter.log(f"requeueing job {target} (scontrol requeue)")
         if (
             not self.reporter.event(events.REQUEUE, job_id=job, step=step, cause=cause)
             and cause == "crash"
@@ -142,7 +143,7 @@ class Continuation:
             )
             return EXIT_CONTINUE_FAILED
         try:
-            slurm.requeue(job, timeout=self.config.requeue_timeout, environ=self.environ)
+            slurm.requeue(target, timeout=self.config.requeue_timeout, environ=self.environ)
         except (SlurmError, ValueError) as exc:
             self.reporter.log(f"requeue failed: {exc}", WARN)
             self.reporter.log(

@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 from hpcckpt import procfs
-from hpcckpt.job import hang, leadtime, poison, relaunch, step
+from hpcckpt.job import delivery, hang, leadtime, poison, relaunch, step
 from hpcckpt.job.appmode import AppMode
 from hpcckpt.job.config import (
     EXIT_INTERNAL,
@@ -66,11 +66,14 @@ from hpcckpt.job.outcome import (
 from hpcckpt.job.reporting import DETAIL, WARN
 from hpcckpt.job.signal_queue import SignalQueue
 from hpcckpt.job.stop import StopRequest
+from hpcckpt.job.stops import OwnScheduleMode, WrapperStops, died_by_signal
 from hpcckpt.rundir import events, verbosity
 from hpcckpt.rundir.env import LOG_LEVEL_ENV
 from hpcckpt.rundir.status import FINISHED, RUNNING, STOPPED, RunStatus, read_status
 from hpcckpt.signames import signal_name
 from hpcckpt.slurm import env as slurm_env
+from hpcckpt.slurm import jobid
+from hpcckpt.slurm.runner import SlurmError
 
 __all__ = ["Wrapper", "run_wrapper"]
 
@@ -101,6 +104,8 @@ class Wrapper:
         self._lead_thread: threading.Thread | None = None
         self.hang: hang.HangWatch | None = None  # --hang-timeout (job/hang.py)
         self.node_failures: relaunch.NodeFailures | None = None  # --spare-nodes, node failures
+        self.stops: WrapperStops | None = None  # not exec'd, the end-time stop, preemption
+        self.own: OwnScheduleMode | None = None  # --restart-files without --app-signal
 
     # -- logging -------------------------------------------------------------------------
     def log(self, message: str, level: int = verbosity.NORMAL) -> None:
@@ -160,12 +165,16 @@ class Wrapper:
         status = self.own_status()
         return status is not None and status.state == RUNNING
 
-    def handle_signal(self, signum: int, t: float | None) -> None:
-        name = signal_name(signum)
+    def handle_signal(self, signum: int, t: float | None, heard: str | None = None) -> None:
+        """A stop request: a signal, or (``heard``) the wrapper's own end-time stop."""
+        own = heard is not None  # the end-time stop: no signal, no lead time to check
+        name = signal_name(signum) if heard is None else heard
+        if heard is None:
+            heard = f"signal {name} received"
         when = self._when(t)
         elapsed = None if t is None else round(self.elapsed(t), 3)
         note = ""
-        if signum not in (self.config.stop_signal, signal.SIGTERM, signal.SIGINT):
+        if not own and signum not in (self.config.stop_signal, signal.SIGTERM, signal.SIGINT):
             note = f" (not the configured --signal {signal_name(self.config.stop_signal)})"
         if signum == signal.SIGINT:
             self.stop.interrupts += 1
@@ -180,28 +189,29 @@ class Wrapper:
                 return
         if self.stop.under_way:
             self.log(
-                f"signal {name} received {when}{note}; a stop request is already under way; "
+                f"{heard} {when}{note}; a stop request is already under way; "
                 "not forwarding it again"
             )
             self.event(events.SIGNAL, name=name, elapsed=elapsed, forwarded=False, duplicate=True)
             return
         if self.stop.held:
             self.log(
-                f"signal {name} received {when}{note}; a stop request is already held until "
+                f"{heard} {when}{note}; a stop request is already held until "
                 "the application is ready for it"
             )
             self.event(events.SIGNAL, name=name, elapsed=elapsed, forwarded=False, duplicate=True)
             return
         self.stop.request(name, t)
-        self._start_lead_check()
+        if not own:
+            self._start_lead_check()
         if self.child is None or self.child.poll() is not None:
             self.stop.hold()
-            self.log(f"signal {name} received {when}{note}; held until the step is running")
+            self.log(f"{heard} {when}{note}; held until the step is running")
             self.event(events.SIGNAL, name=name, elapsed=elapsed, forwarded=False, held=True)
             return
         if self.config.app_mode:
             if self.app_ready():
-                self._stop_app(f"signal {name} received {when}{note}")
+                self._stop_app(f"{heard} {when}{note}")
                 self.event(
                     events.SIGNAL,
                     name=name,
@@ -212,7 +222,7 @@ class Wrapper:
             else:
                 self.stop.hold()
                 self.log(
-                    f"signal {name} received {when}{note}; held until the application has run "
+                    f"{heard} {when}{note}; held until the application has run "
                     f"{self.config.app_ready:g} s (--app-ready)"
                 )
                 self.event(events.SIGNAL, name=name, elapsed=elapsed, forwarded=False, held=True)
@@ -220,7 +230,7 @@ class Wrapper:
         status = self.own_status()
         state = status.state if status is not None else None
         if state == RUNNING:
-            self._forward(f"signal {name} received {when}{note}")
+            self._forward(f"{heard} {when}{note}")
             self.event(
                 events.SIGNAL,
                 name=name,
@@ -230,14 +240,13 @@ class Wrapper:
             )
         elif state in (STOPPED, FINISHED):
             self.log(
-                f"signal {name} received {when}{note}; the application already reported "
-                f"{state}; not forwarding"
+                f"{heard} {when}{note}; the application already reported {state}; not forwarding"
             )
             self.event(events.SIGNAL, name=name, elapsed=elapsed, forwarded=False, app_state=state)
         else:
             self.stop.hold()
             self.log(
-                f"signal {name} received {when}{note}; held: the application has not "
+                f"{heard} {when}{note}; held: the application has not "
                 "reported running yet (forwarding as soon as it does)"
             )
             self.event(events.SIGNAL, name=name, elapsed=elapsed, forwarded=False, held=True)
@@ -253,12 +262,39 @@ class Wrapper:
         as_ = "" if fwd == self.stop.name else f" as {fwd}"
         subject = f"{subject} " if subject else ""
         try:
-            os.kill(self.child.pid, sig)
+            got = self._deliver(sig)
         except ProcessLookupError:
             self.log(f"{what}; the step (pid {self.child.pid}) is already gone")
             return False
-        self.log(f"{what}; {subject}forwarded{as_} to step (pid {self.child.pid})")
+        self.log(f"{what}; {subject}forwarded{as_} {got.describe()}")
         return True
+
+    def _deliver(self, sig: signal.Signals) -> delivery.Delivered:
+        """Send ``sig`` to the step's ranks once, by the launcher's safe path (job/delivery)."""
+        assert self.child is not None
+        kind = delivery.launcher_kind(self.command)
+        try:
+            got = delivery.deliver(
+                kind, self.child.pid, sig, job=jobid.target(self.environ), environ=self.environ
+            )
+        except SlurmError as exc:  # scancel failed and no task found on this node
+            self.log(
+                f"warning: cannot deliver {signal_name(sig)} to the tasks: {exc}; not sending it "
+                "to srun (srun kills its tasks on TERM); the application hears of the stop only "
+                "from Slurm at the time limit",
+                WARN,
+            )
+            self.event(
+                events.SIGNAL_DELIVERED, signal=signal_name(sig), path="none", error=str(exc)
+            )
+            return delivery.Delivered("none", [str(self.child.pid)], str(exc))
+        if got.note:
+            self.log(f"note: {got.note}", WARN)
+        if got.path != "launcher":  # a path other than kill(launcher): say which
+            self.event(
+                events.SIGNAL_DELIVERED, signal=signal_name(sig), path=got.path, targets=got.targets
+            )
+        return got
 
     def _forward(self, what: str, subject: str = "") -> None:
         self.stop.forward()
@@ -267,6 +303,9 @@ class Wrapper:
     def _stop_app(self, what: str, subject: str = "") -> None:
         """A stop request for an application without the API (job/appmode.py)."""
         self.stop.forward()
+        if self.own is not None:  # no signal to send: end the step once no write is under way
+            self.log(f"{what}; {self.own.stop_text()}")
+            return
         self.app.stop(what, lambda: self._send(what, subject))
 
     def _forwarded_event(self, held_for: float) -> None:
@@ -327,7 +366,16 @@ class Wrapper:
     # -- applications without the API (job/appmode.py) --------------------------------------
     def signal_step(self) -> bool:
         """Send the step the application's signal (the periodic checkpoint request)."""
-        return self.child is not None and step.send(self.child, self.forward_signal)
+        if self.child is None:
+            return False
+        try:
+            self._deliver(self.forward_signal)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def step_alive(self) -> bool:
+        return self.child is not None and self.child.poll() is None
 
     def end_step(self, reason: str) -> None:
         self._terminate_child(reason=reason)
@@ -390,8 +438,12 @@ class Wrapper:
         while True:
             while (got := self.signals.pop()) is not None:
                 self.handle_signal(*got)
+            if self.stops is not None:
+                self.stops.tick()  # the wrapper's own end-time stop (job/stops.py)
             self.check_held()
-            if self.config.app_mode:
+            if self.own is not None:
+                self.own.tick()
+            elif self.config.app_mode:
                 assert self.child is not None
                 self.app.tick(
                     may_signal=not (self.stop.forwarded or self.stop.held) and self.app_ready(),
@@ -490,7 +542,9 @@ class Wrapper:
     def _run(self) -> int:
         cfg = self.config
         cfg.check()
+        self.stops = WrapperStops(self)  # not exec'd? (first lines of the log); end-time stop
         prepare_ckpt_dir(cfg.ckpt_dir)
+        self.own = OwnScheduleMode(self) if cfg.own_schedule else None
         where = f"Slurm job {self.slurm_env.job_id}" if self.slurm_env.in_job else "outside Slurm"
         cont = self.continuation or "off"
         mode = f"; application signal {self._fwd_name()}" if cfg.app_mode else ""
@@ -520,8 +574,11 @@ class Wrapper:
             if cfg.app_mode
             else {}
         )
+        if self.own is not None:
+            extra.update(self.own.prepare())
         self.hang = self._start_hang_watch()  # clears the heartbeats of earlier attempts
         failed = self.start_child(extra)
+        self.stops.arm(self.continuation is not None)
         if failed is not None:
             self.event(events.CRASHED, exit_code=failed, reason="the step could not be started")
             return failed
@@ -563,6 +620,14 @@ class Wrapper:
     def _result(self, rc: int) -> StepResult:
         if not self.config.app_mode:
             return classify(rc, read_status(self.config.ckpt_dir), self.attempt)
+        if self.own is not None:
+            return self.own.result(rc)
+        if self.app.pending is not None and died_by_signal(rc):  # killed mid-write
+            self.log(f"the step was {describe_returncode(rc)}: its restart files may be cut")
+            self.app.pending = None
+        self.app.finish_pending()
+        if not self.stop.forwarded and rc != 0 and self.stops is not None:
+            self.stops.preempted_app_stop(rc)  # Slurm's TERM went to the tasks directly
         return self.app.outcome(rc, stop_sent=self.stop.forwarded)
 
     def finish(self, rc: int) -> int:
@@ -590,9 +655,10 @@ class Wrapper:
         if result.outcome is Outcome.STOPPED:
             self.app.after_stop()
             if rc != 0 and not self.app.ended_by_wrapper:
+                what = "its restart files were" if self.config.app_mode else "the checkpoint was"
                 self.log(
-                    f"note: the step ended with {describe_returncode(rc)} after reporting "
-                    "stopped; the checkpoint was complete before that"
+                    f"note: the step ended with {describe_returncode(rc)} after {what} "
+                    "complete: a stop, not a crash"
                 )
             return self.continuing.after_stop(step)
         if result.outcome is Outcome.POISONED:  # rejected state: never requeue into it

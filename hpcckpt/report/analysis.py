@@ -42,6 +42,10 @@ _KNOWN = {
     evlog.STAGING_REFUSED,  # counted in hpcckpt/report/saves.py
     evlog.WRITE_PATH,
     evlog.LOCAL_SKIPPED,  # shown by hpcckpt/report/tiers.py
+    evlog.SIGNAL_DELIVERED,
+    evlog.NOT_BATCH_SHELL,
+    evlog.END_TIME_STOP,
+    evlog.PREEMPTED,
 }
 
 
@@ -108,6 +112,7 @@ def analyze(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             {
                 "index": att.index,
                 "job_id": att.first("job_id"),
+                "array_task": att.first("array_task"),
                 "restart_count": att.first("restart_count"),
                 "chain_count": att.first("chain_count"),
                 "attempt": att.token,

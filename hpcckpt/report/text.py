@@ -33,6 +33,8 @@ def format_report(report: Mapping[str, Any]) -> str:
     lines.append(header)
     for a in atts:
         job = str(a["job_id"]) if a["job_id"] is not None else "-"
+        if a.get("array_task"):
+            job = str(a["array_task"])  # A_T: which task of the array
         restart = a["restart_count"] if a["restart_count"] is not None else "-"
         if a["chain_count"]:
             restart = f"{restart}/c{a['chain_count']}"

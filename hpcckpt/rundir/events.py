@@ -20,6 +20,7 @@ from typing import Any
 
 from hpcckpt.rundir.env import ATTEMPT_ENV, CHAIN_COUNT_ENV, chain_count
 from hpcckpt.slurm import env as slurm_env
+from hpcckpt.slurm import jobid
 
 EVENTS_FILE = "events.jsonl"
 
@@ -48,6 +49,10 @@ RESTART_SET = "restart_set"
 RESTART_SET_FAILED = "restart_set_failed"
 RESTART_TIMEOUT = "restart_timeout"
 RESTART_FILES_CHECKED = "restart_files_checked"
+SIGNAL_DELIVERED = "signal_delivered"
+NOT_BATCH_SHELL = "not_batch_shell"
+END_TIME_STOP = "end_time_stop"
+PREEMPTED = "preempted"
 # written by the Checkpointer's rank 0
 START = "start"
 RESTORE = "restore"
@@ -128,6 +133,9 @@ def job_context(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     job = slurm_env.job_id(env)
     if job:
         ctx["job_id"] = job
+    task = jobid.identity(env)
+    if task.is_array_task:  # the task's unambiguous name
+        ctx["array_task"] = task.target
     restarts = slurm_env.restart_count(env)
     ctx["restart_count"] = restarts
     if (env.get(CHAIN_COUNT_ENV) or "").strip().isdigit():

@@ -41,6 +41,7 @@ from hpcckpt.rundir.env import (
 )
 from hpcckpt.slurm import commands
 from hpcckpt.slurm.env import is_slurm_variable
+from hpcckpt.slurm.jobid import identity
 from hpcckpt.slurm.runner import QUERY_TIMEOUT, SUBMIT_TIMEOUT, SlurmError, check_job_id
 
 #: scontrol's key -> the sbatch option carrying it.
@@ -54,7 +55,7 @@ _CARRIED = (
 )
 _NO_VALUE = {"", "(null)", "n/a", "none", "unlimited", "partition_limit", "unknown"}
 #: Options never carried to the next link: ours replace them.
-_DROPPED = ("--dependency", "-d", "--export", "--parsable")
+_DROPPED = ("--dependency", "-d", "--export", "--parsable", "--array", "-a")
 
 
 class ChainError(RuntimeError):
@@ -78,7 +79,7 @@ def _drop_options(args: Sequence[str]) -> list[str]:
             continue
         name = arg.split("=", 1)[0]
         if name in _DROPPED:
-            skip = "=" not in arg and name in ("--dependency", "-d", "--export")
+            skip = "=" not in arg and name in ("--dependency", "-d", "--export", "--array", "-a")
             continue
         out.append(arg)
     return out
@@ -172,5 +173,10 @@ def submit_next(
     env = next_environment(
         environ, ckpt_dir=ckpt_dir, next_count=count, sbatch_args=spec.sbatch_args
     )
-    new = commands.submit(submit_argv(spec, job), timeout=timeout, environ=environ, env=env)
+    argv = submit_argv(spec, job)
+    ident = identity(environ)
+    if ident.is_array_task:  # exactly this index: the script's #SBATCH --array is overridden
+        argv[0] = f"--dependency=afterany:{ident.target}"
+        argv.insert(1, f"--array={ident.array_task_id}")
+    new = commands.submit(argv, timeout=timeout, environ=environ, env=env)
     return new, spec, count

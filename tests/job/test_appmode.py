@@ -62,6 +62,6 @@ def test_app_signal_periodic_checkpoints(tmp_path):
 
 
 def test_app_options_need_app_signal(tmp_path):
-    w = Wrapped(tmp_path / "ck", app("finish"), "--restart-files", "x.*")
+    w = Wrapped(tmp_path / "ck", app("finish"), "--restart-files", "x.*", "--ckpt-every", "60")
     assert w.wait() == 2
     assert "add --app-signal" in w.stderr

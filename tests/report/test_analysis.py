@@ -279,3 +279,18 @@ def test_real_slurm_kill_and_resubmit() -> None:
     assert r["checkpoints"]["by_reason"] == {"interval": 9, "signal": 5}
     assert r["failures"]["count"] == 1
     assert r["interval"]["daly_seconds"] == pytest.approx(11.4, abs=0.1)
+
+
+def test_array_task_is_named() -> None:
+    task = {"job_id": "14", "array_task": "12_2"}
+    events = [
+        ev(0, "wrapper_start", attempt="a1", **task),
+        ck(2, "start", **task),
+        ck(3, "restore", step=None, **task),
+        *save(10, 5, 1.0),
+        ev(20, "step_end", attempt="a1", outcome="finished", step=5, **task),
+        ev(20, "finished", attempt="a1", step=5, **task),
+    ]
+    r = analyze(events)
+    assert r["attempts"][0]["array_task"] == "12_2"
+    assert "12_2" in format_report(r)

@@ -1,0 +1,191 @@
+"""Deliver the application's signal to its ranks once, by a path that does not kill them.
+
+Which path depends on the launcher and the signal (Slurm 22.05, Open MPI 4.1.4,
+measured on the local cluster; docs/wrapper.md "How the signal reaches the ranks"):
+
+- **srun**, USR1/USR2: ``kill`` to srun, which forwards them to every task.
+- **srun**, any other signal (TERM, INT, ...): srun answers TERM by SIGKILLing its tasks
+  and swallows a single INT, and ``scancel --signal=SIG JOB.STEP`` delivers every task
+  the signal twice. ``scancel --signal=SIG JOB`` (job level, no ``--batch``/``--full``)
+  delivers it once to every task of the job's steps and not to the batch step, i.e.
+  not to the wrapper nor to srun. ``JOB`` is ``<array job id>_<task id>`` for an array
+  task (:func:`hpcckpt.slurm.jobid.target`). If scancel fails or hangs (a busy slurmctld),
+  the tasks of the job on this node get the signal directly (``SLURM_PROCID`` in their
+  environment), never srun.
+- **mpirun**, USR1/USR2: ``kill`` to mpirun, which forwards them to every rank.
+- **mpirun**, any other signal: mpirun answers TERM/INT with SIGCONT, TERM one second
+  later and SIGKILL one second after that (``odls_base_sigkill_timeout``), so the rank
+  processes are signalled directly: the processes below mpirun carrying
+  ``OMPI_COMM_WORLD_RANK`` whose parent does not (a rank started through ``sh -c`` is
+  signalled at the shell, as mpirun itself would). Ranks on other nodes are not our
+  descendants: an application that agrees on the stop collectively (one rank's signal
+  stops all, as ``examples/c/stopapp.c`` does) still stops as a whole; see the docs.
+- **anything else**: ``kill`` to the step's process.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from hpcckpt import procfs
+from hpcckpt.slurm import commands
+from hpcckpt.slurm.runner import REQUEUE_TIMEOUT, SlurmError
+
+#: Signals srun and mpirun forward to every task unharmed.
+FORWARDED = (signal.SIGUSR1, signal.SIGUSR2)
+RANK_ENV = "OMPI_COMM_WORLD_RANK"
+_MPIRUN_NAMES = {"mpirun", "mpiexec", "orterun", "prterun"}
+
+
+class Launcher(enum.Enum):
+    SRUN = "srun"
+    MPIRUN = "mpirun"
+    OTHER = "other"
+
+
+def launcher_kind(command: Sequence[str]) -> Launcher:
+    """What starts the ranks: the basename of the step's first word."""
+    name = os.path.basename(command[0]) if command else ""
+    if name == "srun":
+        return Launcher.SRUN
+    if name in _MPIRUN_NAMES:
+        return Launcher.MPIRUN
+    return Launcher.OTHER
+
+
+@dataclass
+class Delivered:
+    """What a delivery did: the path taken, the pids or job signalled, and any note."""
+
+    path: str  # "launcher", "scancel", "ranks", "tasks"
+    targets: list[str] = field(default_factory=list)
+    note: str = ""
+
+    def describe(self) -> str:
+        if self.path == "scancel":
+            return f"to every task by scancel --signal (job {self.targets[0]})"
+        if self.path == "ranks":
+            return f"to the rank processes directly (pid {', '.join(self.targets)})"
+        if self.path == "none":
+            return "nowhere (it could not be delivered)"
+        if self.path == "tasks":
+            return f"to the tasks on this node directly (pid {', '.join(self.targets)})"
+        return f"to step (pid {self.targets[0]})"
+
+
+def rank_processes(launcher_pid: int, slurm_job_id: str | None = None) -> list[int]:
+    """The rank processes of the step on this node (see the module doc).
+
+    Below ``launcher_pid``, and, inside a Slurm job, every process on this node whose
+    environment has ``OMPI_COMM_WORLD_RANK`` and this ``SLURM_JOB_ID``: under Slurm
+    mpirun starts ``orted`` through srun on every node whose name is not its own host's,
+    so those ranks are children of a slurmstepd, not of mpirun (seen on the local cluster).
+    """
+    candidates = set(procfs.descendants(launcher_pid))
+    if slurm_job_id:
+        candidates.update(int(p) for p in os.listdir("/proc") if p.isdigit())
+    ranked = set()
+    for pid in candidates:
+        env = procfs.environ(pid)
+        if RANK_ENV not in env:
+            continue
+        if pid not in ranked and (not slurm_job_id or env.get("SLURM_JOB_ID") == slurm_job_id):
+            ranked.add(pid)
+    parents = _parents(ranked)
+    return sorted(pid for pid in ranked if parents.get(pid) not in ranked)
+
+
+def _parents(pids: set[int]) -> dict[int, int]:
+    return {pid: parent for pid in pids if (parent := procfs.parent_of(pid)) is not None}
+
+
+def signal_job(
+    job: str,
+    sig: signal.Signals,
+    *,
+    timeout: float = REQUEUE_TIMEOUT,
+    environ: Mapping[str, str] | None = None,
+) -> None:
+    """``scancel --signal=SIG JOB``: once to every task of the job's steps, not the batch step."""
+    commands.cancel([job], signal=sig.name.removeprefix("SIG"), timeout=timeout, environ=environ)
+
+
+def deliver(
+    kind: Launcher,
+    launcher_pid: int,
+    sig: signal.Signals,
+    *,
+    job: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Delivered:
+    """Send ``sig`` to the step's ranks by the path of the module doc.
+
+    Raises ProcessLookupError when the launcher is gone, and :class:`SlurmError`
+    when scancel fails (the caller may then fall back to :func:`deliver_to_launcher`).
+    """
+    if sig in FORWARDED or kind is Launcher.OTHER:
+        return deliver_to_launcher(launcher_pid, sig)
+    if kind is Launcher.SRUN:
+        if job is None:
+            got = deliver_to_launcher(launcher_pid, sig)
+            got.note = (
+                "not inside a Slurm job: srun got the signal itself (it kills its tasks on TERM)"
+            )
+            return got
+        os.kill(launcher_pid, 0)  # the step is still there
+        try:
+            signal_job(job, sig, environ=environ)
+        except SlurmError as exc:
+            env = os.environ if environ is None else environ
+            tasks = _signal_all(task_processes(env.get("SLURM_JOB_ID") or job), sig)
+            if not tasks:
+                raise
+            return Delivered("tasks", tasks, f"{exc}; signalled the tasks on this node directly")
+        return Delivered("scancel", [job])
+    os.kill(launcher_pid, 0)  # the step is still there
+    ranks = rank_processes(launcher_pid, (environ or os.environ).get("SLURM_JOB_ID"))
+    if not ranks:
+        got = deliver_to_launcher(launcher_pid, sig)
+        got.note = "no rank process found on this node; mpirun got the signal itself"
+        return got
+    sent = _signal_all(ranks, sig)
+    if not sent:
+        raise ProcessLookupError(launcher_pid)
+    return Delivered("ranks", sent)
+
+
+def _signal_all(pids: list[int], sig: signal.Signals) -> list[str]:
+    sent = []
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+            sent.append(str(pid))
+        except ProcessLookupError:
+            continue
+    return sent
+
+
+def task_processes(slurm_job_id: str) -> list[int]:
+    """The tasks of the job's steps on this node: ``SLURM_PROCID`` and this job's id in the
+    environment, not the batch step, topmost only (a task's own children are its business)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        env = procfs.environ(int(entry))
+        if env.get("SLURM_JOB_ID") != slurm_job_id or "SLURM_PROCID" not in env:
+            continue
+        if env.get("SLURM_STEP_ID") in (None, "batch", "extern"):
+            continue
+        found.add(int(entry))
+    parents = _parents(found)
+    return sorted(pid for pid in found if parents.get(pid) not in found)
+
+
+def deliver_to_launcher(launcher_pid: int, sig: signal.Signals) -> Delivered:
+    os.kill(launcher_pid, sig)
+    return Delivered("launcher", [str(launcher_pid)])

@@ -1,0 +1,117 @@
+"""The wrapper's own stop before the job's end time, for jobs without ``--signal``.
+
+A job submitted without ``#SBATCH --signal`` (or whose batch shell is not the wrapper,
+so that the signal never reaches it) gets nothing from Slurm before its time limit but
+TERM to everything and SIGKILL ``KillWait`` later. So the wrapper reads the job's end
+time (``squeue -o %e``, as the Checkpointer's deadline does) and requests the stop itself
+at :meth:`hpcckpt.policy.Deadline.stop_at`: ``end - cost x 1.5 - 20 s``, the cost being
+the largest of the last measured checkpoints (``checkpoint`` and ``restart_set`` events,
+:func:`hpcckpt.job.leadtime.measured_cost`), or :data:`DEFAULT_COST` before any was
+measured. When the warning signal may kill the batch shell first (the wrapper was not
+``exec``'d, :mod:`hpcckpt.job.batchshell`), the stop comes before that signal can:
+``end - lead - SIGNAL_SLACK - cost x 1.5 - 20 s``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hpcckpt.job import leadtime
+from hpcckpt.policy import Deadline
+
+#: Assumed cost of a checkpoint before one was measured: the stop comes
+#: 20 x 1.5 + 20 = 50 s before the end time.
+DEFAULT_COST = 20.0
+#: Slurm may send the ``--signal`` signal up to a minute before its lead time.
+SIGNAL_SLACK = 60.0
+
+
+@dataclass(frozen=True)
+class EndStopPlan:
+    end: float  # Unix seconds
+    cost: float
+    measured: bool  # cost from events (else DEFAULT_COST)
+    stop_at: float  # Unix seconds
+    before_signal: float | None = None  # the lead the stop must beat, if any
+
+    def describe(self) -> str:
+        how = "measured" if self.measured else "default, nothing measured yet"
+        beat = (
+            f", before the B: signal ({self.before_signal:g} s lead + {SIGNAL_SLACK:g} s slack)"
+            if self.before_signal is not None
+            else ""
+        )
+        return (
+            f"{self.end - self.stop_at:.0f} s before the job's end time (checkpoint cost "
+            f"{self.cost:.1f} s, {how}{beat})"
+        )
+
+
+def plan(
+    end: float,
+    history: Iterable[Mapping[str, Any]],
+    *,
+    signal_lead: float | None = None,
+    default_cost: float = DEFAULT_COST,
+) -> EndStopPlan:
+    """When to request the stop for a job ending at ``end`` (Unix seconds)."""
+    cost = leadtime.measured_cost(history)
+    measured = cost is not None
+    cost = cost if cost is not None else default_cost
+    limit = end if signal_lead is None else end - signal_lead - SIGNAL_SLACK
+    stop = Deadline(limit).stop_at(cost)
+    assert stop is not None
+    return EndStopPlan(end, cost, measured, stop, signal_lead)
+
+
+class EndStop:
+    """Finds the end time in the background; ``due()`` once the stop time has come."""
+
+    def __init__(
+        self,
+        fetch_end: Callable[[], float | None],
+        history: Callable[[], Iterable[Mapping[str, Any]]],
+        *,
+        signal_lead: float | None = None,
+        default_cost: float = DEFAULT_COST,
+    ) -> None:
+        self._fetch_end = fetch_end
+        self._history = history
+        self.signal_lead = signal_lead
+        self.default_cost = default_cost
+        self.plan: EndStopPlan | None = None
+        self.error: str | None = None
+        self.fired = False
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._load, name="hpcckpt-endstop", daemon=True)
+        self._thread.start()
+
+    def _load(self) -> None:
+        try:
+            end = self._fetch_end()
+            if end is None:
+                self.error = "Slurm reports no end time"
+                return
+            self.plan = plan(
+                end,
+                list(self._history()),
+                signal_lead=self.signal_lead,
+                default_cost=self.default_cost,
+            )
+        except Exception as exc:  # noqa: BLE001 - any failure only disarms the stop
+            self.error = str(exc)
+
+    def due(self, now: float | None = None) -> bool:
+        """True once, when the planned stop time has come."""
+        if self.fired or self.plan is None:
+            return False
+        if (time.time() if now is None else now) >= self.plan.stop_at:
+            self.fired = True
+            return True
+        return False

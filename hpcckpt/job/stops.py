@@ -1,0 +1,271 @@
+"""The wrapper's side of the stops Slurm does not announce to it.
+
+:class:`WrapperStops` (one per wrapper run):
+
+- **not exec'd** (:mod:`hpcckpt.job.batchshell`): said in the first lines of the job log,
+  with the fix, and recorded as the ``not_batch_shell`` event;
+- **the end-time stop** (:mod:`hpcckpt.job.endstop`): inside a Slurm job that continues
+  (requeue or chain), the wrapper requests the stop itself before the end time, exactly
+  as if the stop signal had arrived; when not exec'd, early enough to beat the signal that
+  would kill the batch shell. For applications using the Checkpointer, whose own
+  deadline normally stops them first, the wrapper's comes :data:`API_BACKSTOP` seconds
+  later, as a backstop;
+- **preemption**: Slurm signals a preempted job's tasks directly and would requeue the job
+  by itself after ``GraceTime``; :meth:`WrapperStops.preempted` asks scontrol, and
+  :meth:`WrapperStops.preempted_app_stop` turns the step's end into a stop. The wrapper
+  then requeues at once (measured: Slurm does not requeue the job a second time).
+
+:class:`OwnScheduleMode`: ``--restart-files`` without ``--app-signal``
+(:mod:`hpcckpt.job.ownschedule`).
+
+Both act through :class:`StopsContext`, the part of the wrapper they need.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from hpcckpt.job import batchshell, endstop
+from hpcckpt.job.appmode import AppMode
+from hpcckpt.job.config import WrapperConfig
+from hpcckpt.job.outcome import Outcome, StepResult, describe_returncode
+from hpcckpt.job.periodic import AUTO, PeriodicSchedule
+from hpcckpt.job.reporting import WARN, Reporter
+from hpcckpt.job.stop import StopRequest
+from hpcckpt.rundir import events
+from hpcckpt.rundir.env import INTERVAL_ENV
+from hpcckpt.slurm import commands, jobid
+from hpcckpt.slurm.env import SlurmEnv
+from hpcckpt.slurm.runner import SlurmError
+
+#: Seconds the wrapper's end-time stop waits after the planned time for applications using
+#: the Checkpointer (its own deadline, with the cost it tracks, stops them first); before a
+#: checkpoint was measured the wrapper assumes no cost for them (the Checkpointer knows the
+#: size of its state, the wrapper does not).
+API_BACKSTOP = 5.0
+#: ``scontrol show job`` values that mean "no time".
+_NO_TIME = {"", "none", "unknown", "n/a", "(null)"}
+
+
+class StopsContext(Reporter, Protocol):
+    """What the stops need of the wrapper: its settings, the stop request, app mode, and
+    the step to ask about or end."""
+
+    environ: Mapping[str, str]
+    config: WrapperConfig
+    slurm_env: SlurmEnv
+    stop: StopRequest
+    app: AppMode
+    child_started: float | None
+
+    def handle_signal(self, signum: int, t: float | None, heard: str | None = None) -> None: ...
+
+    def step_alive(self) -> bool: ...
+
+    def end_step(self, reason: str) -> None: ...
+
+
+def died_by_signal(returncode: int) -> bool:
+    """The step (or, as srun/mpirun report it, a task) was killed by a signal."""
+    if returncode < 0:
+        return True
+    return returncode > 128 and returncode - 128 in signal.Signals._value2member_map_
+
+
+class WrapperStops:
+    """Not exec'd, the end-time stop, preemption: see the module doc."""
+
+    def __init__(self, wrapper: StopsContext) -> None:
+        self.w = wrapper
+        self.end: endstop.EndStop | None = None
+        self._armed_logged = False
+        self.shell = batchshell.check(wrapper.environ, os.getpid())
+        if self.shell is not None and not self.shell.exec_ok:
+            wrapper.log(f"warning: {self.shell.problem()}", WARN)
+            wrapper.log(f"fix: {self.shell.fix()}", WARN)
+
+    def arm(self, continues: bool) -> None:
+        """After the step started: record the shell problem, start the end-time stop."""
+        w = self.w
+        lead = None
+        if self.shell is not None and not self.shell.exec_ok:
+            lead = self.shell.signal_lead
+            w.event(
+                events.NOT_BATCH_SHELL,
+                parent=self.shell.parent,
+                parent_pid=self.shell.parent_pid,
+                script_signal=self.shell.signal_name,
+                signal_lead=lead,
+            )
+        target = jobid.target(w.environ)
+        if target is None or not continues:
+            return
+
+        def fetch_end() -> float | None:
+            end = commands.end_time(target, environ=w.environ)
+            return None if end is None else end.timestamp()
+
+        def history() -> list[dict[str, Any]]:
+            try:
+                return list(events.read_events(w.config.ckpt_dir))
+            except OSError:
+                return []
+
+        default = endstop.DEFAULT_COST if w.config.app_mode else 0.0
+        self.end = endstop.EndStop(fetch_end, history, signal_lead=lead, default_cost=default)
+        self.end.start()
+
+    def _stop_time(self) -> float | None:
+        plan = self.end.plan if self.end is not None else None
+        if plan is None:
+            return None
+        return plan.stop_at + (0.0 if self.w.config.app_mode else API_BACKSTOP)
+
+    def tick(self) -> None:
+        """In the main loop: request the stop once the end-time stop is due."""
+        end = self.end
+        if end is None or end.fired:
+            return
+        if end.error is not None:
+            self.w.log(f"note: no end-time stop: {end.error}")
+            end.fired = True
+            return
+        stop = self._stop_time()
+        if stop is None:
+            return
+        if not self._armed_logged:
+            self._armed_logged = True
+            assert end.plan is not None
+            self.w.log(f"end-time stop armed: {end.plan.describe()}")
+        if time.time() < stop:
+            return
+        end.fired = True
+        assert end.plan is not None
+        left = end.plan.end - time.time()
+        self.w.event(
+            events.END_TIME_STOP,
+            end_time=round(end.plan.end, 3),
+            left=round(left, 3),
+            cost=round(end.plan.cost, 3),
+            measured=end.plan.measured,
+        )
+        self.w.handle_signal(
+            int(self.w.config.stop_signal),
+            time.monotonic(),
+            heard=f"end-time stop ({left:.0f} s before the job's end time)",
+        )
+
+    def preempted(self, target: str) -> bool:
+        """Was this job preempted (``PreemptTime`` set)? False when scontrol cannot tell."""
+        try:
+            info = commands.show_job(target, environ=self.w.environ)
+        except (SlurmError, ValueError):
+            return False
+        return info.get("PreemptTime", "").strip().lower() not in _NO_TIME
+
+    def preempted_app_stop(self, rc: int) -> bool:
+        """After an ``--app-signal`` step ended non-zero without a stop from the wrapper: was
+        the job preempted, its tasks given Slurm's TERM directly, and are the restart files
+        all rewritten since the step started (and settled)? Then it is a stop: True, and the
+        wrapper's state says so (the files are registered as the stop's set)."""
+        w = self.w
+        target = jobid.target(w.environ)
+        files = w.app.files
+        if target is None or files is None or w.child_started is None or died_by_signal(rc):
+            return False
+        if not self.preempted(target):
+            return False
+        since_ns = int((time.time() - (time.monotonic() - w.child_started)) * 1e9)
+        snap = _stats(files.current())
+        time.sleep(w.config.settle)
+        fresh = snap and all(m >= since_ns for _, m in snap.values())
+        if not fresh or _stats(files.current()) != snap:
+            w.log("the job was preempted, but its restart files were not rewritten since the start")
+            return False
+        w.log(
+            "the job was preempted: Slurm sent the tasks its TERM directly; their restart files "
+            f"were all rewritten since the start ({describe_returncode(rc)}): a stop, not a crash"
+        )
+        w.event(events.PREEMPTED, exit_code=rc, files=len(snap))
+        w.stop.forward()
+        w.app.set_after_stop = True
+        return True
+
+
+def _stats(paths: list[str]) -> dict[str, tuple[int, int]]:
+    out = {}
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        out[path] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+class OwnScheduleMode:
+    """``--restart-files`` without ``--app-signal``: see :mod:`hpcckpt.job.ownschedule`."""
+
+    def __init__(self, wrapper: StopsContext) -> None:
+        self.w = wrapper
+        self.watch: Any = None
+        self.ended = False
+
+    def prepare(self) -> dict[str, str]:
+        """After ``prepare_app``: start watching; the step's ``HPCCKPT_INTERVAL``."""
+        from hpcckpt.job.ownschedule import OwnScheduleWatch  # xxhash only when needed
+
+        w = self.w
+        self.watch = OwnScheduleWatch(w.app.files, time.time_ns(), w.config.settle)
+        try:
+            history = list(events.read_events(w.config.ckpt_dir))
+        except OSError:
+            history = []
+        schedule = PeriodicSchedule(
+            AUTO, start=0.0, nodes=w.slurm_env.num_nodes, mtbf=w.config.mtbf, history=history
+        )
+        interval = max(1, round(schedule.interval()))
+        w.log(
+            f"restart files on the application's own schedule (no signal is sent); "
+            f"{INTERVAL_ENV}={interval} ({schedule.describe()})"
+        )
+        return {INTERVAL_ENV: str(interval)}
+
+    def stop_text(self) -> str:
+        if self.watch is not None and self.watch.writing:
+            return (
+                "the application takes no signal: ending the step once the restart files "
+                "being written are complete"
+            )
+        return "the application takes no signal: ending the step now (no restart write under way)"
+
+    def tick(self) -> None:
+        w = self.w
+        alive = w.step_alive()
+        done = self.watch.tick(alive) if self.watch is not None else None
+        if done is not None:
+            w.app.register(w.app.files.cost(done), stop=False)
+        forwarded = w.stop.forwarded_at
+        if forwarded is None or self.ended or not alive:
+            return
+        writing = self.watch is not None and self.watch.writing
+        if writing and time.monotonic() - forwarded < w.config.restart_timeout:
+            return
+        self.ended = True
+        why = "the stop request" + (" (a restart write did not finish)" if writing else "")
+        w.app.ended_by_wrapper = True
+        w.end_step(why)
+
+    def result(self, rc: int) -> StepResult:
+        exited = describe_returncode(rc)
+        w = self.w
+        if w.stop.forwarded:
+            how = "ended by the wrapper" if w.app.ended_by_wrapper else exited
+            return StepResult(Outcome.STOPPED, rc, None, f"stopped on request; {how}")
+        if rc == 0:
+            return StepResult(Outcome.FINISHED, rc, None, f"{exited} without a stop request")
+        return StepResult(Outcome.CRASHED, rc, None, exited)

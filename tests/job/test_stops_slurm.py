@@ -1,0 +1,440 @@
+"""Every way a Slurm job is stopped, on the local cluster, with examples/c/stopapp.c.
+
+stopapp behaves like the compiled codes of the wild: ``term`` checkpoints on the first
+SIGTERM (>= 10 s, in pieces), exits 1, dies at once on a second TERM, ignores USR1;
+``periodic`` takes no signal and rewrites its restart files every few steps. Each test
+submits real batch jobs and compares the final field with an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcckpt.rundir.events import read_events
+from tests.mpi_helpers import EXAMPLES, ROOT, mpi_env
+from tests.slurm_helpers import FINAL, RELEASE_AFTER, job_info, sbatch
+
+pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
+
+VENV_BIN = str(Path(sys.executable).parent)
+HPCCKPT = f"{VENV_BIN}/hpcckpt"
+
+
+def cluster_env(cluster) -> dict[str, str]:
+    env = dict(os.environ, **cluster.env())
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env['PATH']}"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    for key in [k for k in env if k.startswith(("SLURM_", "HPCCKPT_")) and k != "SLURM_CONF"]:
+        del env[key]
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return env
+
+
+@pytest.fixture(scope="module")
+def stopapp(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("stopapp")
+    build = subprocess.run(["make", "-C", str(EXAMPLES / "c"), f"OUT={out}", f"{out}/stopapp"],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert build.returncode == 0, build.stderr
+    return out / "stopapp"
+
+
+def reference(binary: Path, tmp_path: Path, mode_args: list[str], ranks: int = 2) -> bytes:
+    """The result of an uninterrupted run (no sleep)."""
+    mode, steps, _sleep, *rest = mode_args
+    args = [mode, steps, "0", str(tmp_path / "ref-rs"), str(tmp_path / "ref.bin"), *rest]
+    r = subprocess.run(["mpirun", "-n", str(ranks), str(binary), *args], env=mpi_env(),
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    return (tmp_path / "ref.bin").read_bytes()
+
+
+def app_args(binary: Path, tmp_path: Path, mode_args: list[str]) -> list[str]:
+    mode, steps, sleep, *rest = mode_args
+    return [str(binary), mode, steps, sleep, str(tmp_path / "rs"), str(tmp_path / "out.bin"),
+            *rest]  # fmt: skip
+
+
+def launcher_words(launcher: str, app: list[str]) -> list[str]:
+    if launcher == "srun":
+        return ["srun", "--", "--mpi=pmix", "-n", "2", *app]
+    return ["run", "--", "mpirun", "-n", "2", *app]
+
+
+def write_script(path: Path, line: str, header: str = "") -> Path:
+    path.write_text(f"#!/bin/bash\n{header}{line}\n")
+    path.chmod(0o755)
+    return path
+
+
+def log_of(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else "(no log)"
+
+
+def drive(job: str, env: dict[str, str], ckpt: Path, timeout: float, on_start=None) -> dict:
+    """Follow the job to its end, releasing requeued runs; ``on_start(restart, seconds since
+    that run's wrapper_start)`` is called every half second while a run is going on."""
+    deadline = time.monotonic() + timeout
+    held_since = None
+    seen: dict[int, float] = {}
+    while time.monotonic() < deadline:
+        info = job_info(job, env)
+        if info.get("JobState") in FINAL:
+            return info
+        for ev in read_events(ckpt) if ckpt.exists() else []:
+            if ev.get("event") == "wrapper_start" and ev["restart"] not in seen:
+                seen[ev["restart"]] = time.monotonic()
+        if on_start is not None and seen and info.get("JobState") == "RUNNING":
+            restart = max(seen)
+            on_start(restart, time.monotonic() - seen[restart])
+        held = info.get("JobState") == "PENDING" and info.get("Reason") == "BeginTime"
+        held_since = (held_since or time.monotonic()) if held else None
+        if held and time.monotonic() - held_since >= RELEASE_AFTER:
+            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env,
+                           capture_output=True, timeout=30)  # fmt: skip
+        time.sleep(0.5)
+    subprocess.run(["scancel", job], env=env, capture_output=True, timeout=30)
+    pytest.fail(f"job {job} did not end within {timeout} s (last: {job_info(job, env)})")
+
+
+def events_of(ckpt: Path, kind: str) -> list[dict]:
+    return [e for e in read_events(ckpt) if e["event"] == kind]
+
+
+@pytest.mark.parametrize("launcher", ["srun", "mpirun"])
+def test_term_app_three_segments(slurm_cluster, tmp_path, stopapp, launcher):
+    """The B: signal becomes the app's TERM, delivered once to every rank (scancel --signal
+    JOB under srun, the rank processes under mpirun): three segments, each resuming later,
+    every run's exit status 1 after complete restart files is a stop; result identical."""
+    mode = ["term", "400", "50"]
+    expected = reference(stopapp, tmp_path, mode)
+    env = cluster_env(slurm_cluster)
+    ckpt, log = tmp_path / "ckpt", tmp_path / "job.out"
+    wrapper = [HPCCKPT, *launcher_words(launcher, app_args(stopapp, tmp_path, mode))]
+    opts = ["--ckpt-dir", str(ckpt), "--app-signal", "TERM",
+            "--restart-files", f"{tmp_path}/rs.*"]  # fmt: skip
+    wrapper[2:2] = opts
+    script = write_script(tmp_path / "job.sbatch", "exec " + shlex.join(wrapper))
+    job = sbatch(["--time=5", "-n", "2", "--requeue", "--open-mode=append", f"--output={log}",
+                  script], env, cwd=str(tmp_path))  # fmt: skip
+    signalled: set[int] = set()
+
+    def stop_twice(restart: int, running_for: float) -> None:
+        if restart < 2 and restart not in signalled and running_for > 6:
+            signalled.add(restart)  # what Slurm's --signal=B:USR1@T does, at a known moment
+            subprocess.run(["scancel", "-b", "--signal=USR1", job], env=env, timeout=30)
+
+    info = drive(job, env, ckpt, timeout=300, on_start=stop_twice)
+    text = log_of(log)
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 2, text
+    delivered = events_of(ckpt, "signal_delivered")
+    path = "scancel" if launcher == "srun" else "ranks"
+    assert [(e["signal"], e["path"]) for e in delivered] == [("TERM", path)] * 2, text
+    assert text.count("stopapp: stop signal; writing restart files") == 2, text
+    sets = events_of(ckpt, "restart_set")
+    assert [e["stop"] for e in sets] == [True, True] and all(e["seconds"] >= 10 for e in sets)
+    ends = [(e["outcome"], e["exit_code"]) for e in events_of(ckpt, "step_end")]
+    assert [o for o, _ in ends] == ["stopped", "stopped", "finished"], text
+    assert ends[0][1] != 0, "stopapp exits 1 after its restart files: still a stop"
+    resumed = [int(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("stopapp: resuming after step")]  # fmt: skip
+    assert len(resumed) == 2 and 0 < resumed[0] < resumed[1] < 400, text
+    assert not events_of(ckpt, "crashed"), text
+    assert (tmp_path / "out.bin").read_bytes() == expected
+
+
+def _cut_write_then_kill(path: Path, job: str, timeout: float = 8.0) -> int | None:
+    """Wait until ``path`` is caught half-written, then SIGKILL every task of the job."""
+    from tests.slurm_helpers import job_task_pids
+
+    full = 12 + 2000 * 8 + 4  # header, the rank's cells, the trailer (stopapp.c)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            size = path.stat().st_size
+        except OSError:
+            size = 0
+        if 12 < size < full:
+            for pid in job_task_pids(job):
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+            return size
+        time.sleep(0.02)
+    return None
+
+
+def test_no_signal_app_own_schedule_across_segments(slurm_cluster, tmp_path, stopapp):
+    """An app that takes no signal and rewrites its restart files every 40 steps, no
+    --signal, --time=1: killed once mid-write (crash: the cut file is found and the kept
+    set put back at the next start), stopped by the wrapper's end-time stop once no write
+    is under way (a stop: requeued), finished; result identical."""
+    mode = ["periodic", "800", "50", "40"]
+    expected = reference(stopapp, tmp_path, mode)
+    env = cluster_env(slurm_cluster)
+    ckpt, log = tmp_path / "ckpt", tmp_path / "job.out"
+    wrapper = [HPCCKPT, "srun", "--ckpt-dir", str(ckpt), "--settle", "1",
+               "--restart-files",
+               f"{tmp_path}/rs.*", "--", "--mpi=pmix", "-n", "2",
+               *app_args(stopapp, tmp_path, mode)]  # fmt: skip
+    script = write_script(tmp_path / "job.sbatch", "exec " + shlex.join(wrapper))
+    job = sbatch(["--time=1", "-n", "2", "--requeue", "--open-mode=append", f"--output={log}",
+                  script], env, cwd=str(tmp_path))  # fmt: skip
+    cut: list[int | None] = []
+
+    def kill_mid_write(restart: int, _running_for: float) -> None:
+        if restart == 0 and not cut and events_of(ckpt, "restart_set"):
+            cut.append(_cut_write_then_kill(tmp_path / "rs.0", job))
+
+    info = drive(job, env, ckpt, timeout=400, on_start=kill_mid_write)
+    text = log_of(log)
+    assert cut and cut[0] is not None, f"never caught rs.0 half-written:\n{text}"
+    ends = [e["outcome"] for e in events_of(ckpt, "step_end")]
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == len(ends) - 1, text
+    assert ends[0] == "crashed" and ends[-1] == "finished", text
+    assert len(ends) >= 3 and set(ends[1:-1]) == {"stopped"}, text
+    checked = events_of(ckpt, "restart_files_checked")
+    assert checked and checked[0]["restored"] is True, text
+    assert any("rs.0" in p for p in checked[0]["problems"]), checked
+    assert events_of(ckpt, "end_time_stop") and not events_of(ckpt, "signal_delivered"), text
+    causes = [e["cause"] for e in events_of(ckpt, "requeue")]
+    assert causes == ["crash"] + ["stop"] * (len(ends) - 2), text
+    sets = events_of(ckpt, "restart_set")
+    assert all(not e["stop"] and e["seconds"] < 5 for e in sets), sets  # one write each
+    assert "HPCCKPT_INTERVAL=" in text
+    assert (tmp_path / "out.bin").read_bytes() == expected
+
+
+def _heat_words(tmp_path: Path, steps: int) -> list[str]:
+    heat = str(EXAMPLES / "heat2d.py")
+    return [sys.executable, heat, "--nx", "64", "--ny", "64", "--sleep", "0.1", "--steps",
+            str(steps), "--every", "10", "--out", str(tmp_path / "heat.npy")]  # fmt: skip
+
+
+def test_no_signal_time_limit_both_kinds(slurm_cluster, tmp_path, stopapp):
+    """No #SBATCH --signal, --time=1: the wrapper's end-time stop checkpoints both an
+    --app-signal TERM app and a Checkpointer app whose own deadline is off
+    (HPCCKPT_END_TIME=unlimited) before the limit; requeue, resume, results identical."""
+    import numpy as np
+
+    env = cluster_env(slurm_cluster)
+    c_dir, api_dir = tmp_path / "c", tmp_path / "api"
+    c_dir.mkdir()
+    api_dir.mkdir()
+    mode = ["term", "300", "50"]
+    expected = reference(stopapp, c_dir, mode, ranks=1)
+    ref = subprocess.run(
+        ["mpirun", "-n", "1", *_heat_words(api_dir, 600)[:-2], "--sleep", "0", "--ckpt-dir",
+         str(api_dir / "ref-ckpt"), "--out", str(api_dir / "ref.npy")],  # fmt: skip
+        env=mpi_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert ref.returncode == 0, ref.stderr
+    c_line = shlex.join([HPCCKPT, "srun", "--ckpt-dir", str(c_dir / "ckpt"), "--app-signal",
+                         "TERM", "--restart-files", f"{c_dir}/rs.*", "--",
+                         "--mpi=pmix", "-n", "1", *app_args(stopapp, c_dir, mode)])  # fmt: skip
+    api_line = shlex.join([HPCCKPT, "srun", "--ckpt-dir", str(api_dir / "ckpt"), "--",
+                           "--mpi=pmix", "-n", "1", *_heat_words(api_dir, 600)])  # fmt: skip
+    jobs = []
+    no_deadline = "export HPCCKPT_END_TIME=unlimited\n"
+    for where, line, header in ((c_dir, c_line, ""), (api_dir, api_line, no_deadline)):
+        script = write_script(where / "job.sbatch", "exec " + line, header)
+        jobs.append(sbatch(["--time=1", "-n", "1", "--requeue", "--open-mode=append",
+                            f"--output={where}/job.out", script], env, cwd=str(where)))  # fmt: skip
+    wheres = (c_dir, api_dir)
+    infos = [drive(job, env, w / "ckpt", timeout=400) for job, w in zip(jobs, wheres, strict=True)]
+    for info, where in zip(infos, wheres, strict=True):
+        text = log_of(where / "job.out")
+        assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, text
+        stops = events_of(where / "ckpt", "end_time_stop")
+        assert len(stops) == int(info["Restarts"]) and all(e["left"] > 5 for e in stops), text
+        assert [e["cause"] for e in events_of(where / "ckpt", "requeue")] == ["stop"] * len(stops)
+        assert "end-time stop armed" in text and "TIMEOUT" not in text, text
+    assert (c_dir / "out.bin").read_bytes() == expected
+    api_stops = [e for e in read_events(api_dir / "ckpt") if e["event"] == "stop"]
+    assert api_stops and all(e["reason"] != "deadline" for e in api_stops), api_stops
+    assert np.load(api_dir / "heat.npy").tobytes() == np.load(api_dir / "ref.npy").tobytes()
+
+
+def test_not_execd_wrapper_says_so_and_still_stops_in_time(slurm_cluster, tmp_path, stopapp):
+    """The wrapper line without `exec` and --signal=B:USR1@30: the first lines of the job
+    log name the problem and the fix, and the end-time stop checkpoints and requeues
+    before the USR1 that would kill the batch shell."""
+    env = cluster_env(slurm_cluster)
+    ckpt, log = tmp_path / "ckpt", tmp_path / "job.out"
+    mode = ["term", "100000", "50"]
+    line = shlex.join([HPCCKPT, "srun", "--ckpt-dir", str(ckpt), "--app-signal", "TERM",
+                       "--restart-files", f"{tmp_path}/rs.*", "--",
+                       "--mpi=pmix", "-n", "2", *app_args(stopapp, tmp_path, mode)])  # fmt: skip
+    script = write_script(tmp_path / "job.sbatch", line + "\necho 'batch script goes on'",
+                          "#SBATCH --signal=B:USR1@30\n")  # fmt: skip
+    job = sbatch(["--time=2", "-n", "2", "--requeue", "--open-mode=append", f"--output={log}",
+                  script], env, cwd=str(tmp_path))  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (ckpt.exists() and events_of(ckpt, "requeue")):
+        time.sleep(0.5)
+    subprocess.run(["scancel", job], env=env, capture_output=True, timeout=30)
+    text = log_of(log)
+    first = [ln for ln in text.splitlines() if ln.startswith("hpcckpt:")][:3]
+    assert (
+        "not the batch shell" in first[0] and "its parent is the batch script's shell" in first[0]
+    ), text
+    assert "exec hpcckpt" in first[1], text
+    shell = events_of(ckpt, "not_batch_shell")
+    assert shell and shell[0]["signal_lead"] == 30 and shell[0]["script_signal"] == "USR1"
+    stop = events_of(ckpt, "end_time_stop")
+    assert stop and stop[0]["left"] > 30 + 60, text  # before USR1@30 can come (60 s slack)
+    assert [e["cause"] for e in events_of(ckpt, "requeue")] == ["stop"], text
+    assert events_of(ckpt, "restart_set")[0]["stop"] is True, text
+
+
+@pytest.mark.parametrize("how", ["requeue", "chain"])
+def test_array_tasks_continue_alone(slurm_cluster, tmp_path, stopapp, how):
+    """sbatch --array=0-2, no --signal, --time=1: each task is stopped by the end-time stop
+    and continues alone (requeued as <array>_<task>, or chained with --array=<task>): never
+    more than one job per index in the queue (two while a link waits for its predecessor);
+    all three results identical."""
+    mode = ["term", "300", "50"]
+    expected = reference(stopapp, tmp_path, mode, ranks=1)
+    env = cluster_env(slurm_cluster)
+    d = str(tmp_path)
+    chain = "--chain " if how == "chain" else ""
+    body = (
+        f"#SBATCH --array=0-2 --time=1 -n 1 --open-mode=append --output={d}/task-%a.out\n"
+        'T=$SLURM_ARRAY_TASK_ID\nexport HPCCKPT_CHAIN_SCRIPT="$0"\n'
+        f"exec {HPCCKPT} srun {chain}--ckpt-dir {d}/ckpt-$T --app-signal TERM "
+        f'--restart-files "{d}/rs$T.*" -- --mpi=pmix -n 1 {stopapp} term 300 50 {d}/rs$T '
+        f"{d}/out$T.bin"
+    )
+    script = write_script(tmp_path / "array.sbatch", body)
+    first = sbatch(["--requeue", f"--job-name=arr-{how}", script], env, cwd=d)
+    jobs = {f"{first}_{t}" for t in range(3)}
+    done: dict[str, dict] = {}
+    most: dict[str, int] = {}
+    deadline = time.monotonic() + 400
+    while len(done) < len(jobs) and time.monotonic() < deadline:
+        squeue = ["squeue", "-h", "-r", "-n", f"arr-{how}", "-o", "%K"]  # the array index
+        listed = subprocess.run(squeue, env=env, capture_output=True, text=True, timeout=30)
+        indexes = listed.stdout.split()
+        for index in set(indexes):
+            most[index] = max(most.get(index, 0), indexes.count(index))
+        for t in range(3):
+            ckpt = tmp_path / f"ckpt-{t}"
+            for ev in read_events(ckpt) if ckpt.exists() else []:
+                if ev["event"] == "chain_submitted":
+                    jobs.add(ev["next_job"])
+        for job in sorted(jobs - set(done)):
+            info = job_info(job, env)
+            if info.get("JobState") in FINAL:
+                done[job] = info
+            elif info.get("JobState") == "PENDING" and info.get("Reason") == "BeginTime":
+                time.sleep(RELEASE_AFTER)
+                subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env,
+                               capture_output=True, timeout=30)  # fmt: skip
+        time.sleep(0.5)
+    subprocess.run(["scancel", "-n", f"arr-{how}"], env=env, capture_output=True, timeout=30)
+    logs = "\n".join(log_of(p) for p in sorted(tmp_path.glob("task-*.out")))
+    assert len(done) == len(jobs), f"not all ended: {sorted(jobs - set(done))}\n{logs}"
+    assert all(i["JobState"] == "COMPLETED" for i in done.values()), (done, logs)
+    per_index = 2 if how == "chain" else 1
+    assert set(most) <= {"0", "1", "2"} and max(most.values()) <= per_index, (most, logs)
+    for t in range(3):
+        evs = list(read_events(tmp_path / f"ckpt-{t}"))
+        starts = [e for e in evs if e["event"] == "wrapper_start"]
+        assert len(starts) >= 2 and {e["array_task"].split("_")[1] for e in starts} == {str(t)}
+        ends = [e["outcome"] for e in evs if e["event"] == "step_end"]
+        assert ends[-1] == "finished" and set(ends[:-1]) == {"stopped"}, logs
+        if how == "requeue":
+            info = done[f"{first}_{t}"]
+            assert int(info["Restarts"]) == len(ends) - 1, (info, logs)
+            assert [e["cause"] for e in evs if e["event"] == "requeue"] == ["stop"] * (
+                len(ends) - 1
+            )
+            assert f"requeueing job {first}_{t} (scontrol requeue)" in logs or t != 0, logs
+        else:
+            subs = [e for e in evs if e["event"] == "chain_submitted"]
+            assert len(subs) == len(ends) - 1, logs
+            assert all(int(i.get("Restarts", 0)) == 0 for i in done.values())
+        assert (tmp_path / f"out{t}.bin").read_bytes() == expected
+    if how == "chain":
+        assert len(jobs) == 3 + sum(
+            len([e for e in read_events(tmp_path / f"ckpt-{t}") if e["event"] == "chain_submitted"])
+            for t in range(3)
+        )
+
+
+@pytest.fixture(scope="module")
+def preempt_cluster():
+    """A 1-node cluster of its own with a preemptible default partition and `high`."""
+    from hpcckpt.cluster import ClusterError, LocalCluster
+    from tests.conftest import SLURM_TEST_DIR, SLURM_TEST_PORT
+
+    cluster = LocalCluster(f"{SLURM_TEST_DIR}-preempt", port=SLURM_TEST_PORT + 8)
+    try:
+        yield cluster
+    finally:
+        try:
+            cluster.down(stop_munge=False)
+        except ClusterError:
+            pass
+
+
+@pytest.mark.parametrize("mode", ["requeue", "requeue-signal"])
+def test_preemption_checkpoints_within_grace_and_requeues_once(preempt_cluster, tmp_path,
+                                                               stopapp, mode):  # fmt: skip
+    """A `high` job preempts ours (GraceTime 30): without send_user_signal the tasks get
+    Slurm's TERM directly and the wrapper learns of the preemption (PreemptTime); with it,
+    the B:USR1 reaches the wrapper, which forwards TERM. Either way the restart files are
+    complete within the grace time, the job is requeued once (not twice), resumes, and the
+    result is identical."""
+    from hpcckpt.cluster import ClusterError
+
+    try:
+        preempt_cluster.up(nodes=1, cpus_per_node=2, kill_wait=10, preempt=mode, grace_time=30)
+    except ClusterError as exc:
+        pytest.fail(f"the preemptible cluster did not start: {exc}")
+    mode_args = ["term", "300", "50"]
+    expected = reference(stopapp, tmp_path, mode_args)
+    env = cluster_env(preempt_cluster)
+    ckpt, log = tmp_path / "ckpt", tmp_path / "job.out"
+    line = shlex.join([HPCCKPT, "srun", "--ckpt-dir", str(ckpt), "--app-signal", "TERM",
+                       "--restart-files", f"{tmp_path}/rs.*", "--",
+                       "--mpi=pmix", "-n", "2",
+                       *app_args(stopapp, tmp_path, mode_args)])  # fmt: skip
+    script = write_script(tmp_path / "job.sbatch", "exec " + line, "#SBATCH --signal=B:USR1@10\n")
+    job = sbatch(["--time=5", "-n", "2", "--requeue", "--open-mode=append", f"--output={log}",
+                  script], env, cwd=str(tmp_path))  # fmt: skip
+    preempted: list[float] = []
+
+    def preempt(restart: int, running_for: float) -> None:
+        if restart == 0 and not preempted and running_for > 5:
+            preempted.append(time.time())
+            sbatch(["-p", "high", "-n", "2", f"--output={tmp_path}/high.out", "--wrap", "sleep 3"],
+                   env)  # fmt: skip
+
+    info = drive(job, env, ckpt, timeout=300, on_start=preempt)
+    text = log_of(log)
+    assert preempted, text
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 1, text
+    assert [e["cause"] for e in events_of(ckpt, "requeue")] == ["stop"], text
+    ends = [e["outcome"] for e in events_of(ckpt, "step_end")]
+    assert ends == ["stopped", "finished"], text
+    sets = events_of(ckpt, "restart_set")
+    assert len(sets) == 1 and sets[0]["stop"], text
+    requeued = events_of(ckpt, "requeue")[0]
+    # within the grace time of the preemption (Slurm acts within ~1 s of the submission)
+    assert requeued["time"] - preempted[0] < 30, text
+    if mode == "requeue":
+        assert events_of(ckpt, "preempted") and not events_of(ckpt, "signal_delivered"), text
+    else:
+        delivered = events_of(ckpt, "signal_delivered")
+        assert [e["signal"] for e in delivered] == ["TERM"], text
+        assert not events_of(ckpt, "preempted"), text
+    assert (tmp_path / "out.bin").read_bytes() == expected
