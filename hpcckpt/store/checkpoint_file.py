@@ -26,6 +26,9 @@ An *incremental* file (``kind="incremental"``, format version 2) replaces
 ``/state/<path>`` by ``/delta/<path>`` (the changed blocks of all ranks, concatenated)
 and ``/delta_index/<path>`` ((rank, block, start) of each), and names in ``chain`` the
 base and deltas it is built on. See docs/format.md.
+
+Just over 500 lines: :func:`write_file` (every rank) and rank 0's creation of the file
+share one plan of offsets; keeping both here keeps that plan in one place.
 """
 
 from __future__ import annotations

@@ -5,6 +5,10 @@ named dataset. An object with ``state_dict()``/``load_state_dict()`` (a torch mo
 optimizer, scheduler, data loader, or any class following that convention) is saved as
 its state dict and restored by calling ``load_state_dict`` with what was saved. A value
 of any other type is a ``TypeError`` that names its key path.
+
+Over 500 lines on purpose: encoding and decoding are mirror images of one tree grammar
+(dicts, int-keyed dicts, lists, tuples, scalars, arrays, tensors, stateful objects);
+split apart, a node kind added on one side could be forgotten on the other.
 """
 
 from __future__ import annotations
