@@ -38,7 +38,8 @@ class _Write:
     seen: dict[str, tuple[int, int]]
 
 
-def _snapshot(files: RestartFiles) -> dict[str, tuple[int, int]]:
+def snapshot(files: RestartFiles) -> dict[str, tuple[int, int]]:
+    """(size, mtime in ns) of each live restart file: what tells a write under way."""
     out = {}
     for path in files.current():
         try:
@@ -65,7 +66,7 @@ class OwnScheduleWatch:
 
     def tick(self, alive: bool, now: float | None = None) -> PendingSet | None:
         now = time.monotonic() if now is None else now
-        snap = _snapshot(self.files)
+        snap = snapshot(self.files)
         changed = {p: s for p, s in snap.items() if s[1] > self.since_ns}
         if not changed:
             self._write = None

@@ -180,10 +180,12 @@ class WrapperStops:
         if not self.preempted(target):
             return False
         since_ns = int((time.time() - (time.monotonic() - w.child_started)) * 1e9)
-        snap = _stats(files.current())
+        from hpcckpt.job.ownschedule import snapshot  # xxhash only with restart files
+
+        snap = snapshot(files)
         time.sleep(w.config.settle)
         fresh = snap and all(m >= since_ns for _, m in snap.values())
-        if not fresh or _stats(files.current()) != snap:
+        if not fresh or snapshot(files) != snap:
             w.log("the job was preempted, but its restart files were not rewritten since the start")
             return False
         w.log(
@@ -194,17 +196,6 @@ class WrapperStops:
         w.stop.forward()
         w.app.set_after_stop = True
         return True
-
-
-def _stats(paths: list[str]) -> dict[str, tuple[int, int]]:
-    out = {}
-    for path in paths:
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        out[path] = (st.st_size, st.st_mtime_ns)
-    return out
 
 
 class OwnScheduleMode:
