@@ -134,13 +134,7 @@ class Continuation:
             return self._chain(job, cause, step, at_step)
         target = jobid.target(self.environ) or job  # an array task: <array job id>_<task id>
         self.reporter.log(f"requeueing job {target} (scontrol requeue)")
-        if (
-            not self.reporter.event(events.REQUEUE, job_id=job, step=step, cause=cause)
-            and cause == "crash"
-        ):
-            self.reporter.log(
-                "not requeueing after a crash: the restart could not be counted in the log", WARN
-            )
+        if not self._recorded(events.REQUEUE, "requeueing", job, step, cause):
             return EXIT_CONTINUE_FAILED
         try:
             slurm.requeue(target, timeout=self.config.requeue_timeout, environ=self.environ)
@@ -160,17 +154,22 @@ class Continuation:
         )
         return EXIT_OK
 
-    def _chain(self, job: str, cause: str, step: int | None, at_step: str) -> int:
+    def _recorded(self, kind: str, doing: str, job: str, step: int | None, cause: str) -> bool:
+        """Record the continuation; after a crash it must be recorded (the restart budget
+        counts restarts from the log), else the job does not continue."""
+        if self.reporter.event(kind, job_id=job, step=step, cause=cause) or cause != "crash":
+            return True
         self.reporter.log(
-            f"submitting the next job of the chain (sbatch --dependency=afterany:{job})"
+            f"not {doing} after a crash: the restart could not be counted in the log", WARN
         )
-        if (
-            not self.reporter.event(events.CHAIN, job_id=job, step=step, cause=cause)
-            and cause == "crash"
-        ):
-            self.reporter.log(
-                "not chaining after a crash: the restart could not be counted in the log", WARN
-            )
+        return False
+
+    def _chain(self, job: str, cause: str, step: int | None, at_step: str) -> int:
+        after = jobid.target(self.environ) or job  # an array task: <array job id>_<task id>
+        self.reporter.log(
+            f"submitting the next job of the chain (sbatch --dependency=afterany:{after})"
+        )
+        if not self._recorded(events.CHAIN, "chaining", job, step, cause):
             return EXIT_CONTINUE_FAILED
         try:
             new, spec, count = chain.submit_next(
