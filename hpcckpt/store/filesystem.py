@@ -5,8 +5,9 @@ kernel's own answer for the path, mounts and bind mounts included); when that ca
 is unavailable it falls back to the longest matching mount point in
 ``/proc/self/mountinfo``. Everything else here is pure: given the file system kind,
 the number of ranks and the checkpoint size it returns the ``lfs setstripe`` argument
-list, the MPI-IO hints and the HDF5 alignment, so tests check them exactly even
-though neither Lustre nor GPFS exists on a laptop. See docs/filesystems.md.
+list, the HDF5 alignment and whether to write past the page cache, so tests check them
+exactly even though neither Lustre nor GPFS exists on a laptop. No MPI-IO hints: the
+store opens no file through MPI-IO. See docs/filesystems.md.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import math
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger("hpcckpt.store")
@@ -136,10 +137,20 @@ class TuningOptions:
     stripe_count: int | None = None  # Lustre OSTs per file; -1 = all
     stripe_size: int | None = None  # bytes, a multiple of 64 KiB
     setstripe: bool = True  # run `lfs setstripe` on the directory (Lustre)
-    hints: dict[str, str] = field(default_factory=dict)  # extra MPI-IO hints, win over ours
     alignment: bool = True  # align HDF5 datasets to the stripe or block size
     kind: str | None = None  # force a file system kind instead of detecting it
     direct_io: bool | None = None  # write array bytes with O_DIRECT (see store.direct_io)
+    #: Gone: MPI-IO hints had no effect once the store stopped using MPI-IO. Accepted only
+    #: to refuse it with a message that says so.
+    hints: dict[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.hints:
+            raise ValueError(
+                f"TuningOptions(hints={self.hints!r}): hpcckpt opens no checkpoint through "
+                "MPI-IO any more, so MPI-IO hints would have no effect; drop the argument "
+                "(on Lustre set the layout with stripe_count= and stripe_size=)"
+            )
 
 
 @dataclass(frozen=True)
@@ -148,7 +159,6 @@ class Tuning:
 
     kind: str
     setstripe_argv: list[str] | None
-    hints: dict[str, str]
     alignment: tuple[int, int] | None  # HDF5 (threshold, interval) in bytes
     direct_io: bool = False  # array bytes past the page cache
 
@@ -180,29 +190,6 @@ def setstripe_argv(directory: str | os.PathLike[str], count: int, size: int) -> 
     return ["lfs", "setstripe", "-c", str(count), "-S", str(size), str(directory)]
 
 
-def lustre_hints(count: int, size: int, nranks: int) -> dict[str, str]:
-    """ROMIO hints for Lustre: match the stripes, one collective-buffering aggregator per OST."""
-    aggregators = nranks if count == -1 else max(1, min(count, nranks))
-    return {
-        "striping_factor": str(count),
-        "striping_unit": str(size),
-        "romio_cb_write": "enable",
-        "romio_ds_write": "disable",
-        "cb_nodes": str(aggregators),
-        "cb_buffer_size": str(size),
-    }
-
-
-def gpfs_hints(block: int) -> dict[str, str]:
-    """ROMIO hints for GPFS (IBM Storage Scale): large-block I/O, block-sized buffers."""
-    return {
-        "IBM_largeblock_io": "true",
-        "romio_cb_write": "enable",
-        "romio_ds_write": "disable",
-        "cb_buffer_size": str(block),
-    }
-
-
 def plan(
     directory: str | os.PathLike[str],
     fs: FileSystem,
@@ -210,25 +197,22 @@ def plan(
     total_bytes: int,
     options: TuningOptions | None = None,
 ) -> Tuning:
-    """The setstripe command, MPI-IO hints and HDF5 alignment for ``fs``; pure."""
+    """The setstripe command, HDF5 alignment and direct-I/O choice for ``fs``; pure."""
     options = options or TuningOptions()
     kind = options.kind or fs.kind
-    argv, hints, alignment = None, {}, None
+    argv, alignment = None, None
     if kind == LUSTRE:
         count = options.stripe_count or default_stripe_count(total_bytes, nranks)
         size = options.stripe_size or default_stripe_size(total_bytes, nranks)
         argv = setstripe_argv(directory, count, size) if options.setstripe else None
-        hints = lustre_hints(count, size, nranks)
         alignment = (size // 2, size) if options.alignment else None
     elif kind == GPFS:
         block = options.stripe_size or fs.block_size
-        hints = gpfs_hints(block)
         alignment = (block // 2, block) if options.alignment and block > 4096 else None
-    hints.update({k: str(v) for k, v in options.hints.items()})
     direct = options.direct_io
     if direct is None:
         direct = fs.name in DIRECT_IO_NAMES
-    return Tuning(kind, argv, hints, alignment, direct)
+    return Tuning(kind, argv, alignment, direct)
 
 
 def apply_setstripe(argv: list[str]) -> str | None:

@@ -68,21 +68,14 @@ def test_mountinfo_longest_prefix(path, fstype):
     assert fs.mountinfo_type(path, MOUNTINFO) == fstype
 
 
-def test_lustre_plan_gives_the_exact_command_hints_and_alignment():
+def test_lustre_plan_gives_the_exact_command_and_alignment():
     lustre = fs.FileSystem("lustre", "lustre", 0x0BD00BD0, 4096)
     t = fs.plan("/lustre/scratch/ck", lustre, nranks=64, total_bytes=10 * GiB)
     assert t.setstripe_argv == [
         "lfs", "setstripe", "-c", "10", "-S", str(MiB), "/lustre/scratch/ck",
     ]  # fmt: skip
-    assert t.hints == {
-        "striping_factor": "10",
-        "striping_unit": str(MiB),
-        "romio_cb_write": "enable",
-        "romio_ds_write": "disable",
-        "cb_nodes": "10",
-        "cb_buffer_size": str(MiB),
-    }
     assert t.alignment == (MiB // 2, MiB)
+    assert t.direct_io is True
 
 
 def test_lustre_defaults_scale_with_size_and_ranks():
@@ -94,15 +87,20 @@ def test_lustre_defaults_scale_with_size_and_ranks():
     assert fs.default_stripe_size(64 * GiB, 2) == 16 * MiB
 
 
-def test_lustre_options_override_and_extra_hints_win():
+def test_lustre_options_override_the_defaults():
     lustre = fs.FileSystem("lustre", "lustre", 0x0BD00BD0, 4096)
-    opts = fs.TuningOptions(
-        stripe_count=-1, stripe_size=8 * MiB, setstripe=False, hints={"cb_nodes": 4}
-    )
+    opts = fs.TuningOptions(stripe_count=-1, stripe_size=8 * MiB)
     t = fs.plan("/l/ck", lustre, nranks=16, total_bytes=GiB, options=opts)
-    assert t.setstripe_argv is None
-    assert t.hints["striping_factor"] == "-1" and t.hints["striping_unit"] == str(8 * MiB)
-    assert t.hints["cb_nodes"] == "4"
+    assert t.setstripe_argv == ["lfs", "setstripe", "-c", "-1", "-S", str(8 * MiB), "/l/ck"]
+    assert t.alignment == (4 * MiB, 8 * MiB)
+    no_stripe = fs.TuningOptions(stripe_count=-1, stripe_size=8 * MiB, setstripe=False)
+    assert fs.plan("/l/ck", lustre, 16, GiB, no_stripe).setstripe_argv is None
+
+
+def test_mpi_io_hints_are_refused_with_the_reason():
+    """The store opens no file through MPI-IO: hints would be silently ignored."""
+    with pytest.raises(ValueError, match=r"hints=.*no effect.*stripe_count="):
+        fs.TuningOptions(hints={"cb_nodes": "4"})
 
 
 @pytest.mark.parametrize("count, size", [(0, MiB), (-2, MiB), (1, 1000), (1, 0)])
@@ -115,19 +113,13 @@ def test_gpfs_plan_uses_the_block_size():
     gpfs = fs.FileSystem("gpfs", "gpfs", 0x47504653, 16 * MiB)
     t = fs.plan("/gpfs/ck", gpfs, nranks=32, total_bytes=GiB)
     assert t.setstripe_argv is None
-    assert t.hints == {
-        "IBM_largeblock_io": "true",
-        "romio_cb_write": "enable",
-        "romio_ds_write": "disable",
-        "cb_buffer_size": str(16 * MiB),
-    }
     assert t.alignment == (8 * MiB, 16 * MiB)
 
 
 @pytest.mark.parametrize("kind", ["local", "nfs", "beegfs", "unknown"])
 def test_other_file_systems_get_no_tuning(kind):
     t = fs.plan("/d", fs.FileSystem(kind, kind, None, 4096), nranks=4, total_bytes=GiB)
-    assert t == fs.Tuning(kind, None, {}, None)
+    assert t == fs.Tuning(kind, None, None)
 
 
 def test_missing_lfs_is_reported_not_raised(monkeypatch):
@@ -135,8 +127,8 @@ def test_missing_lfs_is_reported_not_raised(monkeypatch):
     assert "not found" in fs.apply_setstripe(["lfs", "setstripe", "-c", "1", "-S", "65536", "/"])
 
 
-def test_hints_and_alignment_reach_h5py_and_the_file_still_reads(tmp_path, monkeypatch):
-    """Force the Lustre plan on a local disk (without lfs): ROMIO takes the hints."""
+def test_stripe_and_alignment_reach_the_file_and_it_still_reads(tmp_path, monkeypatch):
+    """Force the Lustre plan on a local disk (without lfs): HDF5 takes the alignment."""
     ran = []
     monkeypatch.setattr(fs, "apply_setstripe", lambda argv: ran.append(argv) or None)
     opts = fs.TuningOptions(kind="lustre", stripe_size=MiB)
@@ -144,7 +136,6 @@ def test_hints_and_alignment_reach_h5py_and_the_file_still_reads(tmp_path, monke
     u = np.arange(300_000.0)
     store.save(1, {"u": u, "v": np.ones(10)})
     assert ran == [["lfs", "setstripe", "-c", "1", "-S", str(MiB), str(store.directory)]]
-    assert store.tuning.hints["striping_unit"] == str(MiB)
     with h5py.File(store.directory / "ckpt-0000000001.h5", "r") as f:
         assert f["state/u"].id.get_offset() % MiB == 0, "datasets are aligned to the stripe"
     out: dict = {}
