@@ -24,8 +24,12 @@ def durable_rename(src: Path, dst: Path) -> None:
     fsync_path(dst.parent)
 
 
-def commit(partial: Path, final: Path) -> None:
-    """Make a finished file durable, then give it its final name durably."""
-    fsync_path(partial)
+def publish(partial: Path, final: Path) -> None:
+    """Give a finished file its final name durably.
+
+    Only for a file every writer has fsynced after its last change (data, metadata and
+    mode): a checkpoint's ranks each fsync the shared file before they agree, so a
+    further fsync here would only cost the device another flush.
+    """
     fault_point("commit.fsynced")
     durable_rename(partial, final)

@@ -17,7 +17,7 @@ Phases (see docs/reliability.md for what each one tests):
                          rest not)
 ``write.closed``         every rank: the rank's bytes are written and fsynced; the
                          ranks have not agreed yet, nothing renamed
-``commit.fsynced``       rank 0: the ``.partial`` is fsynced, not yet renamed
+``commit.fsynced``       rank 0: every rank fsynced the ``.partial``; not yet renamed
 ``commit.renamed``       rank 0: renamed to ``ckpt-<step>.h5`` (directory fsynced);
                          the other ranks do not know yet
 ``checkpointer.saved``   every rank: the store's save returned; no prune, no event,

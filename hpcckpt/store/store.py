@@ -12,7 +12,9 @@ Commit protocol of one save (all ranks take part; see docs/format.md):
    :mod:`.direct_io`) and fsyncs;
 4. the ranks agree that every one of them succeeded (one reduction); if not, rank 0
    deletes the partial file and every rank raises;
-5. rank 0 fsyncs the file, renames it to ``ckpt-<step>.h5`` and fsyncs the directory.
+5. rank 0 renames it to ``ckpt-<step>.h5`` and fsyncs the directory (the file itself
+   is durable already: every rank fsynced it after its last write, rank 0 after
+   creating it and setting its mode, and step 4 agreed that every fsync succeeded).
 
 Only step 5 makes the checkpoint visible, so a crash at any moment leaves either
 the previous set of checkpoints or the previous set plus this complete one.
@@ -755,6 +757,8 @@ class CheckpointStore:
                 replicated=self._replicated_paths,
                 **options,
             )
+            if self.rank == 0:  # now, so that the ranks' fsyncs make the mode durable too
+                safety.set_mode(partial, self.file_mode)  # created with the umask
         except Exception as exc:  # every rank must reach the agreement
             error = exc
         return written, error
@@ -790,13 +794,12 @@ class CheckpointStore:
     def _commit(
         self, partial: Path, final: Path, step: int, measure: Callable[[], Sequence[float]]
     ) -> list[float]:
-        """Step 5: rank 0 makes the file durable and renames it into place; agreed in the
-        same reduction that gives the largest of each of ``measure()`` over the ranks."""
+        """Step 5: rank 0 renames the file into place durably; agreed in the same reduction
+        that gives the largest of each of ``measure()`` over the ranks."""
         error: BaseException | None = None
         if self.rank == 0:
             try:
-                safety.set_mode(partial, self.file_mode)  # created with the umask
-                durability.commit(partial, final)
+                durability.publish(partial, final)
                 faults.fault_point("commit.renamed")
             except OSError as exc:
                 error = exc
