@@ -11,8 +11,8 @@ incremental store whose previous checkpoint is the unchanged base, once with a f
 store (``incremental=False``), and times one pass of the block hash over the state
 on its own: an incremental save that finds its changes by their content cannot cost
 less than that pass, so *hashing alone / full save* is the floor of the ratio. Prints
-the medians as a Markdown table, plus the hash throughput of one core per block size. Files are deleted as it goes (at most
-about two full checkpoints on disk).
+the medians as a Markdown table, plus the hash throughput of one core per block size.
+Files are deleted as it goes (at most about two full checkpoints on disk).
 """
 
 from __future__ import annotations
