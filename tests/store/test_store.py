@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import h5py
 import numpy as np
@@ -147,3 +149,24 @@ def test_save_and_restore_through_small_writes(tmp_path, monkeypatch):
     target = {"u": np.zeros((1000, 9)), "v": np.zeros(50_000, dtype=state["v"].dtype)}
     assert store.restore(target).step == 1
     assert np.array_equal(target["u"], state["u"]) and np.array_equal(target["v"], state["v"])
+
+
+def test_a_save_fsyncs_its_file_once_with_its_final_mode_then_the_directory(store, monkeypatch):
+    """Durability costs one fsync per rank and the directory's: the file's mode is set
+    before the rank's fsync, so the commit only renames (docs/format.md)."""
+    import os
+    import stat
+
+    calls = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        calls.append((os.path.basename(target), stat.S_IMODE(os.fstat(fd).st_mode)))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    res = store.save(7, make_state(7))
+    partial = res.path.name + layout.PARTIAL
+    assert calls == [(partial, store.file_mode), (store.directory.name, store.dir_mode)]
+    assert stat.S_IMODE(res.path.stat().st_mode) == store.file_mode
