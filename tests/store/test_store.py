@@ -154,9 +154,6 @@ def test_save_and_restore_through_small_writes(tmp_path, monkeypatch):
 def test_a_save_fsyncs_its_file_once_with_its_final_mode_then_the_directory(store, monkeypatch):
     """Durability costs one fsync per rank and the directory's: the file's mode is set
     before the rank's fsync, so the commit only renames (docs/format.md)."""
-    import os
-    import stat
-
     calls = []
     real_fsync = os.fsync
 
