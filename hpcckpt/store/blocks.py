@@ -63,6 +63,31 @@ def block_hashes(data: np.ndarray, block_size: int) -> np.ndarray:
     return out
 
 
+class BlockHasher:
+    """The block hashes of ``data``, computed piece by piece as its bytes are handed on.
+
+    ``upto(n)`` hashes every block that ends within the first ``n`` bytes (and the last,
+    shorter block once ``n`` is the whole length) into ``out``, which ends up equal to
+    :func:`block_hashes`. A synchronous save calls it while its direct writes run, so
+    the hashing costs CPU time the save would spend waiting for the device.
+    """
+
+    def __init__(self, data: np.ndarray, block_size: int, out: np.ndarray) -> None:
+        self.step = block_elems(data.dtype.itemsize, block_size) * data.dtype.itemsize
+        self.raw = flat_bytes(data) if data.size else memoryview(b"")
+        self.out = out
+        self.done = 0  # blocks hashed
+        if out.size != nblocks(len(self.raw), self.step):
+            raise ValueError(f"{out.size} hash slots for {len(self.raw)} bytes")
+
+    def upto(self, nbytes: int) -> None:
+        stop = self.out.size if nbytes >= len(self.raw) else nbytes // self.step
+        digest = xxhash.xxh3_64_intdigest
+        for j in range(self.done, stop):
+            self.out[j] = digest(self.raw[j * self.step : (j + 1) * self.step])
+        self.done = max(self.done, stop)
+
+
 def hashes_checksum(hashes: np.ndarray) -> int:
     """The checksum of a rank's array: xxh3-64 of its block hashes as little-endian uint64."""
     return xxhash.xxh3_64_intdigest(np.ascontiguousarray(hashes, dtype="<u8").tobytes())

@@ -88,6 +88,33 @@ class Written:
     #: This rank's array bytes and where they go in the file, still to be written.
     extents: tuple[Extent, ...] = ()
     all_bytes: int = 0  # array data and trees, over all ranks
+    #: With ``hash_while_writing``: the block hashes still to compute as the extents go.
+    hashing: DeferredHashes | None = None
+
+
+@dataclass(frozen=True)
+class DeferredHashes:
+    """Block hashes computed while a rank's array bytes are written, not before.
+
+    ``progress(i, n)`` (for :func:`.direct_io.write_extents`) hashes what extent ``i``
+    has handed on; ``before(i)`` completes every hash and the rank's checksum row when
+    extent ``i`` is the first that holds them (they come after the array bytes).
+    """
+
+    hashers: dict[int, blocks.BlockHasher]  # extent index -> its array's hasher
+    first: int  # index of the first extent that holds hashes
+    fill: Any  # () -> None: completes the hash table row and the checksum row
+
+    def progress(self, i: int, nbytes: int) -> None:
+        hasher = self.hashers.get(i)
+        if hasher is not None:
+            hasher.upto(nbytes)
+
+    def before(self, i: int) -> None:
+        if i == self.first:
+            for hasher in self.hashers.values():
+                hasher.upto(len(hasher.raw))
+            self.fill()
 
 
 @dataclass(frozen=True)
@@ -191,6 +218,7 @@ def write_file(
     hashes: dict[str, np.ndarray] | None = None,
     uid: str | None = None,
     replicated: Collection[str] = (),
+    hash_while_writing: bool = False,
 ) -> Written:
     """Create one checkpoint file at ``path`` for all ranks; returns what this rank must
     write into it.
@@ -214,7 +242,10 @@ def write_file(
     the arrays' block hashes computed while copying them (or some of them, the rest are
     computed here) and ``uid`` the id the ranks agreed on. ``replicated`` are the array
     paths stored once, from rank 0 (:mod:`hpcckpt.store.replicated`: the other ranks
-    pass empty stand-ins).
+    pass empty stand-ins). ``hash_while_writing``: when there is no ``parent`` (nothing
+    to compare with, a full file), the hashes nobody passed are computed while the array
+    bytes are written (``Written.hashing``), and the hash table and checksum rows are
+    written after them.
     """
     rank, size = comm.Get_rank(), comm.Get_size()
     policy = policy or ChainPolicy()
@@ -226,8 +257,15 @@ def write_file(
     ]
     t_hash = time.perf_counter()
     hashes = dict(hashes or {})
+    later = set()  # arrays hashed while their bytes are written
     for p, a in arrays.items():
-        if p not in hashes:
+        if p in hashes:
+            continue
+        if hash_while_writing and parent is None:
+            nb = blocks.nblocks(a.size, blocks.block_elems(a.itemsize, block_size))
+            hashes[p] = np.empty(nb, dtype=np.uint64)
+            later.add(p)
+        else:
             hashes[p] = blocks.block_hashes(a, block_size)
     hash_seconds = time.perf_counter() - t_hash
     mine = {p: (a.dtype.str, tuple(a.shape), p in distributed) for p, a in arrays.items()}
@@ -301,14 +339,23 @@ def write_file(
     bases = plan["bases"]
     if tree_bytes:
         extents.append(Extent(bases["rank_tree"] + int(before[0]), memoryview(tree_bytes)))
-    sums = [blocks.hashes_checksum(hashes[p]) for p in names]
-    sums_row = np.array(sums + [integrity.checksum(tree_bytes)], dtype="<u8")
-    extents.append(Extent(bases["checksums"] + rank * sums_row.nbytes, _bytes(sums_row)))
-    mine_hashes = np.concatenate([hashes[p] for p in names] or [np.empty(0, np.uint64)])
-    if mine_hashes.size:
+    sums_row = np.zeros(len(names) + 1, dtype="<u8")
+    hash_row = np.zeros(sum(hashes[p].size for p in names), dtype="<u8")
+
+    def fill_rows() -> None:
+        sums = [blocks.hashes_checksum(hashes[p]) for p in names]
+        sums_row[:] = np.array(sums + [integrity.checksum(tree_bytes)], dtype="<u8")
+        if hash_row.size:
+            hash_row[:] = np.concatenate([hashes[p] for p in names])
+
+    hash_extents = [Extent(bases["checksums"] + rank * sums_row.nbytes, _bytes(sums_row))]
+    if hash_row.size:
         first_hash = sum(int(before[1 + 5 * j]) for j in range(len(names)))
-        hash_row = mine_hashes.astype("<u8", copy=False)
-        extents.append(Extent(bases["block_hashes"] + 8 * first_hash, _bytes(hash_row)))
+        hash_extents.append(Extent(bases["block_hashes"] + 8 * first_hash, _bytes(hash_row)))
+    hashers: dict[int, blocks.BlockHasher] = {}
+    if not later:
+        fill_rows()
+        extents += hash_extents
     written = 0
     for j, p in enumerate(names):
         nb, ndirty, nelems, rows, elems = (int(x) for x in before[1 + 5 * j : 6 + 5 * j])
@@ -325,8 +372,14 @@ def write_file(
             offset = rows * (data.nbytes // data.shape[0])
         else:
             offset = elems * data.itemsize
+        if p in later:  # the bytes written are the bytes hashed
+            hashers[len(extents)] = blocks.BlockHasher(data, block_size, hashes[p])
         extents.append(Extent(bases[p]["data"] + offset, _bytes(data)))
         written += data.nbytes
+    hashing = None
+    if later:  # after the array bytes, once their hashes are complete
+        hashing = DeferredHashes(hashers, len(extents), fill_rows)
+        extents += hash_extents
     if incremental:
         assert parent is not None
         chain = (*parent.chain, (name, step, uid))
@@ -346,6 +399,7 @@ def write_file(
         uid,
         tuple(extents),
         int(plan["data_bytes"]) + int(plan["tree_bytes"]),
+        hashing,
     )
 
 

@@ -63,10 +63,14 @@ def write_extents(
     direct: bool = True,
     before: Callable[[int], None] | None = None,
     after: Callable[[int], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Outcome:
     """Write every extent at its offset of ``path`` (which exists), then fsync the file.
 
     ``before(i)`` / ``after(i)`` run around extent ``i`` (fault injection in tests).
+    ``progress(i, n)`` runs whenever the first ``n`` bytes of extent ``i`` have been
+    handed on (copied into a bounce buffer, or written), at least once with its whole
+    length: work done there overlaps the device's writes of the bounce buffers.
     Raises OSError as the system reports it; the file is then incomplete.
     """
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
@@ -84,9 +88,12 @@ def write_extents(
                 pwrite_all(fd, data, extent.offset)
             else:
                 pwrite_all(fd, data[:head], extent.offset)
-                writer.write(data[head : head + body], extent.offset + head)
+                chunk = None if progress is None else (lambda n, i=i, h=head: progress(i, h + n))
+                writer.write(data[head : head + body], extent.offset + head, chunk)
                 pwrite_all(fd, data[head + body :], extent.offset + head + body)
                 direct_total += body
+            if progress is not None:
+                progress(i, len(data))
             total += len(data)
             if after is not None:
                 if writer is not None:
@@ -225,8 +232,11 @@ class _DirectWriter:
             raise
         return cls(fd, buffered_fd, buffers)
 
-    def write(self, data: memoryview, offset: int) -> None:
-        """Queue ``data`` (a multiple of ALIGN long) for ``offset`` (aligned)."""
+    def write(
+        self, data: memoryview, offset: int, queued: Callable[[int], None] | None = None
+    ) -> None:
+        """Queue ``data`` (a multiple of ALIGN long) for ``offset`` (aligned);
+        ``queued(n)`` after the first ``n`` bytes are in bounce buffers."""
         _preallocate(self.direct_fd, offset, len(data))
         src = np.frombuffer(data, dtype=np.uint8)
         pos = 0
@@ -239,6 +249,8 @@ class _DirectWriter:
             np.copyto(self.buffers[i][:n], src[pos : pos + n])  # releases the GIL
             self.todo.put((i, n, offset + pos))
             pos += n
+            if queued is not None:
+                queued(pos)
 
     def drain(self) -> None:
         """Wait until every queued buffer is written."""

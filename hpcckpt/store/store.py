@@ -312,7 +312,14 @@ class CheckpointStore:
         partial = final.with_name(final.name + layout.PARTIAL)
         tree, arrays, state_bytes, parent = self._prepare(step, state)
         written, error = self._create(
-            partial, step, tree, arrays, extra_meta, parent, hashes=self._known_hashes
+            partial,
+            step,
+            tree,
+            arrays,
+            extra_meta,
+            parent,
+            hashes=self._known_hashes,
+            hash_while_writing=True,  # a full file: hashed while the device writes
         )
         direct, t_write, per_rank = False, time.perf_counter(), 0
         if written is not None:  # the ranks agree once, on creating and writing alike
@@ -770,13 +777,17 @@ class CheckpointStore:
 
     def _write_data(self, partial: Path, written: Written, direct: bool) -> BaseException | None:
         """Step 3b: this rank writes its part into the created ``.partial`` and fsyncs it
-        (:mod:`.direct_io`); the error it met, for the agreement."""
+        (:mod:`.direct_io`), hashing its arrays meanwhile if they were not hashed yet;
+        the error it met, for the agreement."""
+        hashing = written.hashing
         try:
             direct_io.write_extents(
                 partial,
                 written.extents,
                 direct=direct,
+                before=None if hashing is None else hashing.before,
                 after=lambda i: faults.fault_point("write.data"),  # tests: die mid-data
+                progress=None if hashing is None else hashing.progress,
             )
         except Exception as exc:  # every rank must reach the agreement
             return exc

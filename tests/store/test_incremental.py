@@ -10,7 +10,7 @@ import pytest
 from mpi4py import MPI
 
 from hpcckpt.store import catalog, layout
-from hpcckpt.store.blocks import block_hashes, hashes_checksum, runs
+from hpcckpt.store.blocks import BlockHasher, block_hashes, hashes_checksum, runs
 from hpcckpt.store.errors import CheckpointError
 from hpcckpt.store.export import export_checkpoint
 from hpcckpt.store.reader import CheckpointReader
@@ -56,6 +56,40 @@ def test_blocks_helpers():
     )
     assert block_hashes(np.zeros(0), BLOCK).size == 0 and hashes_checksum(h) > 0
     assert runs(np.array([1, 2, 3, 7, 9, 10])) == [(1, 4), (7, 8), (9, 11)]
+
+
+@pytest.mark.parametrize("points", [[], [1], [4095, 4096, 4097], [8192 * 3 + 5, 10**9]])
+def test_block_hasher_piece_by_piece_equals_block_hashes(points):
+    """However the bytes are handed on, the hashes are those of one pass."""
+    a = np.sin(np.arange(N, dtype=np.float64))
+    want = block_hashes(a, BLOCK)
+    out = np.zeros(want.size, dtype=np.uint64)
+    hasher = BlockHasher(a, BLOCK, out)
+    for n in points:
+        hasher.upto(n)
+        assert np.array_equal(out[: hasher.done], want[: hasher.done])
+    hasher.upto(a.nbytes)
+    assert np.array_equal(out, want)
+    with pytest.raises(ValueError, match="hash slots"):
+        BlockHasher(a, BLOCK, np.zeros(3, dtype=np.uint64))
+
+
+def test_a_full_save_hashes_while_writing_what_it_wrote(tmp_path):
+    """The block hashes of a full save, computed during its direct writes, are the
+    hashes of the bytes in the file (a state above the direct-I/O threshold, whose
+    last block is short, and a non-contiguous array)."""
+    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF)  # 1 MiB blocks
+    big = np.random.default_rng(1).random((36 << 20) // 8 + 77)  # two bounce buffers
+    strided = np.arange(3000.0).reshape(60, 50)[:, ::2]
+    res = store.save(1, {"big": big, "strided": strided})
+    assert res.kind == "full"
+    with CheckpointReader(res.path) as reader:
+        for name, a in (("big", big), ("strided", np.ascontiguousarray(strided))):
+            assert np.array_equal(reader.block_hashes(name, 0), block_hashes(a, 1 << 20))
+    assert np.array_equal(store.last.hashes["big"], block_hashes(big, 1 << 20))
+    out = {"big": np.zeros_like(big), "strided": np.zeros_like(strided)}
+    store.restore(out)  # verifies every block against the stored hashes
+    assert np.array_equal(out["big"], big) and np.array_equal(out["strided"], strided)
 
 
 def test_every_checkpoint_of_a_chain_restores_bitwise(tmp_path):
