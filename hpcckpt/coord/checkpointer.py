@@ -467,6 +467,9 @@ class Checkpointer:
         self._heartbeat.beat(None, "restore", force=True)  # hang watch: I/O allowance
         self._complete_pending()
         result = self.store.restore(state, cache=self.cache, only=only)
+        for step, node, name, reason in self.store.local_set_aside:
+            self._event(job_events.LOCAL_SET_ASIDE, step=step, node=node, file=name, reason=reason)
+        self.store.local_set_aside = []
         self._heartbeat.beat(None, force=True)  # back to compute
         self._drain()
         self._last_save_time = time.monotonic()

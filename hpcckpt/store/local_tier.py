@@ -188,6 +188,10 @@ def restore_rebuilt(
         if store.rank == 0:
             log.warning("node-local checkpoint of step %d not used: %s", step, why)
         skipped.append((step, why))
+    store.local_set_aside = list(found.set_aside)
+    for step, node, name, why in found.set_aside:
+        if store.rank == 0:
+            log.warning("node-local %s on %s set aside (step %d): %s", name, node, step, why)
     if found.step is None:
         return None
     copy = found.copy
@@ -221,7 +225,7 @@ def restore_rebuilt(
 
 
 def restore_local(
-    store, state: dict[str, Any], cache: Path, newest: int, targets: Targets
+    store: CheckpointStore, state: dict[str, Any], cache: Path, newest: int, targets: Targets
 ) -> RestoreResult | None:
     """Restore a node-local copy newer than step ``newest``, if every rank has it whole."""
     mine = fast_tier.scan(cache, store.directory, store.rank, store.nranks)

@@ -200,6 +200,9 @@ class CheckpointStore:
         self.local_newer = False
         #: This rank's node-local copy the last restore took (see ``begin_save(redrain=)``).
         self.restored_copy: fast_tier.LocalCopy | None = None
+        #: Node-local files the last restore found damaged and set aside, never tried
+        #: again: (step, node, file, reason) (:mod:`.local_restore`).
+        self.local_set_aside: list[tuple[int, str, str, str]] = []
         self._local_ranks: int | None = None  # ranks on this node (the first staged save)
         self.paths: write_path.WritePathChooser | None = None  # made at the first save
         if redundancy is not None:  # collective; a layout without distinct nodes fails here
