@@ -1,7 +1,8 @@
 """Blocked time of a node-local save with partner or XOR redundancy, and the rebuild time.
 
     .venv/bin/python benchmarks/bench_redundancy.py [--sizes 64M,256M,512M] [--reps 3]
-        [--nranks 3] [--cache-root /dev/shm] [--dir SCRATCH] [--json FILE]
+        [--nranks 3] [--variants partner,xor] [--cache-root /dev/shm] [--dir SCRATCH]
+        [--json FILE]
 
 Started without MPI it re-launches itself under ``mpirun -n NRANKS``. Every rank gets
 its own fake node name (``Checkpointer(node_name=...)``) and the cache
@@ -18,7 +19,8 @@ repetition (seeded), each between barriers and timed by the slowest rank:
 - ``partner``: with ``redundancy="partner"``;
 - ``xorN``: with ``redundancy="xor"`` and one set of all N ranks (run with
   ``--nranks 3`` and ``--nranks 4`` for sets of 3 and 4);
-- ``restore``: ``restore()`` of the ``xor`` variant's copy, nothing lost;
+- ``restore``: ``restore()`` of the last variant's copy (xor, else partner), nothing lost;
+  before each restore an untimed save makes the node-local copy the newest checkpoint;
 - ``rebuild-xor`` / ``rebuild-partner``: ``restore()`` after rank 1's node directory is
   deleted (its data rebuilt from the set, moved nowhere, verified by its checksums).
 
@@ -55,6 +57,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--nranks", type=int, default=3, help="ranks when it launches mpirun itself")
     p.add_argument("--cache-root", default="/dev/shm")
     p.add_argument("--dir", default="/tmp", help="where the (unused) checkpoint directories go")
+    p.add_argument(
+        "--variants",
+        default="partner,xor",
+        help="redundancy variants beside 'none' (always run): partner, xor (one set of all "
+        "ranks); fewer variants need less memory",
+    )
     p.add_argument("--json", default=None)
     p.add_argument("--seed", type=int, default=7)
     return p.parse_args(argv)
@@ -89,7 +97,12 @@ def run(args: argparse.Namespace) -> None:
     tag = comm.bcast(uuid.uuid4().hex[:8] if rank == 0 else None)
     base = Path(args.cache_root) / f"hpcckpt-bench-{tag}"
     work = Path(args.dir) / f"hpcckpt-bench-{tag}"
-    variants = ["none", "partner", f"xor{n}"]  # one XOR set of every rank
+    wanted = {v.strip() for v in args.variants.split(",") if v.strip()}
+    unknown = wanted - {"partner", "xor"}
+    if unknown:
+        sys.exit(f"--variants: unknown {sorted(unknown)}; choose from partner, xor")
+    variants = ["none", *(["partner"] if "partner" in wanted else [])]
+    variants += [f"xor{n}"] if "xor" in wanted else []  # one XOR set of every rank
     t_start = time.time()
     samples: dict[str, dict[str, list[float]]] = {}
 
@@ -113,10 +126,12 @@ def run(args: argparse.Namespace) -> None:
     try:
         for size_text in args.sizes.split(","):
             nbytes = _util.parse_size(size_text)
-            # per rank: state, memcpy target, and on /dev/shm the copies of three
-            # variants (1 + 2 + n/(n-1)) plus one transient copy: about 7 x the state
-            need = n * 7 * nbytes
-            if comm.bcast(need > 0.7 * _mem_available() if rank == 0 else None):
+            # per rank: state, memcpy target, on /dev/shm the copies of the variants
+            # (none 1, partner 2, xor n/(n-1)) and one more state's worth (the copy being
+            # replaced during a save, or the arrays a restore reads: never both)
+            copies = {"none": 1.0, "partner": 2.0}
+            need = n * nbytes * (3 + sum(copies.get(v, n / (n - 1)) for v in variants))
+            if comm.bcast(need > 0.8 * _mem_available() if rank == 0 else None):
                 if rank == 0:
                     print(f"skipping {size_text}: needs ~{need / 2**30:.1f} GiB of memory")
                 continue
@@ -126,19 +141,24 @@ def run(args: argparse.Namespace) -> None:
             for ck in cks.values():  # untimed first save: the files and the layout
                 ck.save(0, state)
             per: dict[str, list[float]] = {}
-            order = ["memcpy", *variants, "restore", "rebuild-xor", "rebuild-partner"]
+            order = ["memcpy", *variants, *_restores(variants)]
             rng = random.Random(args.seed)
-            for rep in range(args.reps):
+            step = 0
+            for _ in range(args.reps):
                 rng.shuffle(order)
-                step = rep + 1
                 for m in order:
+                    step += 1
                     comm.Barrier()
                     if m == "memcpy":
                         t = _util.timed(comm, lambda d=target, s=state: np.copyto(d, s["u"]))
                     elif m in cks:
                         t = _util.timed(comm, lambda c=cks[m], k=step, s=state: c.save(k, s))
                     else:
-                        ck = cks["partner" if m == "rebuild-partner" else f"xor{n}"]
+                        ck = cks["partner" if m == "rebuild-partner" else variants[-1]]
+                        # untimed: a node-local checkpoint newer than the directory's (an
+                        # earlier restore drained its copy there)
+                        ck.save(step, state)
+                        comm.Barrier()
                         if m != "restore" and rank == 1:
                             shutil.rmtree(ck.cache)
                         comm.Barrier()
@@ -163,6 +183,13 @@ def run(args: argparse.Namespace) -> None:
         report(args, n, variants, samples, time.time() - t_start)
 
 
+def _restores(variants: list[str]) -> list[str]:
+    """The restores measured: of the last variant's copy, and a rebuild per scheme run."""
+    out = ["restore"] if len(variants) > 1 else []
+    out += ["rebuild-xor"] if variants[-1].startswith("xor") else []
+    return out + (["rebuild-partner"] if "partner" in variants else [])
+
+
 def _mem_available() -> int:
     with open("/proc/meminfo") as fh:
         for line in fh:
@@ -178,7 +205,7 @@ def report(args, n, variants, samples, seconds) -> None:
     doc = {"nranks": n, "reps": args.reps, "seconds": seconds, "cache_root": args.cache_root}
     out.write_text(json.dumps({**doc, "samples": samples}, indent=1))
     print(f"{n} ranks, {args.reps} repetitions, cache on {args.cache_root}; {out.name}")
-    cols = ["memcpy", *variants, "restore", "rebuild-xor", "rebuild-partner"]
+    cols = ["memcpy", *variants, *_restores(variants)]
     print("| size/rank | " + " | ".join(cols) + " |")
     print("|---:|" + "---:|" * len(cols))
     for size, per in samples.items():

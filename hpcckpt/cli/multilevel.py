@@ -1,10 +1,11 @@
 """``hpcckpt simulate --local-cost``: the two-level choice against a single level.
 
-Thin: the model and the simulator live in :mod:`hpcckpt.policy.multilevel`.
+Thin: the model, the simulator and the comparison live in :mod:`hpcckpt.policy.multilevel`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -32,29 +33,12 @@ def compare_levels(
     if local_cost <= 0:
         raise click.BadParameter("must be > 0", param_hint="--local-cost")
     try:
-        two = multilevel.plan_levels(
-            local_cost, cost, mtbf, local_fraction, local_restart_cost, restart_cost
-        )
+        result = multilevel.compare_levels(
+            work, mtbf, cost, local_cost, local_fraction, local_restart_cost, restart_cost,
+            runs=runs, seed=seed,
+        )  # fmt: skip
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    one = multilevel.single_level(cost, mtbf)
-    result = multilevel.simulate_levels(
-        work,
-        [(two.interval, two.drain_every), (one.interval, 1)],
-        local_cost,
-        cost,
-        mtbf,
-        local_fraction,
-        local_restart_cost,
-        restart_cost,
-        runs=runs,
-        seed=seed,
-        single=[False, True],
-    )
-    rows = [
-        ("two levels", two.interval, two.drain_every, 0),
-        ("single level (Daly)", one.interval, 1, 1),
-    ]
     if as_json:
         doc: dict[str, Any] = {
             "work": work,
@@ -67,17 +51,7 @@ def compare_levels(
             "runs": runs,
             "seed": seed,
             "mean_failures": result.mean_failures,
-            "strategies": [
-                {
-                    "name": name,
-                    "interval": t,
-                    "drain_every": k,
-                    "mean_makespan": float(result.mean_makespan[i]),
-                    "half_width_95": float(result.half_width[i]),
-                    "efficiency": float(result.efficiency[i]),
-                }
-                for name, t, k, i in rows
-            ],
+            "strategies": [dataclasses.asdict(s) for s in result.strategies],
         }
         click.echo(json.dumps(doc, indent=2))
         return
@@ -93,14 +67,14 @@ def compare_levels(
         f"  {'strategy':<20} {'interval':>10} {'drain':>9} {'makespan':>16} {'efficiency':>10}"
     )
     scale, unit = (3600.0, "h") if work >= 3600 else (60.0, "min")
-    for name, t, k, i in rows:
-        span = f"{result.mean_makespan[i] / scale:.2f}±{result.half_width[i] / scale:.2f} {unit}"
-        drain = "every" if k == 1 else f"every {k}"
+    for s in result.strategies:
+        span = f"{s.mean_makespan / scale:.2f}±{s.half_width_95 / scale:.2f} {unit}"
+        drain = "every" if s.drain_every == 1 else f"every {s.drain_every}"
         click.echo(
-            f"  {name:<20} {format_duration(t):>10} {drain:>9} {span:>16} "
-            f"{result.efficiency[i]:>10.2%}"
+            f"  {s.name:<20} {format_duration(s.interval):>10} {drain:>9} {span:>16} "
+            f"{s.efficiency:>10.2%}"
         )
-    gain = result.mean_makespan[1] - result.mean_makespan[0]
+    gain, two = result.gain, result.two
     click.echo("")
     click.echo(
         f"Two levels: save node-locally every {format_duration(two.interval)} of work and "

@@ -314,11 +314,15 @@ def srun(srun_args: tuple[str, ...], **opts: Any) -> None:
         #SBATCH --signal=B:USR1@120 --requeue --open-mode=append
         exec hpcckpt srun --ckpt-dir "$HPCCKPT_DIR" -- --mpi=pmix python app.py
 
-    The arguments go to srun unchanged (here Open MPI needs --mpi=pmix). srun
-    forwards the wrapper's USR1 to every task. See `hpcckpt run --help` for the
-    outcomes and exit statuses.
+    The arguments go to srun (here Open MPI needs --mpi=pmix), after
+    --kill-on-bad-exit=1 unless you give -K yourself: a task that exits non-zero or
+    is killed ends the whole step at once instead of leaving its peers waiting in
+    MPI until the time limit (with --app-signal or --restart-files srun's own
+    default stays). srun forwards the wrapper's USR1 to every task. See `hpcckpt run
+    --help` for the outcomes and exit statuses.
     """
-    _launch(config.srun_command(srun_args), opts)
+    app_mode = opts["app_signal"] is not None or bool(opts["restart_files"])
+    _launch(config.srun_command(srun_args, kill_on_bad_exit=not app_mode), opts)
 
 
 def _commands() -> list[click.Command]:

@@ -23,6 +23,8 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcckpt import slurm
+from hpcckpt.coord.levels import Levels, free_cache, restore_extra, scavenge_copy
+from hpcckpt.coord.levels import resolve as resolve_levels
 from hpcckpt.coord.signals import StopSignals
 from hpcckpt.coord.validate import Validator, make_validator
 from hpcckpt.coord.validate import guard as _validate_guard
@@ -45,9 +47,7 @@ from hpcckpt.rundir.env import (
     ATTEMPT_ENV,
     CACHE_ENV,
     DIR_ENV,
-    DRAIN_EVERY_ENV,
     END_TIME_ENV,
-    REDUNDANCY_ENV,
     SIGNAL_ENV,
 )
 from hpcckpt.rundir.heartbeat import HeartbeatWriter
@@ -252,37 +252,20 @@ class Checkpointer:
             "keep_every": keep_every,
             "keep_every_seconds": keep_every_seconds,
         }
-        redundancy, redundancy_set, drain_every = _multilevel_options(
-            redundancy, redundancy_set, drain_every
-        )
-        if redundancy is not None and cache is None and not os.environ.get(CACHE_ENV):
-            raise ValueError(
-                f"redundancy={redundancy!r} protects the node-local tier: pass cache=PATH too "
-                f"(or set {CACHE_ENV})"
-            )
-        auto = drain_every == "auto"
-        if not auto and (
-            isinstance(drain_every, str) or int(drain_every) != drain_every or drain_every < 1
-        ):
-            raise ValueError(
-                f"drain_every must be a positive integer or 'auto', not {drain_every!r}"
-            )
+        levels = resolve_levels(redundancy, redundancy_set, drain_every, local_fraction, cache)
+        #: The two levels: node-local saves and every how many one is drained.
+        self.levels = Levels(levels)
         #: Every how many node-local checkpoints one is drained to the directory (None: chosen
         #: by the two-level model from the measured costs, see :meth:`level_plan`).
-        self.drain_every: int | None = None if auto else int(drain_every)
-        self.local_fraction = (
-            multilevel.DEFAULT_LOCAL_FRACTION if local_fraction is None else float(local_fraction)
-        )
-        if not 0.0 <= self.local_fraction <= 1.0:
-            raise ValueError(f"local_fraction must be in [0, 1], not {local_fraction!r}")
-        self._local_saves = 0  # node-local checkpoints since the last drained one
+        self.drain_every = levels.drain_every
+        self.local_fraction = levels.local_fraction
         #: This rank's node: the failure group of redundancy sets, ``%n`` in ``cache``.
         self.node_name = node_name or slurm.node_name() or socket.gethostname()
         self.store = CheckpointStore(
             self.directory,
             self.comm,
-            redundancy=redundancy,
-            redundancy_set=redundancy_set,
+            redundancy=levels.redundancy,
+            redundancy_set=levels.redundancy_set,
             node=self.node_name,
             distributed=distributed,
             tuning=fs_tuning,
@@ -484,6 +467,9 @@ class Checkpointer:
         self._heartbeat.beat(None, "restore", force=True)  # hang watch: I/O allowance
         self._complete_pending()
         result = self.store.restore(state, cache=self.cache, only=only)
+        for step, node, name, reason in self.store.local_set_aside:
+            self._event(job_events.LOCAL_SET_ASIDE, step=step, node=node, file=name, reason=reason)
+        self.store.local_set_aside = []
         self._heartbeat.beat(None, force=True)  # back to compute
         self._drain()
         self._last_save_time = time.monotonic()
@@ -496,18 +482,8 @@ class Checkpointer:
         for step, reason in result.local_skipped:
             self._event(job_events.LOCAL_SKIPPED, step=step, reason=reason)
         where = "node-local copy " if result.source == "cache" else ""
-        how = ""
-        if result.rebuilt:
-            ranks = ", ".join(map(str, result.rebuilt))
-            how = f" (rank {ranks} rebuilt from {result.rebuilt_from})"
+        how, extra = restore_extra(result, self.store.redundancy)
         log.info("restored step %d from %s%s%s", result.step, where, result.path.name, how)
-        extra: dict[str, Any] = {}
-        if result.source == "cache" and self.store.redundancy is not None:
-            extra = {
-                "rebuilt": list(result.rebuilt),
-                "rebuilt_from": result.rebuilt_from,
-                "moved": list(result.moved),
-            }
         self._event(
             job_events.RESTORE, step=result.step, path=result.path.name, tier=result.source, **extra
         )
@@ -581,7 +557,7 @@ class Checkpointer:
         if self.cache is not None and not stop and self._local_only():
             return self._save_local(step, state, reason, t0)
         if self.staged and not stop:
-            self._local_saves = 0
+            self.levels.local_saves = 0
             try:
                 return self._begin_staged(step, state, reason, t0)
             except StagingRefused as exc:  # every rank alike: too little memory to stage
@@ -601,22 +577,16 @@ class Checkpointer:
 
     def _local_only(self) -> bool:
         """Whether this save stays node-local (``drain_every``: only every Nth drains)."""
-        every = self.drain_every
-        if every is None:
-            plan = self.level_plan()
-            every = 1 if plan is None else plan.drain_every
-        return (self._local_saves + 1) % every != 0
+        return self.levels.local_only(self.level_plan())
 
     def level_plan(self) -> multilevel.LevelPlan | None:
         """With ``drain_every="auto"``: the two-level model's node-local interval and drain
         period for the measured costs (node-local save: the blocked time; drain: the
         full cost) and the policy's MTBF; None without a cache or an MTBF-based policy."""
         mtbf = getattr(self.policy, "mtbf", None)
-        if self.drain_every is not None or self.cache is None or mtbf is None:
-            return None
-        local = max(self.cost_estimate, 1e-3)
-        drain = max(self.durable_cost_estimate, local)
-        return multilevel.plan_levels(local, drain, mtbf, self.local_fraction)
+        return self.levels.plan(
+            mtbf, self.cost_estimate, self.durable_cost_estimate, self.cache is not None
+        )
 
     def _save_local(
         self, step: int, state: dict[str, Any], reason: str, t0: float
@@ -629,7 +599,7 @@ class Checkpointer:
             if self._save_failed(step, None, reason, exc):
                 raise
             return None
-        self._local_saves += 1
+        self.levels.local_saves += 1
         blocked = self.comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
         result = dataclasses.replace(result, blocked_seconds=blocked)
         self.costs.add(blocked)
@@ -643,10 +613,8 @@ class Checkpointer:
         if self.cache is None or not self.store.local_newer or self.store.local_step is None:
             return
         step = self.store.local_step
-        copy = fast_tier.scan(self.cache, self.directory, self.rank, self.nranks)
-        mine = next((c for c in copy if c.step == step), None)
-        if not self.comm.allreduce(mine is not None, op=MPI.LAND):
-            log.warning("cannot drain node-local step %d: not every rank holds it", step)
+        mine = scavenge_copy(self.comm, self.cache, self.directory, step)
+        if mine is None:
             return
         self.store.restored_copy = mine
         self._event(job_events.CHECKPOINT_BEGIN, step=step, reason="scavenge")
@@ -848,14 +816,7 @@ class Checkpointer:
                 self.directory,
             )
         elif self.cache is not None:  # the job is done: free the node's memory or disk
-            moved = self.store.redundancy is not None  # ranks may have left files here
-            self.comm.Barrier()
-            fast_tier.remove(self.cache, self.rank, nranks=self.nranks, every_rank=moved)
-            self.comm.Barrier()
-            try:
-                self.cache.rmdir()  # one rank per node succeeds, once all copies are gone
-            except OSError:
-                pass
+            free_cache(self.comm, self.cache, self.store.redundancy)
         self._finished = True
         self._report(job_status.FINISHED, self._last_save_step, "finish() called")
         self._event(job_events.FINISH, step=self._last_step_seen, last_step=self._last_save_step)
@@ -907,35 +868,6 @@ class Checkpointer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _multilevel_options(
-    redundancy: str | None, redundancy_set: int | None, drain_every: int | str | None
-) -> tuple[str | None, int, int | str]:
-    """The arguments, else ``$HPCCKPT_REDUNDANCY`` ("xor", "xor:4") and
-    ``$HPCCKPT_DRAIN_EVERY``; ValueError naming the variable when one is malformed."""
-    set_size = redundancy_set
-    if redundancy is None and os.environ.get(REDUNDANCY_ENV):
-        text = os.environ[REDUNDANCY_ENV].strip()
-        scheme, _, size = text.partition(":")
-        redundancy = scheme or None
-        if size and set_size is None:
-            try:
-                set_size = int(size)
-            except ValueError:
-                raise ValueError(
-                    f"{REDUNDANCY_ENV}={text!r}: write the scheme and optionally the set "
-                    "size, e.g. xor, xor:4 or partner"
-                ) from None
-    if drain_every is None and os.environ.get(DRAIN_EVERY_ENV):
-        text = os.environ[DRAIN_EVERY_ENV].strip()
-        try:
-            drain_every = "auto" if text == "auto" else int(text)
-        except ValueError:
-            raise ValueError(
-                f"{DRAIN_EVERY_ENV}={text!r} must be a positive integer or auto"
-            ) from None
-    return redundancy, set_size or 8, 1 if drain_every is None else drain_every
 
 
 def _arrays_in(value: Any) -> list[np.ndarray]:

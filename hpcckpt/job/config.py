@@ -108,10 +108,29 @@ def step_environment(
     return env
 
 
-def srun_command(args: Sequence[str], environ: Mapping[str, str] | None = None) -> list[str]:
-    """``srun`` (or ``$HPCCKPT_SRUN``) followed by the user's arguments, untouched."""
+#: srun's option that ends the whole step as soon as one task exits non-zero or is killed.
+KILL_ON_BAD_EXIT = "--kill-on-bad-exit=1"
+
+
+def srun_command(
+    args: Sequence[str],
+    environ: Mapping[str, str] | None = None,
+    *,
+    kill_on_bad_exit: bool = False,
+) -> list[str]:
+    """``srun`` (or ``$HPCCKPT_SRUN``) followed by the user's arguments.
+
+    With ``kill_on_bad_exit``, :data:`KILL_ON_BAD_EXIT` comes first unless the user chose
+    (``-K``, ``--kill-on-bad-exit``, ``$SLURM_KILL_BAD_EXIT``): without it (Slurm's
+    default) MPI ranks whose peer died wait for it in their next collective, and srun
+    waits for them until the job's time limit.
+    """
     env = os.environ if environ is None else environ
-    return [env.get(SRUN_ENV) or "srun", *args]
+    chosen = "SLURM_KILL_BAD_EXIT" in env or any(
+        a == "-K" or a.startswith(("--kill-on-bad-exit", "-K")) for a in args
+    )
+    extra = [KILL_ON_BAD_EXIT] if kill_on_bad_exit and not chosen else []
+    return [env.get(SRUN_ENV) or "srun", *extra, *args]
 
 
 @dataclass

@@ -35,7 +35,15 @@ import numpy as np
 
 from hpcckpt.policy.formulas import daly
 
-__all__ = ["DEFAULT_LOCAL_FRACTION", "LevelPlan", "plan_levels", "simulate_levels", "waste"]
+__all__ = [
+    "DEFAULT_LOCAL_FRACTION",
+    "Comparison",
+    "LevelPlan",
+    "compare_levels",
+    "plan_levels",
+    "simulate_levels",
+    "waste",
+]
 
 #: Fraction of failures the redundant node-local tier survives when none is given: an
 #: assumption (single-node failures dominate on large systems), not a measurement; set
@@ -171,6 +179,78 @@ def simulate_levels(
     mean = spans.mean(axis=1)
     half = 1.959963984540054 * spans.std(axis=1, ddof=1) / math.sqrt(runs) if runs > 1 else 0 * mean
     return LevelsResult(work, runs, mean, half, work / mean, failures / runs)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One strategy of a :class:`Comparison` and how it fared on the simulated traces."""
+
+    name: str
+    interval: float
+    drain_every: int
+    mean_makespan: float
+    half_width_95: float
+    efficiency: float
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The two-level plan against Daly's single level, simulated on the same traces."""
+
+    two: LevelPlan
+    one: LevelPlan
+    strategies: tuple[Strategy, Strategy]  # two levels, then the single level
+    mean_failures: float
+
+    @property
+    def gain(self) -> float:
+        """Seconds the two-level plan finishes sooner on average (negative: later)."""
+        return self.strategies[1].mean_makespan - self.strategies[0].mean_makespan
+
+
+def compare_levels(
+    work: float,
+    mtbf: float,
+    cost: float,
+    local_cost: float,
+    local_fraction: float = DEFAULT_LOCAL_FRACTION,
+    local_restart: float = 0.0,
+    restart: float = 0.0,
+    *,
+    runs: int = 1000,
+    seed: int | None = 1,
+) -> Comparison:
+    """Plan two levels for these costs (:func:`plan_levels`), take Daly's single level
+    for the drain cost, and run both on the same ``runs`` failure traces; ValueError on
+    costs or failure rates the model cannot take."""
+    two = plan_levels(local_cost, cost, mtbf, local_fraction, local_restart, restart)
+    one = single_level(cost, mtbf)
+    result = simulate_levels(
+        work,
+        [(two.interval, two.drain_every), (one.interval, 1)],
+        local_cost,
+        cost,
+        mtbf,
+        local_fraction,
+        local_restart,
+        restart,
+        runs=runs,
+        seed=seed,
+        single=[False, True],
+    )
+    rows = [("two levels", two), ("single level (Daly)", one)]
+    strategies = tuple(
+        Strategy(
+            name,
+            plan.interval,
+            1 if i else plan.drain_every,
+            float(result.mean_makespan[i]),
+            float(result.half_width[i]),
+            float(result.efficiency[i]),
+        )
+        for i, (name, plan) in enumerate(rows)
+    )
+    return Comparison(two, one, (strategies[0], strategies[1]), result.mean_failures)
 
 
 def _one_run(

@@ -42,6 +42,7 @@ _KNOWN = {
     evlog.STAGING_REFUSED,  # counted in hpcckpt/report/saves.py
     evlog.WRITE_PATH,
     evlog.LOCAL_SKIPPED,  # shown by hpcckpt/report/tiers.py
+    evlog.LOCAL_SET_ASIDE,  # shown by hpcckpt/report/tiers.py
     evlog.SIGNAL_DELIVERED,
     evlog.NOT_BATCH_SHELL,
     evlog.END_TIME_STOP,

@@ -66,6 +66,7 @@ STOP = "stop"
 FINISH = "finish"
 STAGING_REFUSED = "staging_refused"
 LOCAL_SKIPPED = "local_skipped"
+LOCAL_SET_ASIDE = "local_set_aside"
 WRITE_PATH = "write_path"
 
 #: Events whose ``seconds`` is what one checkpoint cost (the Checkpointer's, or the

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from hpcckpt.store import blocks, safety
+from hpcckpt.store import blocks, layout, safety
 from hpcckpt.store.direct_io import pwrite_all
 from hpcckpt.store.errors import CorruptCheckpoint
 from hpcckpt.store.state_tree import ARRAY_KINDS
@@ -353,8 +353,15 @@ def remove(
 
 def set_aside(copy: LocalCopy, reason: str) -> None:
     """Make a copy that failed verification invisible (its manifest renamed ``.bad``)."""
-    try:
-        os.replace(copy.path, copy.path.with_name(copy.path.name + ".bad"))
-    except OSError:
-        pass
+    set_aside_file(copy.path)
     del reason  # the caller logs it
+
+
+def set_aside_file(manifest: Path) -> bool:
+    """Rename a node-local manifest found damaged (:func:`.layout.set_aside_name`); whether
+    this call did (False: it was gone already)."""
+    try:
+        os.replace(manifest, manifest.with_name(layout.set_aside_name(manifest.name)))
+    except OSError:
+        return False
+    return True

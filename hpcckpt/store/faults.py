@@ -65,7 +65,7 @@ PHASES = (
 RESTORE_PHASES = ("restore.reading",)
 #: Phases only a staged save (async or through a node-local cache) meets.
 STAGED_PHASES = ("stage.written", "drain.writing", "drain.eio")
-#: Phases of a node-local save with redundancy (tests/store/test_redundancy_mpi.py).
+#: Phases of a node-local save with redundancy (tests/store/test_local_tier_mpi.py).
 REDUNDANCY_PHASES = ("redundancy.encoded",)
 _ALL = (*PHASES, *RESTORE_PHASES, *STAGED_PHASES, *REDUNDANCY_PHASES)
 

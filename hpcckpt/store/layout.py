@@ -107,6 +107,12 @@ def read_bad(path: Path) -> str | None:
         return None
 
 
+def set_aside_name(name: str) -> str:
+    """A node-local manifest (a rank's copy, or its redundancy) found damaged: renamed
+    ``<name>.bad``, so no restore lists it again; its data stays for inspection."""
+    return name + BAD
+
+
 def rejected_name(step: int) -> str:
     """``ckpt-<step>.h5.rejected``: a file restore never reads."""
     return checkpoint_name(step) + REJECTED

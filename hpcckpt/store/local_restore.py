@@ -15,7 +15,10 @@ directory's newest, newest first, every rank computes the same plan:
 
 If the plan is impossible (two members of one XOR set lost, a partner copy lost with
 its owner) or any check fails, the ranks agree and try the next older node-local
-checkpoint, then the directory; each skipped one comes back with the reason.
+checkpoint, then the directory; each skipped one comes back with the reason. A file
+whose bytes do not match its checksums (a rank's copy, a partner copy, a parity file) is
+set aside where it is kept (its manifest renamed ``.bad``), so no later restore tries it
+again; a copy that is merely incomplete (a lost member, another rank count) stays.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ class LocalRestore:
     scheme: str | None = None  # how they were rebuilt
     moved: list[int] = field(default_factory=list)  # ranks whose files came from another node
     skipped: list[tuple[int, str]] = field(default_factory=list)
+    #: Files found damaged and set aside, never tried again: (step, node, file, reason).
+    set_aside: list[tuple[int, str, str, str]] = field(default_factory=list)
 
 
 def inventory(cache: Path, directory: Path, nranks: int) -> list[tuple[Any, ...]]:
@@ -223,10 +228,12 @@ def _execute(at: _Node, p: _Plan, found: LocalRestore, node: str) -> str | None:
     lost_here = next((x for x in p.rebuild if me in x[2]), None)
     color = p.rebuild.index(lost_here) if lost_here else MPI.UNDEFINED
     sub = comm.Split(color, lost_here[2].index(me) if lost_here else 0)
+    damaged: list[tuple[str, int, str]] = []  # (kind, owner, why): files this rank found bad
     if lost_here is not None:
         lost, scheme, members = lost_here
-        why, rebuilt_doc = _rebuild(at, sub, step, lost, scheme, members)
+        why, rebuilt_doc, bad = _rebuild(at, sub, step, lost, scheme, members)
         problem = problem or why
+        damaged += bad
         if me == lost:
             doc, seal = rebuilt_doc, True
         sub.Free()
@@ -239,12 +246,23 @@ def _execute(at: _Node, p: _Plan, found: LocalRestore, node: str) -> str | None:
             copy = fast_tier.parse_manifest(at.cache / fast_tier.manifest_name(step, me), doc)
             if copy is None or (copy.step, copy.uid, copy.rank) != (step, p.uid, me):
                 raise ValueError(f"rank {me}: its manifest does not describe its copy")
-            found.arrays = fast_tier.load(copy)
+            try:
+                found.arrays = fast_tier.load(copy)
+            except (CorruptCheckpoint, ValueError) as exc:
+                # its bytes do not match its checksums: damaged where it was kept (a
+                # rebuilt copy is not: the files it was rebuilt from are to blame)
+                if not any(r == me for r, _, _ in p.rebuild):
+                    damaged.append(("data", me, str(exc)))
+                raise
     except (CorruptCheckpoint, OSError, ValueError) as exc:
         problem = f"rank {me}: {exc}"
-    problems = list(dict.fromkeys(x for x in comm.allgather(problem) if x))
+    outcome = comm.allgather((problem, damaged))
+    problems = list(dict.fromkeys(x for x, _ in outcome if x))
     if problems:
         found.arrays = {}
+        bad = [d for _, ds in outcome for d in ds]
+        if bad:
+            found.set_aside += _set_aside(at, p, bad, node)
         return "; ".join(problems[:4])
     assert copy is not None and doc is not None
     if seal:
@@ -259,10 +277,31 @@ def _execute(at: _Node, p: _Plan, found: LocalRestore, node: str) -> str | None:
     return None
 
 
+def _set_aside(
+    at: _Node, p: _Plan, damaged: list[tuple[str, int, str]], node: str
+) -> list[tuple[int, str, str, str]]:
+    """Set aside the files the ranks found damaged (collective): the rank that kept each
+    one renames its manifest, and so does the owner of a redundancy file moved to it.
+    Returns (step, node, file, reason) of every file set aside, on every rank."""
+    mine = []
+    data_holder, red_holder = dict(p.data_moves), dict(p.red_moves)
+    for kind, owner, why in dict.fromkeys(damaged):
+        if kind == "data":
+            keepers = {data_holder.get(owner, owner)}
+            name = fast_tier.manifest_name(p.step, owner)
+        else:
+            keepers = {red_holder.get(owner, owner), owner}
+            name = redundancy.manifest_name(p.step, owner)
+        if at.rank in keepers and fast_tier.set_aside_file(at.cache / name):
+            mine.append((p.step, node, name, why))
+    return [x for xs in at.comm.allgather(mine) for x in xs]
+
+
 def _rebuild(
     at: _Node, sub: MPI.Comm, step: int, lost: int, scheme: str, members: tuple[int, ...]
-) -> tuple[str | None, dict[str, Any] | None]:
-    """Rebuild ``lost``'s data file (collective over its set); (problem, its manifest)."""
+) -> tuple[str | None, dict[str, Any] | None, list[tuple[str, int, str]]]:
+    """Rebuild ``lost``'s data file (collective over its set); (problem, its manifest, the
+    redundancy files found damaged as (kind, owner, why))."""
     me, n = at.rank, len(members)
     pos = members.index(lost)
     source = members[(pos + 1) % n]  # keeps lost's partner copy; any survivor for XOR
@@ -273,7 +312,7 @@ def _rebuild(
     info = sub.bcast(info, root=members.index(source))
     if info is None:
         problem = f"rank {source} cannot read its redundancy manifest of step {step}"
-        return problem, None
+        return problem, None, []
     doc, size, chunk, checksum = info
     out = at.cache / fast_tier.data_name(step, lost)
     if scheme == "partner":
@@ -287,10 +326,11 @@ def _rebuild(
                     f"the partner copy of rank {lost} kept by rank {source} "
                     "does not match its checksum"
                 )
-            return why, doc
-        return None, None
+                return why, doc, [("red", source, why)]
+            return why, doc, []
+        return None, None, []
     data = at.cache / fast_tier.data_name(step, me)
-    why = redundancy.rebuild_xor(
+    why, parity_bad = redundancy.rebuild_xor(
         sub,
         members.index(lost),
         chunk,
@@ -303,4 +343,5 @@ def _rebuild(
     )
     if me != lost and red is None:
         why = why or f"rank {me} cannot read its redundancy manifest of step {step}"
-    return why, doc if me == lost else None
+    bad = [("red", me, f"rank {me}: {why}")] if parity_bad and why else []
+    return why, doc if me == lost else None, bad

@@ -225,16 +225,18 @@ def rebuild_xor(
     out: Path | None,
     out_size: int,
     mode: int,
-) -> str | None:
+) -> tuple[str | None, bool]:
     """Rebuild member ``lost``'s data file into ``out`` (on ``lost``); collective over the set.
 
     Survivors pass their ``data`` and ``parity`` files (and the parity's checksum); the
     lost member passes ``out`` and the size of its data file. Returns this rank's
     problem (a parity file that does not match its checksum, an unreadable file) or
-    None; the caller agrees on the outcome and verifies the rebuilt arrays.
+    None, and whether its parity file is damaged (read whole, its checksum differs);
+    the caller agrees on the outcome and verifies the rebuilt arrays.
     """
     n, me = comm.Get_size(), comm.Get_rank()
     problem = None
+    damaged = False
     hasher = xxhash.xxh3_64()
     fds: dict[str, int] = {}
     try:
@@ -283,9 +285,10 @@ def rebuild_xor(
             if hasher.intdigest() != parity_checksum:
                 name = parity.name if parity else "?"
                 problem = f"parity file {name} does not match its checksum"
+                damaged = True
     for fd in fds.values():
         os.close(fd)
-    return problem
+    return problem, damaged
 
 
 def send_file(comm: MPI.Comm, path: Path, dest: int, tag: int) -> None:

@@ -58,7 +58,7 @@ from hpcckpt.store import (
     faults,
     filesystem,
     layout,
-    local_restore,
+    local_tier,
     memory,
     retention,
     safety,
@@ -73,6 +73,7 @@ from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
 from hpcckpt.store.reader import CheckpointReader
 from hpcckpt.store.replicated import check_and_stand_in, normalize
 from hpcckpt.store.resharding import Split, common_tree, even_split, resolve_ranges
+from hpcckpt.store.results import RestoreResult, SaveResult
 from hpcckpt.store.staging import BackgroundWrite, HostBuffers, stream_pieces
 from hpcckpt.store.state_tree import (
     Targets,
@@ -95,49 +96,6 @@ __all__ = [
     "SaveResult",
     "StagingRefused",
 ]
-
-
-@dataclass(frozen=True)
-class SaveResult:
-    step: int
-    path: Path
-    bytes_written: int  # summed over ranks
-    seconds: float  # wall time of the slowest rank, commit included
-    kind: str = "full"  # or "incremental": only the changed blocks were written
-    dirty_blocks: int = 0  # blocks written, over all ranks
-    total_blocks: int = 0  # blocks of the whole state, over all ranks
-    #: Staged saves: seconds the ranks were blocked (``seconds`` is staging to commit).
-    blocked_seconds: float | None = None
-    #: The largest resident set of a rank from the start of the save to its commit.
-    peak_rss: int = 0
-    #: Staged in memory: "copy" (whole) or "pieces" (through a ring), and the bytes held.
-    staging: str | None = None
-    staging_bytes: int = 0
-    #: Synchronous saves: "direct" or "buffered", and the choice made after it, if any
-    #: (:mod:`.write_path`: the rates measured, the path kept).
-    write_path: str | None = None
-    write_decision: dict[str, Any] | None = None
-    #: "directory" (committed there), or "cache": a node-local checkpoint only.
-    tier: str = "directory"
-
-    @property
-    def dirty_fraction(self) -> float:
-        """Fraction of the state's blocks this save wrote (1.0 for a full checkpoint)."""
-        return self.dirty_blocks / self.total_blocks if self.total_blocks else 1.0
-
-
-@dataclass(frozen=True)
-class RestoreResult:
-    step: int
-    path: Path
-    skipped: list[tuple[int, str]]  # newer checkpoints found bad, with the reason
-    saved_ranks: int = 0  # how many ranks wrote the restored checkpoint
-    source: str = "directory"  # or "cache": a node-local copy newer than the directory's
-    rebuilt: tuple[int, ...] = ()  # ranks whose node-local data was rebuilt
-    rebuilt_from: str | None = None  # "partner" or "xor"
-    moved: tuple[int, ...] = ()  # ranks whose node-local files came from another node
-    #: Node-local checkpoints newer than the one restored that could not be, with why.
-    local_skipped: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass
@@ -244,13 +202,16 @@ class CheckpointStore:
         self.local_newer = False
         #: This rank's node-local copy the last restore took (see ``begin_save(redrain=)``).
         self.restored_copy: fast_tier.LocalCopy | None = None
+        #: Node-local files the last restore found damaged and set aside, never tried
+        #: again: (step, node, file, reason) (:mod:`.local_restore`).
+        self.local_set_aside: list[tuple[int, str, str, str]] = []
         self._local_ranks: int | None = None  # ranks on this node (the first staged save)
         self.paths: write_path.WritePathChooser | None = None  # made at the first save
         if redundancy is not None:  # collective; a layout without distinct nodes fails here
             self._sets = redundancy_mod.SetLayout.build(
                 comm, self.node, redundancy, self.redundancy_set
             )
-            self._log_sets(self._sets)
+            local_tier.log_sets(self, self._sets)
 
     def _agree(
         self,
@@ -548,51 +509,9 @@ class CheckpointStore:
         )
 
     def save_local(self, step: int, state: dict[str, Any], cache: Path) -> SaveResult:
-        """A node-local checkpoint only (no drain): every rank's copy and its redundancy
-        are written and sealed when this returns; collective.
-
-        It is restorable from then on (:meth:`restore`), never from the directory, until
-        a later save or the scavenge (:meth:`begin_save` with ``redrain``) drains one.
-        Raises CheckpointError on every rank when any rank fails; nothing is sealed then.
-        """
-        t0 = time.perf_counter()
-        tree, arrays, _ = self._encode(step, state)
-        faults.fault_point("save.begin", step)
-        uid = self.comm.bcast(uuid.uuid4().hex if self.rank == 0 else None)
-        error: BaseException | None = None
-        hashes: dict[str, Any] = {}
-        offsets: dict[str, int] = {}
-        try:
-            safety.make_directory(cache, self.dir_mode)
-            if not self.local_newer:  # older copies are durable in the directory
-                fast_tier.remove(cache, self.rank, nranks=self.nranks)
-            _, hashes, offsets = fast_tier.write_data(
-                cache, step, self.rank, arrays, self.block_size, self.file_mode
-            )
-        except Exception as exc:  # every rank must reach the agreement below
-            error = exc
-        self._agree(error, f"writing node-local checkpoint of step {step} in {cache}")
-        why = self._seal_local(cache, step, uid, tree, arrays, hashes, offsets)
-        if why is not None:
-            raise CheckpointError(f"sealing node-local checkpoint of step {step} failed ({why})")
-        self.local_newer = True
-        faults.fault_point("stage.written")
-        mine = sum(a.nbytes for a in arrays.values())
-        total = self.comm.allreduce(mine, op=MPI.SUM)
-        seconds = self.comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-        nblocks = sum(len(h) for h in hashes.values())
-        nblocks = self.comm.allreduce(nblocks, op=MPI.SUM)
-        return SaveResult(
-            step,
-            cache / fast_tier.manifest_name(step, self.rank),
-            total,
-            seconds,
-            "full",
-            nblocks,
-            nblocks,
-            blocked_seconds=seconds,
-            tier="cache",
-        )
+        """A node-local checkpoint only (no drain), with its redundancy; collective
+        (:func:`.local_tier.save_local`)."""
+        return local_tier.save_local(self, step, state, cache)
 
     def _seal_local(
         self,
@@ -604,83 +523,8 @@ class CheckpointStore:
         hashes: dict[str, Any],
         offsets: dict[str, int],
     ) -> str | None:
-        """Write the redundancy (if any), then seal every rank's copy; collective.
-
-        Returns None when every rank sealed, else the ranks' errors (the copies that
-        were sealed stay valid: each one verifies on its own).
-        """
-        doc = fast_tier.manifest_doc(
-            step=step,
-            uid=uid,
-            rank=self.rank,
-            nranks=self.nranks,
-            directory=self.directory,
-            block_size=self.block_size,
-            tree=tree,
-            arrays=arrays,
-            hashes=hashes,
-            offsets=offsets,
-            node=self.node,
-            replicated=self._replicated_paths,
-        )
-        red_doc = None
-        if self.redundancy is not None:
-            error: BaseException | None = None
-            sets = self._sets
-            assert sets is not None
-            data = cache / fast_tier.data_name(step, self.rank)
-            out = cache / redundancy_mod.file_name(step, self.rank, sets.scheme)
-            encoded: dict[str, Any] = {}
-            try:
-                encoded = redundancy_mod.encode(sets, data, out, self.file_mode)
-            except OSError as exc:
-                error = exc
-            faults.fault_point("redundancy.encoded", step)
-            manifests = sets.comm.allgather(doc)
-            try:
-                self._agree(error, f"writing the {sets.scheme} redundancy of step {step}")
-            except CheckpointError as exc:
-                return str(exc)
-            red_doc = redundancy_mod.redundancy_doc(
-                step=step,
-                uid=uid,
-                rank=self.rank,
-                nranks=self.nranks,
-                directory=self.directory,
-                layout=sets,
-                encoded=encoded,
-                manifests=manifests,
-            )
-        problem = None
-        try:
-            fast_tier.write_manifest(
-                cache / fast_tier.manifest_name(step, self.rank), doc, self.file_mode
-            )
-            if red_doc is not None:
-                path = cache / redundancy_mod.manifest_name(step, self.rank)
-                fast_tier.write_manifest(path, red_doc, self.file_mode)
-        except OSError as exc:
-            problem = f"rank {self.rank}: {exc}"
-        problems = [p for p in self.comm.allgather(problem) if p]
-        if problems:
-            return "; ".join(problems[:4])
-        fast_tier.remove(cache, self.rank, keep=step, nranks=self.nranks)
-        self.local_step = step
-        return None
-
-    def _log_sets(self, sets: redundancy_mod.SetLayout) -> None:
-        """One line: the sets the ranks formed (smaller than asked when nodes are few)."""
-        if self.rank != 0:
-            return
-        sizes = sorted({len(s) for s in sets.sets})
-        smaller = max(sizes) < self.redundancy_set
-        log.info(
-            "%s redundancy: %d set(s) of %s rank(s) on distinct nodes%s",
-            sets.scheme,
-            len(sets.sets),
-            "/".join(map(str, sizes)),
-            f" (fewer nodes than redundancy_set={self.redundancy_set})" if smaller else "",
-        )
+        """Write the redundancy, then seal every rank's copy (:func:`.local_tier.seal`)."""
+        return local_tier.seal(self, cache, step, uid, tree, arrays, hashes, offsets)
 
     def finish_save(self, pending: PendingSave) -> SaveResult:
         """Wait for every rank's background write, then commit; collective.
@@ -1156,90 +1000,15 @@ class CheckpointStore:
         skipped: list[tuple[int, str]],
         targets: Targets,
     ) -> RestoreResult | None:
-        """Restore the newest node-local checkpoint newer than step ``newest`` that the ranks
-        can move and rebuild (:mod:`.local_restore`); the ones that could not, into ``skipped``."""
-        try:  # a node new to this job (a spare, a replaced node) has no directory yet
-            safety.make_directory(cache, self.dir_mode)
-        except OSError as exc:
-            log.warning("rank %d: cannot create %s: %s", self.rank, cache, exc)
-        found = local_restore.restore(
-            self.comm, cache, self.directory, newest, self.file_mode, self.node
-        )
-        for step, why in found.skipped:
-            if self.rank == 0:
-                log.warning("node-local checkpoint of step %d not used: %s", step, why)
-            skipped.append((step, why))
-        if found.step is None:
-            return None
-        copy = found.copy
-        assert copy is not None
-        arrays = dict(found.arrays)
-        # Replicated arrays are in rank 0's copy only (the others hold stand-ins).
-        for name in self.comm.bcast(copy.replicated if self.rank == 0 else None):
-            arrays[name] = _bcast_array(self.comm, arrays.get(name))
-        fatal = check_fits(state, copy.tree, arrays, targets)
-        fatals = [f for f in self.comm.allgather(fatal) if f]
-        if fatals:
-            if self.rank == 0:
-                log.warning("node-local copy of step %d not used (%s)", found.step, fatals[0])
-            return None
-        self._decode(state, copy.tree, arrays, targets)
-        self.last = None  # the next save is a full one, in the directory
-        self.local_newer = True
-        self.local_step = found.step
-        self.restored_copy = copy
-        return RestoreResult(
-            found.step,
-            copy.path,
-            [],
-            self.nranks,
-            source="cache",
-            local_skipped=tuple(skipped),
-            rebuilt=tuple(found.rebuilt),
-            rebuilt_from=found.scheme,
-            moved=tuple(found.moved),
-        )
+        """Restore from the node-local tier, moving and rebuilding copies
+        (:func:`.local_tier.restore_rebuilt`)."""
+        return local_tier.restore_rebuilt(self, state, cache, newest, skipped, targets)
 
     def _restore_local(
         self, state: dict[str, Any], cache: Path, newest: int, targets: Targets
     ) -> RestoreResult | None:
-        """Restore a node-local copy newer than step ``newest``, if every rank has it whole."""
-        mine = fast_tier.scan(cache, self.directory, self.rank, self.nranks)
-        offers = self.comm.allgather({(c.step, c.uid) for c in mine if c.step > newest})
-        common = set.intersection(*offers)
-        if not common:
-            if any(offers):
-                if self.rank == 0:
-                    log.info("node-local copies in %s are not complete on every rank", cache)
-            return None
-        step, uid = max(common)
-        copy = next(c for c in mine if (c.step, c.uid) == (step, uid))
-        problem = fatal = None
-        arrays: dict[str, Any] = {}
-        try:
-            arrays = fast_tier.load(copy)
-        except (CorruptCheckpoint, OSError, ValueError) as exc:
-            problem = f"rank {self.rank}: {exc}"
-        if not any(self.comm.allgather(problem)):
-            # Replicated arrays are in rank 0's copy only (the others hold stand-ins).
-            for name in self.comm.bcast(copy.replicated if self.rank == 0 else None):
-                arrays[name] = _bcast_array(self.comm, arrays.get(name))
-            fatal = check_fits(state, copy.tree, arrays, targets)
-        outcome = self.comm.allgather((problem, fatal))
-        problems = [p for p, _ in outcome if p]
-        fatals = [f for _, f in outcome if f]
-        if problems or fatals:
-            why = "; ".join((problems or fatals)[:4])
-            if self.rank == 0:
-                log.warning("node-local copy of step %d not used (%s)", step, why)
-            if problems:  # damaged: hide it; a sound copy that does not fit stays
-                fast_tier.set_aside(copy, why)
-            return None
-        self._decode(state, copy.tree, arrays, targets)
-        self.last = None  # the next save is a full one, in the directory
-        self.local_newer = True
-        self.restored_copy = copy
-        return RestoreResult(step, copy.path, [], self.nranks, source="cache")
+        """A node-local copy newer than step ``newest`` (:func:`.local_tier.restore_local`)."""
+        return local_tier.restore_local(self, state, cache, newest, targets)
 
 
 #: Why a checkpoint whose reading killed an earlier restore is skipped.
@@ -1247,18 +1016,6 @@ READ_CRASH = (
     "an earlier restore died while reading it (HDF5 crashed on damaged metadata, or the "
     "job was killed mid-restore); remove its .bad file to try it again"
 )
-
-
-def _bcast_array(comm: MPI.Comm, array: np.ndarray | None) -> np.ndarray:
-    """Rank 0's ``array`` on every rank (in pieces below MPI's 2 GiB count limit)."""
-    spec = comm.bcast((array.dtype.str, array.shape) if comm.Get_rank() == 0 else None)
-    out = array if comm.Get_rank() == 0 else np.empty(spec[1], dtype=np.dtype(spec[0]))
-    assert out is not None
-    raw = out.reshape(-1).view(np.uint8)
-    piece = 1 << 30
-    for lo in range(0, raw.size, piece):
-        comm.Bcast(raw[lo : lo + piece], root=0)
-    return out
 
 
 def _read_targets(

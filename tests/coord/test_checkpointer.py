@@ -9,7 +9,7 @@ import pytest
 from mpi4py import MPI
 
 from hpcckpt import Checkpointer
-from hpcckpt.policy import Young, multilevel
+from hpcckpt.policy import Young
 
 
 def test_online_interval_follows_the_measured_cost(tmp_path, monkeypatch):
@@ -68,41 +68,6 @@ def test_missing_directory_says_how_to_give_one(monkeypatch):
     monkeypatch.delenv("HPCCKPT_DIR", raising=False)
     with pytest.raises(ValueError, match="HPCCKPT_DIR"):
         Checkpointer(comm=MPI.COMM_SELF)
-
-
-def test_drain_every_auto_takes_both_intervals_from_the_two_level_model(tmp_path):
-    ck = Checkpointer(
-        tmp_path / "ck", comm=MPI.COMM_SELF, cache=tmp_path / "cache", mtbf="6h",
-        drain_every="auto", local_fraction=0.9,
-    )  # fmt: skip
-    try:
-        ck.costs.add(20.0)  # measured: a node-local save blocks 20 s, a drain costs 300 s
-        ck.durable_costs.add(300.0)
-        plan = multilevel.plan_levels(20.0, 300.0, 6 * 3600.0, 0.9)
-        assert ck.level_plan() == plan and plan.drain_every > 1
-        assert ck.interval == pytest.approx(plan.interval)
-        assert [ck._local_only() for ck._local_saves in range(plan.drain_every)] == [True] * (
-            plan.drain_every - 1
-        ) + [False]
-    finally:
-        ck.close()
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        ({"drain_every": 0}, "drain_every must be a positive integer or 'auto'"),
-        ({"redundancy": "xor"}, "pass cache=PATH too"),
-        ({"cache": "c", "redundancy": "raid"}, "'partner', 'xor' or None"),
-        ({"cache": "c", "local_fraction": 2}, "local_fraction must be in"),
-        ({"cache": "c", "redundancy": "xor"}, "on at least 2 nodes, or pass redundancy=None"),
-    ],
-)
-def test_bad_multilevel_options_are_named(tmp_path, monkeypatch, kwargs, message):
-    monkeypatch.delenv("HPCCKPT_CACHE", raising=False)
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(ValueError, match=message):
-        Checkpointer(tmp_path / "ck", comm=MPI.COMM_SELF, **kwargs)
 
 
 def test_with_drain_every_a_stop_checkpoint_still_goes_to_the_directory(tmp_path):

@@ -18,3 +18,14 @@ def test_parse_signal_spellings(text):
 def test_parse_signal_rejects(text):
     with pytest.raises(ValueError):
         config.parse_signal(text)
+
+
+def test_srun_gets_kill_on_bad_exit_unless_the_user_chose():
+    srun_command, KILL_ON_BAD_EXIT = config.srun_command, config.KILL_ON_BAD_EXIT
+    args = ["--mpi=pmix", "python", "app.py"]
+    assert srun_command(args, {}, kill_on_bad_exit=True) == ["srun", KILL_ON_BAD_EXIT, *args]
+    assert srun_command(args, {}) == ["srun", *args]  # app mode: srun's own default
+    for mine in (["-K"], ["-K0"], ["--kill-on-bad-exit=0"], ["--kill-on-bad-exit"]):
+        assert srun_command([*mine, *args], {}, kill_on_bad_exit=True) == ["srun", *mine, *args]
+    env = {"SLURM_KILL_BAD_EXIT": "0", "HPCCKPT_SRUN": "/opt/srun"}
+    assert srun_command(args, env, kill_on_bad_exit=True) == ["/opt/srun", *args]

@@ -394,19 +394,19 @@ def test_no_requeue_inside_slurm(tmp_path):
     w.wait_line("requeue disabled (--no-requeue)")
 
 
-def test_srun_subcommand_passes_arguments_untouched(tmp_path):
+def test_srun_subcommand_passes_arguments_untouched_after_kill_on_bad_exit(tmp_path):
     ckpt = tmp_path / "ck"
     args = tmp_path / "srun-args"
     # A stand-in srun: record the arguments, drop the srun options, run the command.
     srun = fake(
         tmp_path,
         "srun",
-        f'printf "%s\\n" "$@" > {args}\nshift 3\nexec "$@"',
+        f'printf "%s\\n" "$@" > {args}\nshift 4\nexec "$@"',
     )
     env = clean_env(HPCCKPT_SRUN=srun)
     w = Wrapped(ckpt, ["--mpi=pmix", "-n", "1", *app("finish")], env=env, subcommand="srun")
     assert w.wait() == 0, w.stderr
-    assert args.read_text().splitlines()[:2] == ["--mpi=pmix", "-n"]
+    assert args.read_text().splitlines()[:3] == ["--kill-on-bad-exit=1", "--mpi=pmix", "-n"]
 
 
 # -- mpirun as the launcher ----------------------------------------------------------------

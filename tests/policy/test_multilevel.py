@@ -74,3 +74,19 @@ def test_failures_the_node_local_tier_survives_cost_less_than_the_others():
     local = multilevel.simulate_levels(48 * 3600, [(1800.0, 8)], C1, C2, M, 1.0, **kw)
     remote = multilevel.simulate_levels(48 * 3600, [(1800.0, 8)], C1, C2, M, 0.0, **kw)
     assert local.mean_makespan[0] < remote.mean_makespan[0]
+
+
+def test_compare_levels_runs_both_strategies_on_the_same_traces():
+    c = multilevel.compare_levels(48 * 3600, M, C2, C1, 0.8, 60, 120, runs=300, seed=3)
+    two, one = c.strategies
+    assert (two.interval, two.drain_every) == (c.two.interval, c.two.drain_every)
+    assert one.drain_every == 1 and one.interval == pytest.approx(daly(C2, M))
+    assert two.efficiency > one.efficiency and c.gain > 0
+    assert c.gain == pytest.approx(one.mean_makespan - two.mean_makespan)
+    again = multilevel.compare_levels(48 * 3600, M, C2, C1, 0.8, 60, 120, runs=300, seed=3)
+    assert again.strategies == c.strategies  # the same seed: the same traces, the same numbers
+
+
+def test_compare_levels_refuses_a_cost_the_model_cannot_take():
+    with pytest.raises(ValueError, match="costs must be > 0"):
+        multilevel.compare_levels(3600, M, C2, 0.0)

@@ -23,6 +23,14 @@ EVENTS = [
         step=19,
         reason="ranks 1 and 2 of one XOR set ([0, 1, 2]) are both lost",
     ),
+    ev(
+        131.5,
+        "local_set_aside",
+        step=19,
+        node="n3",
+        file="ckpt-0000000019.rank2.red.json",
+        reason="rank 2: parity file ckpt-0000000019.rank2.xor does not match its checksum",
+    ),
     ev(132.0, "restore", step=9, tier="directory"),
 ]
 
@@ -45,6 +53,8 @@ def test_the_report_lists_them():
     text = format_report(report)
     assert "step 9 from the cache (rebuilt from xor), rank(s) 1 rebuilt" in text
     assert "node-local step 19 not used: ranks 1 and 2 of one XOR set" in text
+    assert "local_set_aside" not in report["unknown_events"]
+    assert "set aside ckpt-0000000019.rank2.red.json on n3: rank 2: parity file" in text
 
 
 def test_a_plain_node_local_restore_is_the_cache():

@@ -240,3 +240,100 @@ def test_a_rank_with_only_empty_arrays_is_rebuilt_and_rebuilds_others(tmp_path, 
     assert [(r["step"], r["same"]) for r in results] == [(6, True)] * 3
     (ev,) = restores(tmp_path)
     assert (ev["tier"], ev["rebuilt"]) == ("cache", [lost]), ev
+
+
+def set_aside_files(work: Path) -> list[str]:
+    """Every node-local file set aside, as "node/name"."""
+    return sorted(f"{p.parent.name}/{p.name}" for p in (work / "cache").glob("*/*.bad"))
+
+
+def events_of(work: Path, kind: str) -> list[dict]:
+    return [e for e in read_events(work / "ck") if e["event"] == kind]
+
+
+@pytest.mark.parametrize("scheme", ["xor", "partner"])
+def test_a_damaged_parity_or_partner_file_is_set_aside_and_never_tried_again(tmp_path, scheme):
+    nodes, moved = ["n1", "n2", "n3"], ["n1", "n4", "n3"]
+    run(tmp_path, 3, "save", nodes, redundancy=scheme, set=3)
+    flip_byte(tmp_path / "cache" / "n3" / redundancy.file_name(6, 2, scheme))
+    wipe(tmp_path, "n2")
+    results = run(tmp_path, 3, "restore", moved, redundancy=scheme, set=3)
+    assert [(r["step"], r["same"]) for r in results] == [(DRAINED, True)] * 3
+    name = redundancy.manifest_name(6, 2)
+    (ev,) = events_of(tmp_path, "local_set_aside")
+    assert (ev["step"], ev["node"], ev["file"]) == (6, "n3", name), ev
+    assert "does not match its checksum" in ev["reason"], ev
+    # only the damaged file: the copies and rank 0's parity verified and stay
+    assert set_aside_files(tmp_path) == [f"n3/{name}.bad"]
+    assert (tmp_path / "cache" / "n3" / redundancy.file_name(6, 2, scheme)).exists()
+    assert (tmp_path / "cache" / "n1" / fast_tier.manifest_name(6, 0)).exists()
+    # the next restart does not try it again: the plan refuses step 6 without reading
+    results = run(tmp_path, 3, "restore", moved, redundancy=scheme, set=3)
+    assert [(r["step"], r["same"]) for r in results] == [(DRAINED, True)] * 3
+    assert len(events_of(tmp_path, "local_set_aside")) == 1
+    second = events_of(tmp_path, "local_skipped")[-1]
+    assert second["step"] == 6 and "checksum" not in second["reason"], second
+    assert "is too" in second["reason"], second
+
+
+def test_a_damaged_copy_of_a_survivor_is_set_aside_and_never_tried_again(tmp_path):
+    nodes, moved = ["n1", "n2", "n3"], ["n1", "n4", "n3"]
+    run(tmp_path, 3, "save", nodes, redundancy="xor", set=3)
+    flip_byte(tmp_path / "cache" / "n1" / fast_tier.data_name(6, 0))
+    wipe(tmp_path, "n2")
+    results = run(tmp_path, 3, "restore", moved, redundancy="xor", set=3)
+    assert [(r["step"], r["same"]) for r in results] == [(DRAINED, True)] * 3
+    name = fast_tier.manifest_name(6, 0)
+    (ev,) = events_of(tmp_path, "local_set_aside")
+    assert (ev["step"], ev["node"], ev["file"]) == (6, "n1", name), ev
+    assert "checksum" in ev["reason"], ev
+    # rank 1's rebuilt copy failed too, but from rank 0's bytes: nothing else is set aside
+    assert set_aside_files(tmp_path) == [f"n1/{name}.bad"]
+    results = run(tmp_path, 3, "restore", moved, redundancy="xor", set=3)
+    assert [(r["step"], r["same"]) for r in results] == [(DRAINED, True)] * 3
+    assert len(events_of(tmp_path, "local_set_aside")) == 1
+    second = events_of(tmp_path, "local_skipped")[-1]
+    assert "both lost" in second["reason"], second
+
+
+def test_copies_that_are_only_incomplete_or_of_other_nodes_are_never_set_aside(tmp_path):
+    nodes = ["n1", "n2", "n3"]
+    # step 6 died before its redundancy was sealed on rank 1 (newer than complete)
+    run(tmp_path, 3, "save", nodes, "redundancy.encoded:1:6", redundancy="xor", set=3)
+    wipe(tmp_path, "n2", "n3")  # and two members of the set lost: step 5 cannot rebuild
+    results = run(tmp_path, 3, "restore", ["n1", "n4", "n5"], redundancy="xor", set=3)
+    assert [(r["step"], r["same"]) for r in results] == [(DRAINED, True)] * 3
+    assert events_of(tmp_path, "local_skipped")  # not used, and not damaged:
+    assert set_aside_files(tmp_path) == [] and events_of(tmp_path, "local_set_aside") == []
+    # a requeue onto nodes that never held them leaves them alone as well
+    results = run(tmp_path, 3, "restore", ["m1", "m2", "m3"], redundancy="xor", set=3)
+    assert [r["step"] for r in results] == [DRAINED] * 3
+    assert set_aside_files(tmp_path) == [] and events_of(tmp_path, "local_set_aside") == []
+
+
+def test_until_the_restored_checkpoint_is_drained_a_second_loss_falls_back(tmp_path):
+    # The rebuilt member's own parity is not written again at restore: until the drain of
+    # the restored checkpoint commits, its set cannot survive a second loss.
+    run(tmp_path, 3, "save", ["n1", "n2", "n3"], redundancy="xor", set=3)
+    wipe(tmp_path, "n2")
+    # rank 1 rebuilt on n4; the job dies while the restored step 6 drains
+    run(tmp_path, 3, "restore", ["n1", "n4", "n3"], "drain.writing::6", redundancy="xor", set=3)
+    assert [e.step for e in layout.scan(tmp_path / "ck")] == [DRAINED]
+    assert not (tmp_path / "cache" / "n4" / redundancy.manifest_name(6, 1)).exists()
+    wipe(tmp_path, "n3")
+    results = run(tmp_path, 3, "restore", ["n1", "n4", "n5"], redundancy="xor", set=3)
+    assert [(r["step"], r["same"]) for r in results] == [(DRAINED, True)] * 3
+    skipped = events_of(tmp_path, "local_skipped")[-1]
+    assert skipped["step"] == 6 and "parity of rank 1" in skipped["reason"], skipped
+
+
+def test_once_the_restored_checkpoint_is_drained_a_second_loss_loses_nothing(tmp_path):
+    run(tmp_path, 3, "save", ["n1", "n2", "n3"], redundancy="xor", set=3)
+    wipe(tmp_path, "n2")
+    results = run(tmp_path, 3, "restore", ["n1", "n4", "n3"], redundancy="xor", set=3)
+    assert [r["step"] for r in results] == [6] * 3
+    assert [e.step for e in layout.scan(tmp_path / "ck")] == [6, DRAINED]  # drained
+    wipe(tmp_path, "n3")
+    results = run(tmp_path, 3, "restore", ["n1", "n4", "n5"], redundancy="xor", set=3)
+    assert [(r["step"], r["same"]) for r in results] == [(6, True)] * 3
+    assert restores(tmp_path)[-1]["tier"] == "directory"

@@ -1,0 +1,50 @@
+"""What a save and a restore of the store return (:class:`SaveResult`, :class:`RestoreResult`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    step: int
+    path: Path
+    bytes_written: int  # summed over ranks
+    seconds: float  # wall time of the slowest rank, commit included
+    kind: str = "full"  # or "incremental": only the changed blocks were written
+    dirty_blocks: int = 0  # blocks written, over all ranks
+    total_blocks: int = 0  # blocks of the whole state, over all ranks
+    #: Staged saves: seconds the ranks were blocked (``seconds`` is staging to commit).
+    blocked_seconds: float | None = None
+    #: The largest resident set of a rank from the start of the save to its commit.
+    peak_rss: int = 0
+    #: Staged in memory: "copy" (whole) or "pieces" (through a ring), and the bytes held.
+    staging: str | None = None
+    staging_bytes: int = 0
+    #: Synchronous saves: "direct" or "buffered", and the choice made after it, if any
+    #: (:mod:`.write_path`: the rates measured, the path kept).
+    write_path: str | None = None
+    write_decision: dict[str, Any] | None = None
+    #: "directory" (committed there), or "cache": a node-local checkpoint only.
+    tier: str = "directory"
+
+    @property
+    def dirty_fraction(self) -> float:
+        """Fraction of the state's blocks this save wrote (1.0 for a full checkpoint)."""
+        return self.dirty_blocks / self.total_blocks if self.total_blocks else 1.0
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    step: int
+    path: Path
+    skipped: list[tuple[int, str]]  # newer checkpoints found bad, with the reason
+    saved_ranks: int = 0  # how many ranks wrote the restored checkpoint
+    source: str = "directory"  # or "cache": a node-local copy newer than the directory's
+    rebuilt: tuple[int, ...] = ()  # ranks whose node-local data was rebuilt
+    rebuilt_from: str | None = None  # "partner" or "xor"
+    moved: tuple[int, ...] = ()  # ranks whose node-local files came from another node
+    #: Node-local checkpoints newer than the one restored that could not be, with why.
+    local_skipped: tuple[tuple[int, str], ...] = ()
