@@ -20,7 +20,7 @@ from hpcckpt.job.outcome import EXIT_NO_FINISH, EXIT_OK
 from hpcckpt.rundir.env import ATTEMPT_ENV, DIR_ENV, SIGNAL_ENV, SRUN_ENV
 from hpcckpt.rundir.verbosity import NORMAL
 from hpcckpt.signames import signal_name
-from hpcckpt.slurm.env import SlurmEnv
+from hpcckpt.slurm.env import SlurmEnv, kill_on_bad_exit_set
 from hpcckpt.slurm.runner import REQUEUE_TIMEOUT
 
 __all__ = [
@@ -126,7 +126,7 @@ def srun_command(
     waits for them until the job's time limit.
     """
     env = os.environ if environ is None else environ
-    chosen = "SLURM_KILL_BAD_EXIT" in env or any(
+    chosen = kill_on_bad_exit_set(env) or any(
         a == "-K" or a.startswith(("--kill-on-bad-exit", "-K")) for a in args
     )
     extra = [KILL_ON_BAD_EXIT] if kill_on_bad_exit and not chosen else []

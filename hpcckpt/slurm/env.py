@@ -97,6 +97,12 @@ def allocation(environ: Mapping[str, str] | None = None) -> list[str]:
     return expand_hostlist(nodelist(environ) or "")
 
 
+def kill_on_bad_exit_set(environ: Mapping[str, str] | None = None) -> bool:
+    """True if ``SLURM_KILL_BAD_EXIT`` is set: the user chose srun's ``--kill-on-bad-exit``."""
+    env = os.environ if environ is None else environ
+    return "SLURM_KILL_BAD_EXIT" in env
+
+
 def is_slurm_variable(name: str) -> bool:
     """Slurm's own per-job variables (``SLURM_*`` except ``SLURM_CONF``, which names the
     cluster): what a new job or a daemon must not inherit."""

@@ -60,3 +60,10 @@ def test_node_count(environ, expected):
 def test_job_id_old_spelling_and_blank():
     assert slurm.job_id({"SLURM_JOBID": "77"}) == "77"
     assert slurm.job_id({"SLURM_JOB_ID": " "}) is None
+
+
+def test_kill_on_bad_exit_set_only_when_the_variable_exists():
+    from hpcckpt.slurm.env import kill_on_bad_exit_set
+
+    assert kill_on_bad_exit_set({"SLURM_KILL_BAD_EXIT": "0"})
+    assert not kill_on_bad_exit_set({"SLURM_JOB_ID": "1"})
