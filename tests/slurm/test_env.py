@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hpcckpt import slurm
+from hpcckpt.slurm.env import kill_on_bad_exit_set
 
 
 def test_outside_slurm_defaults():
@@ -63,7 +64,5 @@ def test_job_id_old_spelling_and_blank():
 
 
 def test_kill_on_bad_exit_set_only_when_the_variable_exists():
-    from hpcckpt.slurm.env import kill_on_bad_exit_set
-
     assert kill_on_bad_exit_set({"SLURM_KILL_BAD_EXIT": "0"})
     assert not kill_on_bad_exit_set({"SLURM_JOB_ID": "1"})
