@@ -176,6 +176,8 @@ class Wrapper:
         note = ""
         if not own and signum not in (self.config.stop_signal, signal.SIGTERM, signal.SIGINT):
             note = f" (not the configured --signal {signal_name(self.config.stop_signal)})"
+        if signum == signal.SIGTERM and not own:
+            self.continuing.term_heard = True  # scancel? asked before continuing the job
         if signum == signal.SIGINT:
             self.stop.interrupts += 1
             if self.stop.interrupts >= 3 and self.child is not None and self.child.poll() is None:

@@ -46,6 +46,7 @@ _KNOWN = {
     evlog.NOT_BATCH_SHELL,
     evlog.END_TIME_STOP,
     evlog.PREEMPTED,
+    evlog.CANCELLED,
 }
 
 

@@ -53,6 +53,7 @@ SIGNAL_DELIVERED = "signal_delivered"
 NOT_BATCH_SHELL = "not_batch_shell"
 END_TIME_STOP = "end_time_stop"
 PREEMPTED = "preempted"
+CANCELLED = "cancelled"
 # written by the Checkpointer's rank 0
 START = "start"
 RESTORE = "restore"
@@ -85,6 +86,7 @@ END_EVENTS = frozenset(
         CHAIN_FAILED,
         CHAIN_SUBMITTED,
         GIVE_UP,
+        CANCELLED,
     }
 )
 

@@ -438,3 +438,52 @@ def test_preemption_checkpoints_within_grace_and_requeues_once(preempt_cluster, 
         assert [e["signal"] for e in delivered] == ["TERM"], text
         assert not events_of(ckpt, "preempted"), text
     assert (tmp_path / "out.bin").read_bytes() == expected
+
+
+def test_scancel_keeps_newest_set_and_resubmission_resumes(slurm_cluster, tmp_path, stopapp):
+    """`scancel JOB` while a kept set exists, during the application's TERM write: the job
+    ends CANCELLED and is not requeued; the kept set stays; the file cut by the kill is
+    replaced by it at the next submission, which resumes from it; result identical."""
+    mode = ["term", "400", "50"]
+    expected = reference(stopapp, tmp_path, mode)
+    env = cluster_env(slurm_cluster)
+    ckpt, log = tmp_path / "ckpt", tmp_path / "job.out"
+    wrapper = [HPCCKPT, "srun", "--ckpt-dir", str(ckpt), "--app-signal", "TERM",
+               "--restart-files", f"{tmp_path}/rs.*", "--", "--mpi=pmix", "-n", "2",
+               *app_args(stopapp, tmp_path, mode)]  # fmt: skip
+    script = write_script(tmp_path / "job.sbatch", "exec " + shlex.join(wrapper))
+    submit = ["--time=5", "-n", "2", "--requeue", "--open-mode=append", f"--output={log}", script]
+    job = sbatch(submit, env, cwd=str(tmp_path))
+    acted: set[int] = set()
+
+    def stop_then_cancel(restart: int, running_for: float) -> None:
+        if restart == 0 and 0 not in acted and running_for > 6:
+            acted.add(0)  # a kept set first: the time-limit stop, as Slurm's B:USR1 does
+            subprocess.run(["scancel", "-b", "--signal=USR1", job], env=env, timeout=30)
+        if restart == 1 and 1 not in acted and running_for > 8:
+            acted.add(1)
+            subprocess.run(["scancel", job], env=env, timeout=30)
+
+    info = drive(job, env, ckpt, timeout=300, on_start=stop_then_cancel)
+    text = log_of(log)
+    assert acted == {0, 1}, text
+    assert info["JobState"] == "CANCELLED" and int(info["Restarts"]) == 1, (info, text)
+    assert [e["cause"] for e in events_of(ckpt, "requeue")] == ["stop"], text
+    assert events_of(ckpt, "cancelled") and not events_of(ckpt, "give_up"), text
+    assert "was cancelled (scancel): not continuing it" in text, text
+    sets = events_of(ckpt, "restart_set")
+    assert len(sets) == 1 and sets[0]["stop"] and sets[0]["restart"] == 0, text
+    full = 12 + 2000 * 8 + 4
+    sizes = [(tmp_path / f"rs.{r}").stat().st_size for r in range(2)]
+    assert min(sizes) < full, f"the kill did not cut the TERM write: {sizes}\n{text}"
+    again = sbatch(submit, env, cwd=str(tmp_path))
+    info = drive(again, env, ckpt, timeout=300)
+    text = log_of(log)
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 0, (info, text)
+    checked = [e for e in events_of(ckpt, "restart_files_checked") if e["job_id"] == again]
+    assert checked and checked[0]["restored"] is True and checked[0]["set"] == 1, checked
+    assert any("rs." in p for p in checked[0]["problems"]), checked
+    resumed = [int(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("stopapp: resuming after step")]  # fmt: skip
+    assert len(resumed) == 2 and resumed[0] == resumed[1], text  # twice from set 1
+    assert (tmp_path / "out.bin").read_bytes() == expected
