@@ -571,13 +571,16 @@ class Wrapper:
             self.command = node_failures.before_start()
         except relaunch.RelaunchError as exc:
             raise WrapperError(str(exc)) from None
+        stop_in = None  # what HPCCKPT_INTERVAL is fitted to
+        if cfg.app_mode and (cfg.ckpt_every or self.own is not None):
+            stop_in = self.stops.seconds_to_stop(self.continuation is not None)
         extra = (
-            self.app.prepare(restart=self.restart, nodes=self.slurm_env.num_nodes)
+            self.app.prepare(restart=self.restart, nodes=self.slurm_env.num_nodes, stop_in=stop_in)
             if cfg.app_mode
             else {}
         )
         if self.own is not None:
-            extra.update(self.own.prepare())
+            extra.update(self.own.prepare(stop_in))
         self.hang = self._start_hang_watch()  # clears the heartbeats of earlier attempts
         failed = self.start_child(extra)
         self.stops.arm(self.continuation is not None)

@@ -45,6 +45,7 @@ _KNOWN = {
     evlog.SIGNAL_DELIVERED,
     evlog.NOT_BATCH_SHELL,
     evlog.END_TIME_STOP,
+    evlog.END_TIME_MOVED,
     evlog.PREEMPTED,
     evlog.CANCELLED,
 }
