@@ -293,8 +293,13 @@ class Wrapper:
         if got.note:
             self.log(f"note: {got.note}", WARN)
         if got.path != "launcher":  # a path other than kill(launcher): say which
+            per_node = {"nodes": got.per_node} if got.per_node else {}  # each node's signaller
             self.event(
-                events.SIGNAL_DELIVERED, signal=signal_name(sig), path=got.path, targets=got.targets
+                events.SIGNAL_DELIVERED,
+                signal=signal_name(sig),
+                path=got.path,
+                targets=got.targets,
+                **per_node,
             )
         return got
 

@@ -220,19 +220,20 @@ def _heat_words(tmp_path: Path, steps: int) -> list[str]:
 
 
 def test_no_signal_time_limit_both_kinds(slurm_cluster, tmp_path, stopapp):
-    """No #SBATCH --signal, --time=1: the wrapper's end-time stop checkpoints both an
-    --app-signal TERM app and a Checkpointer app whose own deadline is off
-    (HPCCKPT_END_TIME=unlimited) before the limit; requeue, resume, results identical."""
+    """No #SBATCH --signal, --time=2 (the two kinds as concurrent jobs): the wrapper's
+    end-time stop checkpoints both an --app-signal TERM app and a Checkpointer app whose
+    own deadline is off (HPCCKPT_END_TIME=unlimited) before the limit; requeue, resume,
+    results identical."""
     import numpy as np
 
     env = cluster_env(slurm_cluster)
     c_dir, api_dir = tmp_path / "c", tmp_path / "api"
     c_dir.mkdir()
     api_dir.mkdir()
-    mode = ["term", "300", "50"]
+    mode = ["term", "2000", "50"]  # 100 s: longer than one segment
     expected = reference(stopapp, c_dir, mode, ranks=1)
     ref = subprocess.run(
-        ["mpirun", "-n", "1", *_heat_words(api_dir, 600)[:-2], "--sleep", "0", "--ckpt-dir",
+        ["mpirun", "-n", "1", *_heat_words(api_dir, 1500)[:-2], "--sleep", "0", "--ckpt-dir",
          str(api_dir / "ref-ckpt"), "--out", str(api_dir / "ref.npy")],  # fmt: skip
         env=mpi_env(), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -241,12 +242,12 @@ def test_no_signal_time_limit_both_kinds(slurm_cluster, tmp_path, stopapp):
                          "TERM", "--restart-files", f"{c_dir}/rs.*", "--",
                          "--mpi=pmix", "-n", "1", *app_args(stopapp, c_dir, mode)])  # fmt: skip
     api_line = shlex.join([HPCCKPT, "srun", "--ckpt-dir", str(api_dir / "ckpt"), "--",
-                           "--mpi=pmix", "-n", "1", *_heat_words(api_dir, 600)])  # fmt: skip
+                           "--mpi=pmix", "-n", "1", *_heat_words(api_dir, 1500)])  # fmt: skip
     jobs = []
     no_deadline = "export HPCCKPT_END_TIME=unlimited\n"
     for where, line, header in ((c_dir, c_line, ""), (api_dir, api_line, no_deadline)):
         script = write_script(where / "job.sbatch", "exec " + line, header)
-        jobs.append(sbatch(["--time=1", "-n", "1", "--requeue", "--open-mode=append",
+        jobs.append(sbatch(["--time=2", "-n", "1", "--requeue", "--open-mode=append",
                             f"--output={where}/job.out", script], env, cwd=str(where)))  # fmt: skip
     wheres = (c_dir, api_dir)
     infos = [drive(job, env, w / "ckpt", timeout=400) for job, w in zip(jobs, wheres, strict=True)]
@@ -486,4 +487,78 @@ def test_scancel_keeps_newest_set_and_resubmission_resumes(slurm_cluster, tmp_pa
     resumed = [int(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("stopapp: resuming after step")]  # fmt: skip
     assert len(resumed) == 2 and resumed[0] == resumed[1], text  # twice from set 1
+    assert (tmp_path / "out.bin").read_bytes() == expected
+
+
+def _own_schedule_job(tmp_path: Path, stopapp: Path, mode: list[str], header: str = "") -> Path:
+    wrapper = [HPCCKPT, "srun", "--ckpt-dir", str(tmp_path / "ckpt"), "--settle", "1",
+               "--restart-files", f"{tmp_path}/rs.*", "--", "--mpi=pmix", "-n", "2",
+               *app_args(stopapp, tmp_path, mode)]  # fmt: skip
+    return write_script(tmp_path / "job.sbatch", "exec " + shlex.join(wrapper), header)
+
+
+def test_own_schedule_limit_shortened_mid_run(slurm_cluster, tmp_path, stopapp):
+    """An app on its own schedule, no --signal, --time=5; 10 s in, an administrator
+    shortens the limit to 2 minutes (scontrol update TimeLimit=2). The wrapper reads the
+    end time again, moves its end-time stop, ends the step between two writes: a stop,
+    requeued; the next segment resumes; result identical."""
+    mode = ["periodic", "3000", "50", "40"]  # 150 s of work, a write every 2 s
+    expected = reference(stopapp, tmp_path, mode)
+    env = cluster_env(slurm_cluster)
+    ckpt, log = tmp_path / "ckpt", tmp_path / "job.out"
+    script = _own_schedule_job(tmp_path, stopapp, mode)
+    job = sbatch(["--time=5", "-n", "2", "--requeue", "--open-mode=append", f"--output={log}",
+                  script], env, cwd=str(tmp_path))  # fmt: skip
+    shortened: list[float] = []
+
+    def shorten(restart: int, running_for: float) -> None:
+        if restart == 0 and not shortened and running_for > 10:
+            shortened.append(time.time())
+            subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=2"], env=env,
+                           check=True, capture_output=True, timeout=30)  # fmt: skip
+
+    info = drive(job, env, ckpt, timeout=500, on_start=shorten)
+    text = log_of(log)
+    assert shortened, text
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, text
+    moved = [e for e in events_of(ckpt, "end_time_moved") if e["restart"] == 0]
+    assert moved and moved[0]["by"] < -150, text  # 5 min -> 2 min
+    assert "the job's end time moved earlier by" in text, text
+    stops = events_of(ckpt, "end_time_stop")
+    assert stops and stops[0]["restart"] == 0 and stops[0]["left"] > 5, text
+    ends = [e["outcome"] for e in events_of(ckpt, "step_end")]
+    assert ends[-1] == "finished" and set(ends[:-1]) == {"stopped"}, text
+    assert [e["cause"] for e in events_of(ckpt, "requeue")] == ["stop"] * (len(ends) - 1)
+    assert "TIMEOUT" not in text and "HPCCKPT_INTERVAL=" in text, text
+    assert (tmp_path / "out.bin").read_bytes() == expected
+
+
+def test_own_schedule_slurm_term_at_the_limit_first(slurm_cluster, tmp_path, stopapp):
+    """An app on its own schedule, no --signal, and an end time the wrapper cannot read
+    (squeue fails): only Slurm's TERM at the time limit comes, to the batch shell, srun
+    and the tasks at once. The newest complete set is kept, the job is requeued within
+    KillWait (a stop), a cut file is replaced at the next start; result identical."""
+    mode = ["periodic", "2400", "50", "40"]  # 120 s of work: two or more segments
+    expected = reference(stopapp, tmp_path, mode)
+    env = cluster_env(slurm_cluster)
+    ckpt, log = tmp_path / "ckpt", tmp_path / "job.out"
+    script = _own_schedule_job(tmp_path, stopapp, mode, "export HPCCKPT_SQUEUE=/bin/false\n")
+    job = sbatch(["--time=1", "-n", "2", "--requeue", "--open-mode=append", f"--output={log}",
+                  script], env, cwd=str(tmp_path))  # fmt: skip
+    info = drive(job, env, ckpt, timeout=500)
+    text = log_of(log)
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, text
+    assert "note: no end-time stop" in text and not events_of(ckpt, "end_time_stop"), text
+    term = [e for e in events_of(ckpt, "signal") if e["name"] == "TERM"]
+    assert term and term[0]["restart"] == 0, text
+    ends = [e["outcome"] for e in events_of(ckpt, "step_end")]
+    assert ends[-1] == "finished" and set(ends[:-1]) == {"stopped"}, text
+    requeues = events_of(ckpt, "requeue")
+    assert [e["cause"] for e in requeues] == ["stop"] * (len(ends) - 1), text
+    for ev in requeues:  # within KillWait (10 s here) of Slurm's TERM
+        heard = [e for e in term if e["attempt"] == ev["attempt"]]
+        assert heard and ev["time"] - heard[0]["time"] < 10, (ev, heard)
+    kept = [e for e in events_of(ckpt, "restart_set") if e["restart"] == 0]
+    checked = [e for e in events_of(ckpt, "restart_files_checked") if e["restart"] == 1]
+    assert kept and checked and checked[0]["set"] == kept[-1]["set"], text
     assert (tmp_path / "out.bin").read_bytes() == expected
