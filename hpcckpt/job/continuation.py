@@ -4,8 +4,8 @@ After a stop (time limit, preemption) the job continues by ``scontrol requeue`` 
 ``--chain``, a new job depending on this one (:mod:`hpcckpt.slurm.chain`). After a
 crash it continues only within the restart budget and if the attempt made progress
 (:mod:`hpcckpt.job.budget`); after a poisoned state (:mod:`hpcckpt.job.poison`) never;
-after ``scancel`` never (Slurm would requeue even a cancelled job, so the wrapper asks
-``scontrol show job`` once it heard a TERM).
+after ``scancel`` never (``scontrol requeue`` also takes a finished job, so the wrapper
+asks ``scontrol show job`` once it heard a TERM).
 Every decision is one log line and one event, written through the wrapper's
 :class:`Reporter`.
 """

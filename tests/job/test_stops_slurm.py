@@ -562,3 +562,50 @@ def test_own_schedule_slurm_term_at_the_limit_first(slurm_cluster, tmp_path, sto
     checked = [e for e in events_of(ckpt, "restart_files_checked") if e["restart"] == 1]
     assert kept and checked and checked[0]["set"] == kept[-1]["set"], text
     assert (tmp_path / "out.bin").read_bytes() == expected
+
+
+def test_term_app_mpirun_two_nodes_each_node_signals_its_own_ranks(
+    slurm_cluster_nodes, tmp_path, stopapp
+):
+    """`hpcckpt run -- mpirun` on 2 nodes, --app-signal TERM: the wrapper's node cannot see
+    the other node's ranks in a real cluster's /proc, so a signaller on every node
+    (srun --overlap) signals the ranks of its own node only (every "node" here shares one
+    /proc: each signaller must filter by its node name, and reports one rank). Three
+    segments; result identical."""
+    cluster = slurm_cluster_nodes(2)
+    mode = ["term", "400", "50"]
+    expected = reference(stopapp, tmp_path, mode)
+    env = cluster_env(cluster)
+    ckpt, log = tmp_path / "ckpt", tmp_path / "job.out"
+    app = app_args(stopapp, tmp_path, mode)
+    wrapper = [HPCCKPT, "run", "--ckpt-dir", str(ckpt), "--app-signal", "TERM",
+               "--restart-files", f"{tmp_path}/rs.*", "--", "mpirun", "-n", "2", "--map-by",
+               "node", *app]  # fmt: skip
+    script = write_script(tmp_path / "job.sbatch", "exec " + shlex.join(wrapper))
+    submit = ["--time=5", "-N", "2", "--ntasks-per-node=1", "--requeue", "--open-mode=append"]
+    job = sbatch([*submit, f"--output={log}", script], env, cwd=str(tmp_path))
+    signalled: set[int] = set()
+
+    def stop_twice(restart: int, running_for: float) -> None:
+        if restart < 2 and restart not in signalled and running_for > 6:
+            signalled.add(restart)
+            subprocess.run(["scancel", "-b", "--signal=USR1", job], env=env, timeout=30)
+
+    info = drive(job, env, ckpt, timeout=400, on_start=stop_twice)
+    text = log_of(log)
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 2, text
+    delivered = events_of(ckpt, "signal_delivered")
+    assert [(e["signal"], e["path"]) for e in delivered] == [("TERM", "nodes")] * 2, text
+    for ev in delivered:
+        reports = ev["nodes"]
+        assert [r["node"] for r in reports] == ["n1", "n2"], reports
+        assert all(len(r["ranks"]) == 1 and len(r["pids"]) == 1 for r in reports), reports
+        assert sorted(r["ranks"][0] for r in reports) == [0, 1], reports
+    assert "by a signaller on every node (n1: rank" in text, text
+    assert text.count("stopapp: stop signal; writing restart files") == 2, text
+    ends = [e["outcome"] for e in events_of(ckpt, "step_end")]
+    assert ends == ["stopped", "stopped", "finished"], text
+    resumed = [int(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("stopapp: resuming after step")]  # fmt: skip
+    assert len(resumed) == 2 and 0 < resumed[0] < resumed[1] < 400, text
+    assert (tmp_path / "out.bin").read_bytes() == expected
