@@ -135,16 +135,20 @@ class Continuation:
 
     def _cancelled(self, code: int) -> bool:
         """After a TERM: was the job cancelled (``scancel``)? Then say so and do not continue
-        it (``scontrol requeue`` would bring a cancelled job back). False when scontrol
-        cannot tell."""
+        it (measured: ``scontrol requeue`` during the cancel's KillWait brings the job back,
+        PENDING with ``Restarts`` + 1). False when scontrol cannot tell."""
         job = jobid.target(self.environ) or self.slurm_env.job_id
         if not self.term_heard or job is None:
             return False
         try:
-            state = slurm.show_job(job, environ=self.environ).get("JobState", "")
-        except (SlurmError, ValueError):
+            info = slurm.show_job(job, environ=self.environ)
+        except (SlurmError, ValueError) as exc:
+            self.reporter.log(f"note: cannot tell whether job {job} was cancelled: {exc}")
             return False
-        if state != "CANCELLED":
+        state, reason = info.get("JobState", ""), info.get("Reason", "")
+        # While its processes are being killed a job shows COMPLETING; the reason tells a
+        # cancel (None) from the time limit (TimeLimit), a preemption or a node failure.
+        if not (state == "CANCELLED" or (state == "COMPLETING" and reason in ("", "None"))):
             return False
         self.reporter.log(
             f"job {job} was cancelled (scancel): not continuing it. The newest complete "

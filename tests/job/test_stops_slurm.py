@@ -455,26 +455,31 @@ def test_scancel_keeps_newest_set_and_resubmission_resumes(slurm_cluster, tmp_pa
     script = write_script(tmp_path / "job.sbatch", "exec " + shlex.join(wrapper))
     submit = ["--time=5", "-n", "2", "--requeue", "--open-mode=append", f"--output={log}", script]
     job = sbatch(submit, env, cwd=str(tmp_path))
-    acted: set[int] = set()
+    acted: set[str] = set()
+    full = 12 + 2000 * 8 + 4  # header, the rank's cells, the trailer (stopapp.c)
 
     def stop_then_cancel(restart: int, running_for: float) -> None:
-        if restart == 0 and 0 not in acted and running_for > 6:
-            acted.add(0)  # a kept set first: the time-limit stop, as Slurm's B:USR1 does
+        if restart == 0 and "kept" not in acted and running_for > 6:
+            acted.add("kept")  # a kept set first: the time-limit stop, as Slurm's B:USR1 does
             subprocess.run(["scancel", "-b", "--signal=USR1", job], env=env, timeout=30)
-        if restart == 1 and 1 not in acted and running_for > 8:
-            acted.add(1)
-            subprocess.run(["scancel", job], env=env, timeout=30)
+        if restart == 1 and "stop" not in acted and running_for > 6:
+            acted.add("stop")  # the next stop's TERM write is under way (10 pieces, 11 s) ...
+            subprocess.run(["scancel", "-b", "--signal=USR1", job], env=env, timeout=30)
+        elif "stop" in acted and "cancel" not in acted:
+            size = (tmp_path / "rs.0").stat().st_size
+            if 12 < size < full:  # ... when the job is cancelled: the kill cuts it
+                acted.add("cancel")
+                subprocess.run(["scancel", job], env=env, timeout=30)
 
     info = drive(job, env, ckpt, timeout=300, on_start=stop_then_cancel)
     text = log_of(log)
-    assert acted == {0, 1}, text
+    assert acted == {"kept", "stop", "cancel"}, text
     assert info["JobState"] == "CANCELLED" and int(info["Restarts"]) == 1, (info, text)
     assert [e["cause"] for e in events_of(ckpt, "requeue")] == ["stop"], text
     assert events_of(ckpt, "cancelled") and not events_of(ckpt, "give_up"), text
     assert "was cancelled (scancel): not continuing it" in text, text
     sets = events_of(ckpt, "restart_set")
     assert len(sets) == 1 and sets[0]["stop"] and sets[0]["restart"] == 0, text
-    full = 12 + 2000 * 8 + 4
     sizes = [(tmp_path / f"rs.{r}").stat().st_size for r in range(2)]
     assert min(sizes) < full, f"the kill did not cut the TERM write: {sizes}\n{text}"
     again = sbatch(submit, env, cwd=str(tmp_path))
