@@ -555,6 +555,8 @@ class Wrapper:
         where = f"Slurm job {self.slurm_env.job_id}" if self.slurm_env.in_job else "outside Slurm"
         cont = self.continuation or "off"
         mode = f"; application signal {self._fwd_name()}" if cfg.app_mode else ""
+        if self.own is not None:
+            mode = "; the application takes no signal"
         self.log(
             f"attempt {self.attempt} ({where}, restart {self.restart}); "
             f"checkpoints in {cfg.ckpt_dir}; stop signal {signal_name(cfg.stop_signal)}{mode}; "
