@@ -82,6 +82,22 @@ def environ(pid: int) -> dict[str, str]:
     return env
 
 
+def environs_with(key: str) -> dict[int, dict[str, str]]:
+    """``{pid: environment}`` of every process whose environment has ``key``."""
+    found = {}
+    for pid in all_pids():
+        env = environ(pid)
+        if key in env:
+            found[pid] = env
+    return found
+
+
+def topmost(pids: set[int]) -> list[int]:
+    """Those of ``pids`` whose parent is not one of them (a rank started through ``sh -c``
+    is the shell, as its launcher sees it), sorted."""
+    return sorted(pid for pid in pids if parent_of(pid) not in pids)
+
+
 def all_pids() -> list[int]:
     """Every process id in ``/proc``."""
     try:

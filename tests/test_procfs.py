@@ -41,3 +41,23 @@ def test_start_ticks_tell_a_reused_pid_and_our_own_start():
     assert "PATH" in procfs.environ(os.getpid())
     started = procfs.process_start_monotonic()
     assert started <= time.monotonic()
+
+
+def test_environs_with_and_topmost():
+    """A process whose environment has the key is found with it; of a shell and the
+    process it started, only the shell is topmost."""
+    key = f"HPCCKPT_PROCFS_TEST_{os.getpid()}"
+    env = dict(os.environ, **{key: "1"})
+    shell = subprocess.Popen(["sh", "-c", "sleep 30; true"], env=env)
+    try:
+        deadline = time.monotonic() + 10
+        while len(procfs.environs_with(key)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        found = procfs.environs_with(key)
+        assert shell.pid in found and found[shell.pid][key] == "1" and len(found) == 2
+        assert procfs.topmost(set(found)) == [shell.pid]
+    finally:
+        for pid in procfs.descendants(shell.pid):
+            os.kill(pid, 9)
+        shell.kill()
+        shell.wait()

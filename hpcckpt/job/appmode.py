@@ -51,8 +51,9 @@ class AppMode:
         self.stop_set_registered = False
         self.ended_by_wrapper = False
 
-    def prepare(self, *, restart: int, nodes: int) -> dict[str, str]:
-        """Check the restart files, set up the schedule; the extra environment of the step."""
+    def prepare(self, *, restart: int, nodes: int, stop_in: float | None = None) -> dict[str, str]:
+        """Check the restart files, set up the schedule; the extra environment of the step
+        (``stop_in``: seconds left before the end-time stop, for ``HPCCKPT_INTERVAL``)."""
         cfg, ctx = self.config, self.ctx
         extra: dict[str, str] = {}
         resuming = restart > 0
@@ -97,7 +98,7 @@ class AppMode:
                 )
             except ValueError as exc:
                 raise WrapperError(f"--ckpt-every {cfg.ckpt_every}: {exc}") from None
-            extra[INTERVAL_ENV] = str(max(1, round(self.schedule.interval())))
+            extra[INTERVAL_ENV] = str(self.schedule.exported(stop_in))
         extra[RESTART_ENV] = "1" if resuming else "0"
         return extra
 

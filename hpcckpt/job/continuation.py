@@ -3,7 +3,9 @@
 After a stop (time limit, preemption) the job continues by ``scontrol requeue`` or, with
 ``--chain``, a new job depending on this one (:mod:`hpcckpt.slurm.chain`). After a
 crash it continues only within the restart budget and if the attempt made progress
-(:mod:`hpcckpt.job.budget`); after a poisoned state (:mod:`hpcckpt.job.poison`) never.
+(:mod:`hpcckpt.job.budget`); after a poisoned state (:mod:`hpcckpt.job.poison`) never;
+after ``scancel`` never (``scontrol requeue`` also takes a finished job, so the wrapper
+asks ``scontrol show job`` once it heard a TERM).
 Every decision is one log line and one event, written through the wrapper's
 :class:`Reporter`.
 """
@@ -44,6 +46,8 @@ class Continuation:
         self.environ = environ
         self.attempt = attempt
         self.restart = restart
+        #: The wrapper heard a TERM: the job may be cancelled (``scancel``), not stopped.
+        self.term_heard = False
 
     @property
     def how(self) -> str | None:
@@ -71,6 +75,8 @@ class Continuation:
             events.CRASHED, exit_code=rc, reason=result.reason, step=step, wrapper_exit=code
         )
         how = self.how
+        if how is not None and self._cancelled(code):
+            return code
         if how is None:
             if self.slurm_env.in_job:
                 self.reporter.log(
@@ -122,8 +128,36 @@ class Continuation:
             self.reporter.log(f"stopped{at_step} after checkpoint; run again to resume ({why})")
             self.reporter.event(events.STOPPED, step=step, requeued=False, reason=why)
             return EXIT_OK
+        if self._cancelled(EXIT_OK):
+            return EXIT_OK
         self.reporter.log(f"stopped{at_step} after checkpoint")
         return self.continue_job("stop", step)
+
+    def _cancelled(self, code: int) -> bool:
+        """After a TERM: was the job cancelled (``scancel``)? Then say so and do not continue
+        it (measured: ``scontrol requeue`` during the cancel's KillWait brings the job back,
+        PENDING with ``Restarts`` + 1). False when scontrol cannot tell."""
+        job = jobid.target(self.environ) or self.slurm_env.job_id
+        if not self.term_heard or job is None:
+            return False
+        try:
+            info = slurm.show_job(job, environ=self.environ)
+        except (SlurmError, ValueError) as exc:
+            self.reporter.log(f"note: cannot tell whether job {job} was cancelled: {exc}")
+            return False
+        state, reason = info.get("JobState", ""), info.get("Reason", "")
+        # While its processes are being killed a job shows COMPLETING; the reason tells a
+        # cancel (None) from the time limit (TimeLimit), a preemption or a node failure.
+        if not (state == "CANCELLED" or (state == "COMPLETING" and reason in ("", "None"))):
+            return False
+        self.reporter.log(
+            f"job {job} was cancelled (scancel): not continuing it. The newest complete "
+            f"checkpoint stays in {self.config.ckpt_dir}; submit the same batch script again "
+            "to resume from it",
+            WARN,
+        )
+        self.reporter.event(events.CANCELLED, job_id=job, wrapper_exit=code)
+        return True
 
     def continue_job(self, cause: str, step: int | None) -> int:
         """Requeue this job or submit the next link of the chain; 0 or EXIT_CONTINUE_FAILED."""

@@ -15,11 +15,14 @@ measured on the local cluster; docs/wrapper.md "How the signal reaches the ranks
 - **mpirun**, USR1/USR2: ``kill`` to mpirun, which forwards them to every rank.
 - **mpirun**, any other signal: mpirun answers TERM/INT with SIGCONT, TERM one second
   later and SIGKILL one second after that (``odls_base_sigkill_timeout``), so the rank
-  processes are signalled directly: the processes below mpirun carrying
-  ``OMPI_COMM_WORLD_RANK`` whose parent does not (a rank started through ``sh -c`` is
-  signalled at the shell, as mpirun itself would). Ranks on other nodes are not our
-  descendants: an application that agrees on the stop collectively (one rank's signal
-  stops all, as ``examples/c/stopapp.c`` does) still stops as a whole; see the docs.
+  processes are signalled directly: the processes carrying ``OMPI_COMM_WORLD_RANK``
+  whose parent does not (a rank started through ``sh -c`` is signalled at the shell, as
+  mpirun itself would). On one node the wrapper finds them in ``/proc``. On several,
+  ranks on other nodes are invisible here, so one signaller runs on every node
+  (``srun --overlap``, :mod:`hpcckpt.job.rank_signal`) and signals the ranks of its own
+  node; if that step cannot run, the ranks on this node are signalled (an application
+  that agrees on the stop collectively, as ``examples/c/stopapp.c`` does, still stops
+  as a whole), and the log says so.
 - **anything else**: ``kill`` to the step's process.
 """
 
@@ -32,12 +35,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hpcckpt import procfs
+from hpcckpt.job import rank_signal
 from hpcckpt.slurm import commands
+from hpcckpt.slurm import env as slurm_env
 from hpcckpt.slurm.runner import REQUEUE_TIMEOUT, SlurmError
 
 #: Signals srun and mpirun forward to every task unharmed.
 FORWARDED = (signal.SIGUSR1, signal.SIGUSR2)
-RANK_ENV = "OMPI_COMM_WORLD_RANK"
+RANK_ENV = rank_signal.RANK_ENV
 _MPIRUN_NAMES = {"mpirun", "mpiexec", "orterun", "prterun"}
 
 
@@ -61,15 +66,22 @@ def launcher_kind(command: Sequence[str]) -> Launcher:
 class Delivered:
     """What a delivery did: the path taken, the pids or job signalled, and any note."""
 
-    path: str  # "launcher", "scancel", "ranks", "tasks"
+    path: str  # "launcher", "scancel", "ranks", "nodes", "tasks"
     targets: list[str] = field(default_factory=list)
     note: str = ""
+    per_node: list[dict] = field(default_factory=list)  # "nodes": each signaller's report
 
     def describe(self) -> str:
         if self.path == "scancel":
             return f"to every task by scancel --signal (job {self.targets[0]})"
         if self.path == "ranks":
             return f"to the rank processes directly (pid {', '.join(self.targets)})"
+        if self.path == "nodes":
+            each = "; ".join(
+                f"{r.get('node')}: rank {', '.join(map(str, r.get('ranks', [])))}"
+                for r in self.per_node
+            )
+            return f"to the rank processes by a signaller on every node ({each})"
         if self.path == "none":
             return "nowhere (it could not be delivered)"
         if self.path == "tasks":
@@ -85,22 +97,34 @@ def rank_processes(launcher_pid: int, slurm_job_id: str | None = None) -> list[i
     mpirun starts ``orted`` through srun on every node whose name is not its own host's,
     so those ranks are children of a slurmstepd, not of mpirun (seen on the local cluster).
     """
-    candidates = set(procfs.descendants(launcher_pid))
     if slurm_job_id:
-        candidates.update(int(p) for p in os.listdir("/proc") if p.isdigit())
-    ranked = set()
-    for pid in candidates:
-        env = procfs.environ(pid)
-        if RANK_ENV not in env:
-            continue
-        if pid not in ranked and (not slurm_job_id or env.get("SLURM_JOB_ID") == slurm_job_id):
-            ranked.add(pid)
-    parents = _parents(ranked)
-    return sorted(pid for pid in ranked if parents.get(pid) not in ranked)
+        return sorted(rank_signal.ranks_here(slurm_job_id, None))
+    ranked = {pid for pid in procfs.descendants(launcher_pid) if RANK_ENV in procfs.environ(pid)}
+    return procfs.topmost(ranked)
 
 
-def _parents(pids: set[int]) -> dict[int, int]:
-    return {pid: parent for pid in pids if (parent := procfs.parent_of(pid)) is not None}
+def signal_on_every_node(
+    job_id: str,
+    nodes: int,
+    sig: signal.Signals,
+    *,
+    timeout: float = REQUEUE_TIMEOUT,
+    environ: Mapping[str, str] | None = None,
+) -> Delivered:
+    """Run :mod:`hpcckpt.job.rank_signal` once on each of the job's ``nodes``: every node's
+    ranks get ``sig`` from their own node's signaller. Raises :class:`SlurmError` when the
+    step fails or a node did not report."""
+    import sys
+
+    command = [sys.executable, "-m", "hpcckpt.job.rank_signal", sig.name, job_id]
+    out = commands.run_on_nodes(job_id, nodes, command, timeout=timeout, environ=environ)
+    reports = rank_signal.parse_reports(out)
+    if len(reports) != nodes:
+        raise SlurmError(f"{len(reports)} of {nodes} nodes reported (output: {out.strip()!r})")
+    targets = [f"{r['node']}:{pid}" for r in reports for pid in r["pids"]]
+    if not targets:
+        raise SlurmError("no rank process found on any node")
+    return Delivered("nodes", targets, per_node=sorted(reports, key=lambda r: str(r["node"])))
 
 
 def signal_job(
@@ -147,7 +171,18 @@ def deliver(
             return Delivered("tasks", tasks, f"{exc}; signalled the tasks on this node directly")
         return Delivered("scancel", [job])
     os.kill(launcher_pid, 0)  # the step is still there
-    ranks = rank_processes(launcher_pid, (environ or os.environ).get("SLURM_JOB_ID"))
+    env = os.environ if environ is None else environ
+    note = ""
+    job_id = env.get("SLURM_JOB_ID")
+    nodes = slurm_env.node_count(env)
+    if job_id and nodes > 1:
+        try:
+            return signal_on_every_node(job_id, nodes, sig, environ=env)
+        except SlurmError as exc:
+            note = f"the per-node signaller failed ({exc}); signalled the ranks on this node only"
+    ranks = rank_processes(launcher_pid, job_id)
+    if note and ranks:
+        return Delivered("ranks", _signal_all(ranks, sig), note)
     if not ranks:
         got = deliver_to_launcher(launcher_pid, sig)
         got.note = "no rank process found on this node; mpirun got the signal itself"
@@ -173,17 +208,13 @@ def task_processes(slurm_job_id: str) -> list[int]:
     """The tasks of the job's steps on this node: ``SLURM_PROCID`` and this job's id in the
     environment, not the batch step, topmost only (a task's own children are its business)."""
     found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        env = procfs.environ(int(entry))
-        if env.get("SLURM_JOB_ID") != slurm_job_id or "SLURM_PROCID" not in env:
+    for pid, env in procfs.environs_with("SLURM_PROCID").items():
+        if env.get("SLURM_JOB_ID") != slurm_job_id:
             continue
         if env.get("SLURM_STEP_ID") in (None, "batch", "extern"):
             continue
-        found.add(int(entry))
-    parents = _parents(found)
-    return sorted(pid for pid in found if parents.get(pid) not in found)
+        found.add(pid)
+    return procfs.topmost(found)
 
 
 def deliver_to_launcher(launcher_pid: int, sig: signal.Signals) -> Delivered:

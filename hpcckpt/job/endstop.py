@@ -10,6 +10,10 @@ the largest of the last measured checkpoints (``checkpoint`` and ``restart_set``
 measured. When the warning signal may kill the batch shell first (the wrapper was not
 ``exec``'d, :mod:`hpcckpt.job.batchshell`), the stop comes before that signal can:
 ``end - lead - SIGNAL_SLACK - cost x 1.5 - 20 s``.
+
+End times move while a job runs (an administrator shortens or extends the limit with
+``scontrol update JobId=... TimeLimit=...``), so the end time is read again every
+:data:`REFRESH` seconds, and the plan follows it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ from hpcckpt.policy import Deadline
 DEFAULT_COST = 20.0
 #: Slurm may send the ``--signal`` signal up to a minute before its lead time.
 SIGNAL_SLACK = 60.0
+#: Seconds between two readings of the end time: one ``squeue`` a minute per job is the
+#: load of a user watching the queue, and a limit shortened by minutes is still met.
+REFRESH = 60.0
 
 
 @dataclass(frozen=True)
@@ -69,7 +76,7 @@ def plan(
 
 
 class EndStop:
-    """Finds the end time in the background; ``due()`` once the stop time has come."""
+    """Follows the end time in the background; ``due()`` once the stop time has come."""
 
     def __init__(
         self,
@@ -78,8 +85,11 @@ class EndStop:
         *,
         signal_lead: float | None = None,
         default_cost: float = DEFAULT_COST,
+        refresh: float = REFRESH,
     ) -> None:
         self._fetch_end = fetch_end
+        self.refresh = refresh
+        self._quit = threading.Event()
         self._history = history
         self.signal_lead = signal_lead
         self.default_cost = default_cost
@@ -89,14 +99,27 @@ class EndStop:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._load, name="hpcckpt-endstop", daemon=True)
+        self._thread = threading.Thread(target=self._follow, name="hpcckpt-endstop", daemon=True)
         self._thread.start()
 
+    def _follow(self) -> None:
+        """Read the end time now, then again every ``refresh`` seconds until the stop fired."""
+        self._load()
+        while self.plan is not None and not self.fired and not self._quit.wait(self.refresh):
+            self._load()
+
+    def close(self) -> None:
+        """Stop reading the end time (the step ended)."""
+        self._quit.set()
+
     def _load(self) -> None:
+        """One reading of the end time. The first failure disarms the stop; a later one
+        keeps the plan made from the last good reading (squeue failed once)."""
         try:
             end = self._fetch_end()
-            if end is None:
-                self.error = "Slurm reports no end time"
+            if end is None:  # no limit (any more): nothing to stop for
+                self.error = "Slurm reports no end time" + (" any more" if self.plan else "")
+                self.plan = None
                 return
             self.plan = plan(
                 end,
@@ -105,7 +128,8 @@ class EndStop:
                 default_cost=self.default_cost,
             )
         except Exception as exc:  # noqa: BLE001 - any failure only disarms the stop
-            self.error = str(exc)
+            if self.plan is None:
+                self.error = str(exc)
 
     def due(self, now: float | None = None) -> bool:
         """True once, when the planned stop time has come."""

@@ -6,6 +6,11 @@ checkpoints (signal to complete restart files, smoothed by
 :class:`hpcckpt.policy.CostTracker`, seeded from earlier attempts' ``restart_set``
 events), M the job's MTBF (``--mtbf``, else the per-node default divided by the node
 count). The interval counts from the end of the previous checkpoint (or the start).
+
+``HPCCKPT_INTERVAL`` (:meth:`PeriodicSchedule.exported`), for applications with an
+interval option of their own, is that interval fitted to the time left before the job's
+end-time stop (:func:`hpcckpt.policy.fit_interval`): Young's interval with a default
+MTBF is often longer than the whole job, which would let the run end without a write.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hpcckpt.policy import CostTracker, job_mtbf, make_policy, parse_duration
+from hpcckpt.policy import CostTracker, fit_interval, job_mtbf, make_policy, parse_duration
 from hpcckpt.rundir.events import RESTART_SET, checkpoint_costs
 
 AUTO = "auto"
@@ -46,6 +51,12 @@ class PeriodicSchedule:
 
     def interval(self) -> float:
         return self.policy.interval(self.costs.get(INITIAL_COST))
+
+    def exported(self, stop_in: float | None) -> int:
+        """``HPCCKPT_INTERVAL``: whole seconds, fitted to the ``stop_in`` seconds left before
+        the end-time stop (None: no limit known)."""
+        cost = self.costs.get(INITIAL_COST)
+        return max(1, round(fit_interval(self.interval(), stop_in, cost)))
 
     def next_at(self) -> float:
         return self.last + self.interval()

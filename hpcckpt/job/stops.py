@@ -82,11 +82,33 @@ class WrapperStops:
     def __init__(self, wrapper: StopsContext) -> None:
         self.w = wrapper
         self.end: endstop.EndStop | None = None
-        self._armed_logged = False
+        self._armed_for: float | None = None  # the end time the last "armed" line named
         self.shell = batchshell.check(wrapper.environ, os.getpid())
         if self.shell is not None and not self.shell.exec_ok:
             wrapper.log(f"warning: {self.shell.problem()}", WARN)
             wrapper.log(f"fix: {self.shell.fix()}", WARN)
+
+    def seconds_to_stop(self, continues: bool) -> float | None:
+        """Seconds from now to the end-time stop (one ``squeue`` now), None when there is
+        none or Slurm cannot tell: what ``HPCCKPT_INTERVAL`` is fitted to."""
+        w = self.w
+        target = jobid.target(w.environ)
+        if target is None or not continues:
+            return None
+        try:
+            end = commands.end_time(target, environ=w.environ)
+        except (SlurmError, ValueError):
+            return None
+        if end is None:
+            return None
+        try:
+            history = list(events.read_events(w.config.ckpt_dir))
+        except OSError:
+            history = []
+        lead = self.shell.signal_lead if self.shell is not None and not self.shell.exec_ok else None
+        default = endstop.DEFAULT_COST if w.config.app_mode else 0.0
+        got = endstop.plan(end.timestamp(), history, signal_lead=lead, default_cost=default)
+        return got.stop_at - time.time()
 
     def arm(self, continues: bool) -> None:
         """After the step started: record the shell problem, start the end-time stop."""
@@ -119,12 +141,6 @@ class WrapperStops:
         self.end = endstop.EndStop(fetch_end, history, signal_lead=lead, default_cost=default)
         self.end.start()
 
-    def _stop_time(self) -> float | None:
-        plan = self.end.plan if self.end is not None else None
-        if plan is None:
-            return None
-        return plan.stop_at + (0.0 if self.w.config.app_mode else API_BACKSTOP)
-
     def tick(self) -> None:
         """In the main loop: request the stop once the end-time stop is due."""
         end = self.end
@@ -134,24 +150,32 @@ class WrapperStops:
             self.w.log(f"note: no end-time stop: {end.error}")
             end.fired = True
             return
-        stop = self._stop_time()
-        if stop is None:
+        plan = end.plan  # the background reader may replace it at any moment
+        if plan is None:
             return
-        if not self._armed_logged:
-            self._armed_logged = True
-            assert end.plan is not None
-            self.w.log(f"end-time stop armed: {end.plan.describe()}")
+        if self._armed_for is None:
+            self.w.log(f"end-time stop armed: {plan.describe()}")
+        elif abs(plan.end - self._armed_for) >= 1.0:
+            moved = plan.end - self._armed_for
+            self.w.log(
+                f"the job's end time moved {'later' if moved > 0 else 'earlier'} by "
+                f"{abs(moved):.0f} s (its time limit was changed): end-time stop now "
+                f"{plan.describe()}"
+            )
+            self.w.event(events.END_TIME_MOVED, end_time=round(plan.end, 3), by=round(moved, 3))
+        self._armed_for = plan.end
+        stop = plan.stop_at + (0.0 if self.w.config.app_mode else API_BACKSTOP)
         if time.time() < stop:
             return
         end.fired = True
-        assert end.plan is not None
-        left = end.plan.end - time.time()
+        end.close()
+        left = plan.end - time.time()
         self.w.event(
             events.END_TIME_STOP,
-            end_time=round(end.plan.end, 3),
+            end_time=round(plan.end, 3),
             left=round(left, 3),
-            cost=round(end.plan.cost, 3),
-            measured=end.plan.measured,
+            cost=round(plan.cost, 3),
+            measured=plan.measured,
         )
         self.w.handle_signal(
             int(self.w.config.stop_signal),
@@ -206,8 +230,9 @@ class OwnScheduleMode:
         self.watch: Any = None
         self.ended = False
 
-    def prepare(self) -> dict[str, str]:
-        """After ``prepare_app``: start watching; the step's ``HPCCKPT_INTERVAL``."""
+    def prepare(self, stop_in: float | None = None) -> dict[str, str]:
+        """After ``prepare_app``: start watching; the step's ``HPCCKPT_INTERVAL``, fitted to
+        the ``stop_in`` seconds left before the end-time stop."""
         from hpcckpt.job.ownschedule import OwnScheduleWatch  # xxhash only when needed
 
         w = self.w
@@ -219,10 +244,12 @@ class OwnScheduleMode:
         schedule = PeriodicSchedule(
             AUTO, start=0.0, nodes=w.slurm_env.num_nodes, mtbf=w.config.mtbf, history=history
         )
-        interval = max(1, round(schedule.interval()))
+        interval = schedule.exported(stop_in)
+        fitted = "" if stop_in is None else f", fitted to {stop_in:.0f} s before the end-time stop"
         w.log(
             f"restart files on the application's own schedule (no signal is sent); "
-            f"{INTERVAL_ENV}={interval} ({schedule.describe()})"
+            f"{INTERVAL_ENV}={interval} ({schedule.describe()}: {schedule.interval():.0f} s"
+            f"{fitted})"
         )
         return {INTERVAL_ENV: str(interval)}
 

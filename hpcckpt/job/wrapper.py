@@ -176,6 +176,8 @@ class Wrapper:
         note = ""
         if not own and signum not in (self.config.stop_signal, signal.SIGTERM, signal.SIGINT):
             note = f" (not the configured --signal {signal_name(self.config.stop_signal)})"
+        if signum == signal.SIGTERM and not own:
+            self.continuing.term_heard = True  # scancel? asked before continuing the job
         if signum == signal.SIGINT:
             self.stop.interrupts += 1
             if self.stop.interrupts >= 3 and self.child is not None and self.child.poll() is None:
@@ -291,8 +293,13 @@ class Wrapper:
         if got.note:
             self.log(f"note: {got.note}", WARN)
         if got.path != "launcher":  # a path other than kill(launcher): say which
+            per_node = {"nodes": got.per_node} if got.per_node else {}  # each node's signaller
             self.event(
-                events.SIGNAL_DELIVERED, signal=signal_name(sig), path=got.path, targets=got.targets
+                events.SIGNAL_DELIVERED,
+                signal=signal_name(sig),
+                path=got.path,
+                targets=got.targets,
+                **per_node,
             )
         return got
 
@@ -548,6 +555,8 @@ class Wrapper:
         where = f"Slurm job {self.slurm_env.job_id}" if self.slurm_env.in_job else "outside Slurm"
         cont = self.continuation or "off"
         mode = f"; application signal {self._fwd_name()}" if cfg.app_mode else ""
+        if self.own is not None:
+            mode = "; the application takes no signal"
         self.log(
             f"attempt {self.attempt} ({where}, restart {self.restart}); "
             f"checkpoints in {cfg.ckpt_dir}; stop signal {signal_name(cfg.stop_signal)}{mode}; "
@@ -569,13 +578,16 @@ class Wrapper:
             self.command = node_failures.before_start()
         except relaunch.RelaunchError as exc:
             raise WrapperError(str(exc)) from None
+        stop_in = None  # what HPCCKPT_INTERVAL is fitted to
+        if cfg.app_mode and (cfg.ckpt_every or self.own is not None):
+            stop_in = self.stops.seconds_to_stop(self.continuation is not None)
         extra = (
-            self.app.prepare(restart=self.restart, nodes=self.slurm_env.num_nodes)
+            self.app.prepare(restart=self.restart, nodes=self.slurm_env.num_nodes, stop_in=stop_in)
             if cfg.app_mode
             else {}
         )
         if self.own is not None:
-            extra.update(self.own.prepare())
+            extra.update(self.own.prepare(stop_in))
         self.hang = self._start_hang_watch()  # clears the heartbeats of earlier attempts
         failed = self.start_child(extra)
         self.stops.arm(self.continuation is not None)

@@ -14,7 +14,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hpcckpt.policy.deadline import DEFAULT_MARGIN, DEFAULT_SAFETY, Deadline, parse_end_time
+from hpcckpt.policy.deadline import (
+    DEFAULT_MARGIN,
+    DEFAULT_SAFETY,
+    Deadline,
+    fit_interval,
+    parse_end_time,
+)
 from hpcckpt.policy.durations import format_duration, format_hms, parse_duration
 from hpcckpt.policy.formulas import (
     DEFAULT_NODE_MTBF,
@@ -72,6 +78,7 @@ __all__ = [
     "expected_makespan",
     "expected_segment_time",
     "expected_waste",
+    "fit_interval",
     "format_duration",
     "format_hms",
     "initial_cost_estimate",

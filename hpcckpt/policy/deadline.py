@@ -14,7 +14,14 @@ from datetime import datetime
 
 from hpcckpt.policy.durations import parse_duration
 
-__all__ = ["DEFAULT_MARGIN", "DEFAULT_SAFETY", "Deadline", "parse_end_time"]
+__all__ = [
+    "DEFAULT_MARGIN",
+    "DEFAULT_SAFETY",
+    "INTERVAL_SLACK",
+    "Deadline",
+    "fit_interval",
+    "parse_end_time",
+]
 
 DEFAULT_SAFETY: float = 1.5
 """The last checkpoint is assumed to take up to 1.5x the tracked cost.
@@ -30,6 +37,14 @@ DEFAULT_MARGIN: float = 20.0
 After the application stops, the wrapper writes its events and asks slurmctld to
 requeue the job; one such RPC can take up to Slurm's default ``MessageTimeout`` of
 10 s on a busy controller, and 20 s leaves room for it and the rest.
+"""
+
+INTERVAL_SLACK: float = 0.1
+"""Share of the time left that :func:`fit_interval` keeps free after the last write.
+
+The application's clock starts after the launcher's start-up, and codes that count in
+steps rather than seconds drift; a write planned to end exactly at the stop would come
+too late and take the whole run's work with it.
 """
 
 _UNKNOWN = {"", "unknown", "n/a", "none", "(null)", "null", "unlimited", "infinite"}
@@ -125,3 +140,24 @@ class Deadline:
         return (
             f"Deadline(end_time={self.end_time!r}, safety={self.safety!r}, margin={self.margin!r})"
         )
+
+
+def fit_interval(interval: float, left: float | None, cost: float = 0.0) -> float:
+    """The checkpoint interval for a run that must stop in ``left`` seconds.
+
+    An interval longer than what remains protects nothing: the run would be stopped
+    before its first write and lose all its work. So the usable time, ``left`` less
+    :data:`INTERVAL_SLACK` of it and one write's ``cost``, is split into equal parts no
+    longer than ``interval``; the last write then ends shortly before the stop. Without
+    a limit (``left`` None or infinite) ``interval`` is returned unchanged; when no write
+    fits any more, ``min(interval, left)`` (at least 1 s).
+    """
+    interval = float(interval)
+    if not math.isfinite(interval) or interval <= 0:
+        raise ValueError(f"interval must be seconds > 0, got {interval!r}")
+    if left is None or not math.isfinite(left):
+        return interval
+    usable = left * (1.0 - INTERVAL_SLACK) - max(0.0, cost)
+    if usable <= 1.0:
+        return max(1.0, min(interval, left))
+    return usable / math.ceil(usable / interval)

@@ -46,7 +46,9 @@ _KNOWN = {
     evlog.SIGNAL_DELIVERED,
     evlog.NOT_BATCH_SHELL,
     evlog.END_TIME_STOP,
+    evlog.END_TIME_MOVED,
     evlog.PREEMPTED,
+    evlog.CANCELLED,
 }
 
 

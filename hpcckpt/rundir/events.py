@@ -52,7 +52,9 @@ RESTART_FILES_CHECKED = "restart_files_checked"
 SIGNAL_DELIVERED = "signal_delivered"
 NOT_BATCH_SHELL = "not_batch_shell"
 END_TIME_STOP = "end_time_stop"
+END_TIME_MOVED = "end_time_moved"
 PREEMPTED = "preempted"
+CANCELLED = "cancelled"
 # written by the Checkpointer's rank 0
 START = "start"
 RESTORE = "restore"
@@ -86,6 +88,7 @@ END_EVENTS = frozenset(
         CHAIN_FAILED,
         CHAIN_SUBMITTED,
         GIVE_UP,
+        CANCELLED,
     }
 )
 

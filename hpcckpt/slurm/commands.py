@@ -167,3 +167,28 @@ def job_nodes(
         restarts=restarts,
         requeue=info.get("Requeue", "0") == "1",
     )
+
+
+def run_on_nodes(
+    job: str,
+    nodes: int,
+    command: Sequence[str],
+    *,
+    timeout: float = QUERY_TIMEOUT,
+    environ: Env = None,
+    env: Env = None,
+) -> str:
+    """``srun --jobid=JOB --overlap -N NODES --ntasks-per-node=1 -- COMMAND``: one copy of
+    ``command`` on every node of the running job, beside its steps; their output."""
+    args = [
+        f"--jobid={check_job_id(job)}",
+        "--overlap",
+        f"--nodes={int(nodes)}",
+        f"--ntasks={int(nodes)}",
+        "--ntasks-per-node=1",
+        "--mpi=none",
+        "--quiet",
+        "--",
+        *command,
+    ]
+    return _run("srun", args, timeout, environ, env)

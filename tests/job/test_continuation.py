@@ -7,6 +7,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from hpcckpt.rundir.events import append_event, read_events
 from tests.job.test_wrapper import Wrapped, app, clean_env, fake, kinds, wait_state
 
@@ -111,3 +113,57 @@ def test_crash_budget_exhausted_from_the_log(tmp_path):
     assert w.wait() == 3, w.stderr
     assert not calls.exists()
     w.wait_line("giving up: 2 restart(s) after crashes already (--max-restarts 2)")
+
+
+def _job_state_slurm(
+    tmp_path: Path, state: str, reason: str = "None"
+) -> tuple[dict[str, str], Path]:
+    """A scontrol that records its calls and reports the job in ``state`` for ``reason``
+    (as Slurm 22.05 shows a job whose processes are being killed: COMPLETING, with
+    Reason=None after scancel and Reason=TimeLimit at the time limit)."""
+    calls = tmp_path / "scontrol-calls"
+    body = (
+        f'echo "$@" >> {calls}\n'
+        'if [ "$1" = show ]; then echo '
+        f'"JobId=600 JobName=x JobState={state} Reason={reason} Restarts=0"; fi'
+    )
+    env = clean_env(SLURM_JOB_ID="600", HPCCKPT_SCONTROL=fake(tmp_path, "scontrol", body))
+    return env, calls
+
+
+def test_term_of_a_cancelled_job_does_not_requeue_after_a_stop(tmp_path):
+    env, calls = _job_state_slurm(tmp_path, "COMPLETING")
+    ckpt = tmp_path / "ck"
+    w = Wrapped(ckpt, app("stop"), env=env)
+    wait_state(ckpt, "running")
+    w.send(signal.SIGTERM)  # what scancel sends the batch shell
+    assert w.wait() == 0, w.stderr
+    assert calls.read_text().splitlines() == ["show job -o 600"]
+    w.wait_line("job 600 was cancelled (scancel): not continuing it")
+    assert kinds(ckpt)[-2:] == ["step_end", "cancelled"]
+
+
+def test_term_of_a_cancelled_job_does_not_requeue_after_a_crash(tmp_path):
+    env, calls = _job_state_slurm(tmp_path, "CANCELLED")
+    ckpt = tmp_path / "ck"
+    w = Wrapped(ckpt, app("ignore"), "--min-progress", "0", env=env)
+    wait_state(ckpt, "running")
+    w.send(signal.SIGTERM)
+    for _ in range(3):  # the third interrupt takes the step down: a crash
+        time.sleep(0.2)
+        w.send(signal.SIGINT)
+    assert w.wait() != 0, w.stderr
+    assert "requeue" not in calls.read_text()
+    assert "giving up" not in w.stderr
+    assert kinds(ckpt)[-2:] == ["crashed", "cancelled"]
+
+
+@pytest.mark.parametrize(("state", "reason"), [("COMPLETING", "TimeLimit"), ("RUNNING", "None")])
+def test_term_at_the_time_limit_still_requeues(tmp_path, state, reason):
+    env, calls = _job_state_slurm(tmp_path, state, reason)
+    ckpt = tmp_path / "ck"
+    w = Wrapped(ckpt, app("stop"), env=env)
+    wait_state(ckpt, "running")
+    w.send(signal.SIGTERM)  # Slurm's TERM at the time limit, or a preemption
+    assert w.wait() == 0, w.stderr
+    assert calls.read_text().splitlines() == ["show job -o 600", "requeue 600"]

@@ -44,3 +44,43 @@ def test_end_stop_without_end_time_or_with_failure():
     stop = endstop.EndStop(broken, lambda: [])
     stop._load()
     assert stop.error == "squeue not found"
+
+
+def test_end_stop_follows_a_moved_end_time():
+    """An administrator shortens the limit mid-run (scontrol update TimeLimit=...): the
+    end time is read again and the stop moves with it; a failed reading keeps the plan."""
+    ends = [time.time() + 3600.0]
+
+    def fetch() -> float:
+        if ends[0] < 0:
+            raise RuntimeError("squeue timed out")
+        return ends[0]
+
+    stop = endstop.EndStop(fetch, lambda: [], default_cost=0.0, refresh=0.05)
+    stop.start()
+    try:
+        deadline = time.monotonic() + 5
+        while stop.plan is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert stop.plan is not None and not stop.due()
+        shorter = time.time() + 10.0  # now within the 20 s margin
+        ends[0] = shorter
+        while stop.plan.end != shorter and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert stop.plan.end == shorter and stop.due()
+        stop.fired = False
+        ends[0] = -1.0  # squeue fails once: the last plan stays
+        time.sleep(0.2)
+        assert stop.plan.end == shorter and stop.error is None
+    finally:
+        stop.close()
+
+
+def test_end_stop_disarms_when_the_limit_is_removed():
+    ends: list[float | None] = [time.time() + 3600.0]
+    stop = endstop.EndStop(lambda: ends[0], lambda: [], refresh=0.05)
+    stop._load()
+    assert stop.plan is not None
+    ends[0] = None
+    stop._load()
+    assert stop.plan is None and "any more" in stop.error and not stop.due()

@@ -220,19 +220,20 @@ def _heat_words(tmp_path: Path, steps: int) -> list[str]:
 
 
 def test_no_signal_time_limit_both_kinds(slurm_cluster, tmp_path, stopapp):
-    """No #SBATCH --signal, --time=1: the wrapper's end-time stop checkpoints both an
-    --app-signal TERM app and a Checkpointer app whose own deadline is off
-    (HPCCKPT_END_TIME=unlimited) before the limit; requeue, resume, results identical."""
+    """No #SBATCH --signal, --time=2 (the two kinds as concurrent jobs): the wrapper's
+    end-time stop checkpoints both an --app-signal TERM app and a Checkpointer app whose
+    own deadline is off (HPCCKPT_END_TIME=unlimited) before the limit; requeue, resume,
+    results identical."""
     import numpy as np
 
     env = cluster_env(slurm_cluster)
     c_dir, api_dir = tmp_path / "c", tmp_path / "api"
     c_dir.mkdir()
     api_dir.mkdir()
-    mode = ["term", "300", "50"]
+    mode = ["term", "2000", "50"]  # 100 s: longer than one segment
     expected = reference(stopapp, c_dir, mode, ranks=1)
     ref = subprocess.run(
-        ["mpirun", "-n", "1", *_heat_words(api_dir, 600)[:-2], "--sleep", "0", "--ckpt-dir",
+        ["mpirun", "-n", "1", *_heat_words(api_dir, 1500)[:-2], "--sleep", "0", "--ckpt-dir",
          str(api_dir / "ref-ckpt"), "--out", str(api_dir / "ref.npy")],  # fmt: skip
         env=mpi_env(), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -241,12 +242,12 @@ def test_no_signal_time_limit_both_kinds(slurm_cluster, tmp_path, stopapp):
                          "TERM", "--restart-files", f"{c_dir}/rs.*", "--",
                          "--mpi=pmix", "-n", "1", *app_args(stopapp, c_dir, mode)])  # fmt: skip
     api_line = shlex.join([HPCCKPT, "srun", "--ckpt-dir", str(api_dir / "ckpt"), "--",
-                           "--mpi=pmix", "-n", "1", *_heat_words(api_dir, 600)])  # fmt: skip
+                           "--mpi=pmix", "-n", "1", *_heat_words(api_dir, 1500)])  # fmt: skip
     jobs = []
     no_deadline = "export HPCCKPT_END_TIME=unlimited\n"
     for where, line, header in ((c_dir, c_line, ""), (api_dir, api_line, no_deadline)):
         script = write_script(where / "job.sbatch", "exec " + line, header)
-        jobs.append(sbatch(["--time=1", "-n", "1", "--requeue", "--open-mode=append",
+        jobs.append(sbatch(["--time=2", "-n", "1", "--requeue", "--open-mode=append",
                             f"--output={where}/job.out", script], env, cwd=str(where)))  # fmt: skip
     wheres = (c_dir, api_dir)
     infos = [drive(job, env, w / "ckpt", timeout=400) for job, w in zip(jobs, wheres, strict=True)]
@@ -437,4 +438,183 @@ def test_preemption_checkpoints_within_grace_and_requeues_once(preempt_cluster, 
         delivered = events_of(ckpt, "signal_delivered")
         assert [e["signal"] for e in delivered] == ["TERM"], text
         assert not events_of(ckpt, "preempted"), text
+    assert (tmp_path / "out.bin").read_bytes() == expected
+
+
+def test_scancel_keeps_newest_set_and_resubmission_resumes(slurm_cluster, tmp_path, stopapp):
+    """`scancel JOB` while a kept set exists, during the application's TERM write: the job
+    ends CANCELLED and is not requeued; the kept set stays; the file cut by the kill is
+    replaced by it at the next submission, which resumes from it; result identical."""
+    mode = ["term", "400", "50"]
+    expected = reference(stopapp, tmp_path, mode)
+    env = cluster_env(slurm_cluster)
+    ckpt, log = tmp_path / "ckpt", tmp_path / "job.out"
+    wrapper = [HPCCKPT, "srun", "--ckpt-dir", str(ckpt), "--app-signal", "TERM",
+               "--restart-files", f"{tmp_path}/rs.*", "--", "--mpi=pmix", "-n", "2",
+               *app_args(stopapp, tmp_path, mode)]  # fmt: skip
+    script = write_script(tmp_path / "job.sbatch", "exec " + shlex.join(wrapper))
+    submit = ["--time=5", "-n", "2", "--requeue", "--open-mode=append", f"--output={log}", script]
+    job = sbatch(submit, env, cwd=str(tmp_path))
+    acted: set[str] = set()
+    full = 12 + 2000 * 8 + 4  # header, the rank's cells, the trailer (stopapp.c)
+
+    def stop_then_cancel(restart: int, running_for: float) -> None:
+        if restart == 0 and "kept" not in acted and running_for > 6:
+            acted.add("kept")  # a kept set first: the time-limit stop, as Slurm's B:USR1 does
+            subprocess.run(["scancel", "-b", "--signal=USR1", job], env=env, timeout=30)
+        if restart == 1 and "stop" not in acted and running_for > 6:
+            acted.add("stop")  # the next stop's TERM write is under way (10 pieces, 11 s) ...
+            subprocess.run(["scancel", "-b", "--signal=USR1", job], env=env, timeout=30)
+        elif "stop" in acted and "cancel" not in acted:
+            size = (tmp_path / "rs.0").stat().st_size
+            if 12 < size < full:  # ... when the job is cancelled: the kill cuts it
+                acted.add("cancel")
+                subprocess.run(["scancel", job], env=env, timeout=30)
+
+    info = drive(job, env, ckpt, timeout=300, on_start=stop_then_cancel)
+    text = log_of(log)
+    assert acted == {"kept", "stop", "cancel"}, text
+    assert info["JobState"] == "CANCELLED" and int(info["Restarts"]) == 1, (info, text)
+    assert [e["cause"] for e in events_of(ckpt, "requeue")] == ["stop"], text
+    assert events_of(ckpt, "cancelled") and not events_of(ckpt, "give_up"), text
+    assert "was cancelled (scancel): not continuing it" in text, text
+    sets = events_of(ckpt, "restart_set")
+    assert len(sets) == 1 and sets[0]["stop"] and sets[0]["restart"] == 0, text
+    sizes = [(tmp_path / f"rs.{r}").stat().st_size for r in range(2)]
+    assert min(sizes) < full, f"the kill did not cut the TERM write: {sizes}\n{text}"
+    again = sbatch(submit, env, cwd=str(tmp_path))
+    info = drive(again, env, ckpt, timeout=300)
+    text = log_of(log)
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 0, (info, text)
+    checked = [e for e in events_of(ckpt, "restart_files_checked") if e["job_id"] == again]
+    assert checked and checked[0]["restored"] is True and checked[0]["set"] == 1, checked
+    assert any("rs." in p for p in checked[0]["problems"]), checked
+    resumed = [int(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("stopapp: resuming after step")]  # fmt: skip
+    assert len(resumed) == 2 and resumed[0] == resumed[1], text  # twice from set 1
+    assert (tmp_path / "out.bin").read_bytes() == expected
+
+
+def _own_schedule_job(tmp_path: Path, stopapp: Path, mode: list[str], header: str = "") -> Path:
+    wrapper = [HPCCKPT, "srun", "--ckpt-dir", str(tmp_path / "ckpt"), "--settle", "1",
+               "--restart-files", f"{tmp_path}/rs.*", "--", "--mpi=pmix", "-n", "2",
+               *app_args(stopapp, tmp_path, mode)]  # fmt: skip
+    return write_script(tmp_path / "job.sbatch", "exec " + shlex.join(wrapper), header)
+
+
+def test_own_schedule_limit_shortened_mid_run(slurm_cluster, tmp_path, stopapp):
+    """An app on its own schedule, no --signal, --time=5; 10 s in, an administrator
+    shortens the limit to 2 minutes (scontrol update TimeLimit=2). The wrapper reads the
+    end time again, moves its end-time stop, ends the step between two writes: a stop,
+    requeued; the next segment resumes; result identical."""
+    mode = ["periodic", "3000", "50", "40"]  # 150 s of work, a write every 2 s
+    expected = reference(stopapp, tmp_path, mode)
+    env = cluster_env(slurm_cluster)
+    ckpt, log = tmp_path / "ckpt", tmp_path / "job.out"
+    script = _own_schedule_job(tmp_path, stopapp, mode)
+    job = sbatch(["--time=5", "-n", "2", "--requeue", "--open-mode=append", f"--output={log}",
+                  script], env, cwd=str(tmp_path))  # fmt: skip
+    shortened: list[float] = []
+
+    def shorten(restart: int, running_for: float) -> None:
+        if restart == 0 and not shortened and running_for > 10:
+            shortened.append(time.time())
+            subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=2"], env=env,
+                           check=True, capture_output=True, timeout=30)  # fmt: skip
+
+    info = drive(job, env, ckpt, timeout=500, on_start=shorten)
+    text = log_of(log)
+    assert shortened, text
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, text
+    moved = [e for e in events_of(ckpt, "end_time_moved") if e["restart"] == 0]
+    assert moved and moved[0]["by"] < -150, text  # 5 min -> 2 min
+    assert "the job's end time moved earlier by" in text, text
+    stops = events_of(ckpt, "end_time_stop")
+    assert stops and stops[0]["restart"] == 0 and stops[0]["left"] > 5, text
+    ends = [e["outcome"] for e in events_of(ckpt, "step_end")]
+    assert ends[-1] == "finished" and set(ends[:-1]) == {"stopped"}, text
+    assert [e["cause"] for e in events_of(ckpt, "requeue")] == ["stop"] * (len(ends) - 1)
+    assert "TIMEOUT" not in text and "HPCCKPT_INTERVAL=" in text, text
+    assert (tmp_path / "out.bin").read_bytes() == expected
+
+
+def test_own_schedule_slurm_term_at_the_limit_first(slurm_cluster, tmp_path, stopapp):
+    """An app on its own schedule, no --signal, and in the first run an end time the
+    wrapper cannot read (squeue fails): only Slurm's TERM at the time limit comes, to the
+    batch shell, srun and the tasks at once. The newest complete set is kept, the job is
+    requeued within KillWait (a stop), a cut file is replaced at the next start, which
+    resumes (later runs read the end time and stop themselves); result identical."""
+    mode = ["periodic", "2400", "50", "40"]  # 120 s of work: two or more segments
+    expected = reference(stopapp, tmp_path, mode)
+    env = cluster_env(slurm_cluster)
+    ckpt, log = tmp_path / "ckpt", tmp_path / "job.out"
+    unreadable = (
+        'if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then export HPCCKPT_SQUEUE=/bin/false; fi\n'
+    )
+    script = _own_schedule_job(tmp_path, stopapp, mode, unreadable)
+    job = sbatch(["--time=1", "-n", "2", "--requeue", "--open-mode=append", f"--output={log}",
+                  script], env, cwd=str(tmp_path))  # fmt: skip
+    info = drive(job, env, ckpt, timeout=500)
+    text = log_of(log)
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) >= 1, text
+    assert "note: no end-time stop" in text, text
+    assert all(e["restart"] > 0 for e in events_of(ckpt, "end_time_stop")), text
+    term = [e for e in events_of(ckpt, "signal") if e["name"] == "TERM" and e["restart"] == 0]
+    assert term, text
+    ends = [e["outcome"] for e in events_of(ckpt, "step_end")]
+    assert ends[-1] == "finished" and set(ends[:-1]) == {"stopped"}, text
+    requeues = events_of(ckpt, "requeue")
+    assert [e["cause"] for e in requeues] == ["stop"] * (len(ends) - 1), text
+    first = requeues[0]
+    assert first["restart"] == 0 and first["time"] - term[0]["time"] < 10, (first, term)  # KillWait
+    kept = [e for e in events_of(ckpt, "restart_set") if e["restart"] == 0]
+    checked = [e for e in events_of(ckpt, "restart_files_checked") if e["restart"] == 1]
+    assert kept and checked and checked[0]["set"] == kept[-1]["set"], text
+    assert (tmp_path / "out.bin").read_bytes() == expected
+
+
+def test_term_app_mpirun_two_nodes_each_node_signals_its_own_ranks(
+    slurm_cluster_nodes, tmp_path, stopapp
+):
+    """`hpcckpt run -- mpirun` on 2 nodes, --app-signal TERM: the wrapper's node cannot see
+    the other node's ranks in a real cluster's /proc, so a signaller on every node
+    (srun --overlap) signals the ranks of its own node only (every "node" here shares one
+    /proc: each signaller must filter by its node name, and reports one rank). Three
+    segments; result identical."""
+    cluster = slurm_cluster_nodes(2)
+    mode = ["term", "400", "50"]
+    expected = reference(stopapp, tmp_path, mode)
+    env = cluster_env(cluster)
+    ckpt, log = tmp_path / "ckpt", tmp_path / "job.out"
+    app = app_args(stopapp, tmp_path, mode)
+    wrapper = [HPCCKPT, "run", "--ckpt-dir", str(ckpt), "--app-signal", "TERM",
+               "--restart-files", f"{tmp_path}/rs.*", "--", "mpirun", "-n", "2", "--map-by",
+               "node", *app]  # fmt: skip
+    script = write_script(tmp_path / "job.sbatch", "exec " + shlex.join(wrapper))
+    submit = ["--time=5", "-N", "2", "--ntasks-per-node=1", "--requeue", "--open-mode=append"]
+    job = sbatch([*submit, f"--output={log}", script], env, cwd=str(tmp_path))
+    signalled: set[int] = set()
+
+    def stop_twice(restart: int, running_for: float) -> None:
+        if restart < 2 and restart not in signalled and running_for > 6:
+            signalled.add(restart)
+            subprocess.run(["scancel", "-b", "--signal=USR1", job], env=env, timeout=30)
+
+    info = drive(job, env, ckpt, timeout=400, on_start=stop_twice)
+    text = log_of(log)
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 2, text
+    delivered = events_of(ckpt, "signal_delivered")
+    assert [(e["signal"], e["path"]) for e in delivered] == [("TERM", "nodes")] * 2, text
+    for ev in delivered:
+        reports = ev["nodes"]
+        assert [r["node"] for r in reports] == ["n1", "n2"], reports
+        assert all(len(r["ranks"]) == 1 and len(r["pids"]) == 1 for r in reports), reports
+        assert sorted(r["ranks"][0] for r in reports) == [0, 1], reports
+    assert "by a signaller on every node (n1: rank" in text, text
+    assert text.count("stopapp: stop signal; writing restart files") == 2, text
+    ends = [e["outcome"] for e in events_of(ckpt, "step_end")]
+    assert ends == ["stopped", "stopped", "finished"], text
+    resumed = [int(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("stopapp: resuming after step")]  # fmt: skip
+    assert len(resumed) == 2 and 0 < resumed[0] < resumed[1] < 400, text
     assert (tmp_path / "out.bin").read_bytes() == expected

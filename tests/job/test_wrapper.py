@@ -264,7 +264,8 @@ def test_duplicate_signals_are_forwarded_once_and_requeue_once(tmp_path):
     w.send(signal.SIGTERM)
     assert w.wait() == 0, w.stderr
     assert received(ckpt) == ["SIGUSR1"]
-    assert calls.read_text().splitlines() == ["requeue 4242"]
+    # after a TERM the wrapper asks whether the job was cancelled, then requeues once
+    assert calls.read_text().splitlines() == ["show job -o 4242", "requeue 4242"]
     assert kinds(ckpt) == ["wrapper_start", "signal", "signal", "signal", "step_end", "requeue"]
     ev = events(ckpt)
     assert [e.get("forwarded") for e in ev[1:4]] == [True, False, False]

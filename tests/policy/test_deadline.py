@@ -79,3 +79,29 @@ def test_deadline_validates():
         Deadline(1.0, margin=-1)
     with pytest.raises(ValueError, match="end time"):
         Deadline(math.inf)
+
+
+def test_fit_interval_a_realistic_case():
+    """cost 10 s, 1 node, a 1 h job: Young with the default MTBF is over 15 h; what is
+    exported must let the run write before its stop, with slack for the start-up."""
+    from hpcckpt.policy import DEFAULT_NODE_MTBF, fit_interval, young
+
+    raw = young(10.0, DEFAULT_NODE_MTBF)
+    assert raw > 15 * 3600
+    left = 3600 - 10 * 1.5 - 20  # the end-time stop of a fresh 1 h job
+    got = fit_interval(raw, left, cost=10.0)
+    assert got == pytest.approx(left * 0.9 - 10)
+    assert got + 10.0 <= left * 0.95  # the write ends well before the stop
+
+
+def test_fit_interval_splits_into_equal_parts_no_longer_than_asked():
+    from hpcckpt.policy import fit_interval
+
+    got = fit_interval(1000.0, 4000.0, cost=0.0)  # usable 3600: 4 parts of 900 s
+    assert got == pytest.approx(900.0)
+    assert fit_interval(100.0, 100_000.0, cost=5.0) <= 100.0
+    assert fit_interval(100.0, None) == 100.0 and fit_interval(100.0, float("inf")) == 100.0
+    assert fit_interval(500.0, 0.5, cost=10.0) == 1.0  # no write fits any more
+    assert fit_interval(500.0, 8.0, cost=10.0) == 8.0
+    with pytest.raises(ValueError, match="interval"):
+        fit_interval(0.0, 100.0)

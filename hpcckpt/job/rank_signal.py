@@ -1,0 +1,87 @@
+"""Signal the MPI rank processes of one Slurm job on this node: the per-node signaller.
+
+Under ``hpcckpt run -- mpirun`` the application's TERM/INT must reach the rank
+processes themselves (mpirun gives them one second before SIGKILL). Ranks on other nodes
+are not visible in this node's ``/proc``, so the wrapper runs this module once on every
+node of the allocation (``srun --overlap --ntasks-per-node=1``,
+:func:`hpcckpt.slurm.commands.run_on_nodes`; :mod:`hpcckpt.job.delivery`). Each copy
+signals only the ranks of this job on *its own* node: ``OMPI_COMM_WORLD_RANK``, this
+``SLURM_JOB_ID`` and this node's ``SLURMD_NODENAME`` in their environment (several
+slurmd on one machine share its ``/proc``, not a node name), topmost only. It prints
+one line (:data:`PREFIX` + JSON: node, signal, pids, ranks) for the wrapper's log.
+
+``python -m hpcckpt.job.rank_signal SIG JOB``
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hpcckpt import procfs
+
+RANK_ENV = "OMPI_COMM_WORLD_RANK"
+NODE_ENV = "SLURMD_NODENAME"
+#: Starts each report line; anything else srun prints is not ours.
+PREFIX = "hpcckpt-rank-signal "
+
+
+def ranks_here(job: str, node: str | None) -> dict[int, str]:
+    """``{pid: rank}`` of this job's topmost rank processes on ``node`` (None: any node)."""
+    found: dict[int, str] = {}
+    for pid, env in procfs.environs_with(RANK_ENV).items():
+        if env.get("SLURM_JOB_ID") != job:
+            continue
+        if node is not None and env.get(NODE_ENV) != node:
+            continue
+        found[pid] = env[RANK_ENV]
+    return {pid: found[pid] for pid in procfs.topmost(set(found))}
+
+
+def signal_here(sig: signal.Signals, job: str, environ: Mapping[str, str]) -> dict[str, Any]:
+    """Send ``sig`` to this job's ranks on this node; the report of what was signalled."""
+    node = environ.get(NODE_ENV) or None
+    pids, ranks = [], []
+    for pid, rank in ranks_here(job, node).items():
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            continue
+        pids.append(pid)
+        ranks.append(int(rank) if rank.isdigit() else rank)
+    return {"node": node, "signal": sig.name.removeprefix("SIG"), "pids": pids, "ranks": ranks}
+
+
+def parse_reports(output: str) -> list[dict[str, Any]]:
+    """The report lines in the signallers' combined output (others are skipped)."""
+    reports = []
+    for line in output.splitlines():
+        if line.startswith(PREFIX):
+            try:
+                reports.append(json.loads(line[len(PREFIX) :]))
+            except ValueError:
+                continue
+    return reports
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 2:
+        print("usage: python -m hpcckpt.job.rank_signal SIG JOB_ID", file=sys.stderr)
+        return 2
+    name, job = args
+    try:
+        sig = signal.Signals["SIG" + name.upper().removeprefix("SIG")]
+    except KeyError:
+        print(f"rank_signal: unknown signal {name!r} (e.g. TERM, INT)", file=sys.stderr)
+        return 2
+    print(PREFIX + json.dumps(signal_here(sig, job, os.environ)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
