@@ -165,7 +165,7 @@ def deliver(
             signal_job(job, sig, environ=environ)
         except SlurmError as exc:
             env = os.environ if environ is None else environ
-            tasks = _signal_all(task_processes(env.get("SLURM_JOB_ID") or job), sig)
+            tasks = _signal_all(task_processes(slurm_env.job_id(env) or job), sig)
             if not tasks:
                 raise
             return Delivered("tasks", tasks, f"{exc}; signalled the tasks on this node directly")
@@ -173,7 +173,7 @@ def deliver(
     os.kill(launcher_pid, 0)  # the step is still there
     env = os.environ if environ is None else environ
     note = ""
-    job_id = env.get("SLURM_JOB_ID")
+    job_id = slurm_env.job_id(env)
     nodes = slurm_env.node_count(env)
     if job_id and nodes > 1:
         try:
@@ -208,12 +208,9 @@ def task_processes(slurm_job_id: str) -> list[int]:
     """The tasks of the job's steps on this node: ``SLURM_PROCID`` and this job's id in the
     environment, not the batch step, topmost only (a task's own children are its business)."""
     found = set()
-    for pid, env in procfs.environs_with("SLURM_PROCID").items():
-        if env.get("SLURM_JOB_ID") != slurm_job_id:
-            continue
-        if env.get("SLURM_STEP_ID") in (None, "batch", "extern"):
-            continue
-        found.add(pid)
+    for pid, env in procfs.environs_with(slurm_env.TASK_RANK_ENV).items():
+        if slurm_env.job_id(env) == slurm_job_id and slurm_env.is_step_task(env):
+            found.add(pid)
     return procfs.topmost(found)
 
 

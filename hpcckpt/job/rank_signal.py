@@ -23,9 +23,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hpcckpt import procfs
+from hpcckpt.slurm import env as slurm_env
 
 RANK_ENV = "OMPI_COMM_WORLD_RANK"
-NODE_ENV = "SLURMD_NODENAME"
 #: Starts each report line; anything else srun prints is not ours.
 PREFIX = "hpcckpt-rank-signal "
 
@@ -34,9 +34,9 @@ def ranks_here(job: str, node: str | None) -> dict[int, str]:
     """``{pid: rank}`` of this job's topmost rank processes on ``node`` (None: any node)."""
     found: dict[int, str] = {}
     for pid, env in procfs.environs_with(RANK_ENV).items():
-        if env.get("SLURM_JOB_ID") != job:
+        if slurm_env.job_id(env) != job:
             continue
-        if node is not None and env.get(NODE_ENV) != node:
+        if node is not None and slurm_env.node_name(env) != node:
             continue
         found[pid] = env[RANK_ENV]
     return {pid: found[pid] for pid in procfs.topmost(set(found))}
@@ -44,7 +44,7 @@ def ranks_here(job: str, node: str | None) -> dict[int, str]:
 
 def signal_here(sig: signal.Signals, job: str, environ: Mapping[str, str]) -> dict[str, Any]:
     """Send ``sig`` to this job's ranks on this node; the report of what was signalled."""
-    node = environ.get(NODE_ENV) or None
+    node = slurm_env.node_name(environ)
     pids, ranks = [], []
     for pid, rank in ranks_here(job, node).items():
         try:

@@ -103,6 +103,17 @@ def kill_on_bad_exit_set(environ: Mapping[str, str] | None = None) -> bool:
     return "SLURM_KILL_BAD_EXIT" in env
 
 
+#: Set in the environment of every task of a job step (its rank in the step).
+TASK_RANK_ENV = "SLURM_PROCID"
+
+
+def is_step_task(environ: Mapping[str, str]) -> bool:
+    """True for a task of one of the job's steps (``SLURM_PROCID`` set), not the batch
+    script or the extern step, judged from a process's environment."""
+    step = environ.get("SLURM_STEP_ID")
+    return TASK_RANK_ENV in environ and step not in (None, "batch", "extern")
+
+
 def is_slurm_variable(name: str) -> bool:
     """Slurm's own per-job variables (``SLURM_*`` except ``SLURM_CONF``, which names the
     cluster): what a new job or a daemon must not inherit."""

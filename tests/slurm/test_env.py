@@ -66,3 +66,17 @@ def test_job_id_old_spelling_and_blank():
 def test_kill_on_bad_exit_set_only_when_the_variable_exists():
     assert kill_on_bad_exit_set({"SLURM_KILL_BAD_EXIT": "0"})
     assert not kill_on_bad_exit_set({"SLURM_JOB_ID": "1"})
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({"SLURM_PROCID": "0", "SLURM_STEP_ID": "0"}, True),
+        ({"SLURM_PROCID": "0", "SLURM_STEP_ID": "batch"}, False),
+        ({"SLURM_PROCID": "0", "SLURM_STEP_ID": "extern"}, False),
+        ({"SLURM_STEP_ID": "0"}, False),
+        ({"SLURM_PROCID": "0"}, False),
+    ],
+)
+def test_is_step_task(environ, expected):
+    assert slurm.env.is_step_task(environ) is expected
