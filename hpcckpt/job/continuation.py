@@ -24,6 +24,7 @@ from hpcckpt.rundir.env import SCONTROL_ENV
 from hpcckpt.slurm import chain, jobid
 from hpcckpt.slurm import commands as slurm
 from hpcckpt.slurm.env import SlurmEnv
+from hpcckpt.slurm.parse import is_cancelled
 from hpcckpt.slurm.runner import SlurmError
 
 
@@ -145,10 +146,7 @@ class Continuation:
         except (SlurmError, ValueError) as exc:
             self.reporter.log(f"note: cannot tell whether job {job} was cancelled: {exc}")
             return False
-        state, reason = info.get("JobState", ""), info.get("Reason", "")
-        # While its processes are being killed a job shows COMPLETING; the reason tells a
-        # cancel (None) from the time limit (TimeLimit), a preemption or a node failure.
-        if not (state == "CANCELLED" or (state == "COMPLETING" and reason in ("", "None"))):
+        if not is_cancelled(info):
             return False
         self.reporter.log(
             f"job {job} was cancelled (scancel): not continuing it. The newest complete "

@@ -22,6 +22,7 @@ from hpcckpt.policy import DEFAULT_MARGIN, DEFAULT_SAFETY
 from hpcckpt.rundir import events
 from hpcckpt.rundir.events import checkpoint_costs, read_events
 from hpcckpt.slurm import commands
+from hpcckpt.slurm.parse import is_cancelled
 from hpcckpt.slurm.runner import SlurmError
 
 #: How many recent checkpoints to look at (the worst of them counts).
@@ -90,6 +91,8 @@ def start_check(
             if end is None:
                 return
             result = check_lead(cost, end.timestamp() - arrived)
+            if result.too_short and is_cancelled(commands.show_job(job, environ=environ)):
+                return  # scancel moved the end time to now: no time limit to warn about
             if result.too_short:
                 reporter.log(warning_text(result, signal_name), WARN)
                 reporter.event(

@@ -9,6 +9,7 @@ for ``SlurmdTimeout``.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from datetime import datetime
 
 # What squeue prints for %e when there is no end time.
@@ -75,6 +76,14 @@ def parse_sinfo_reasons(text: str) -> dict[str, tuple[str, float | None]]:
 def parse_job_ids(text: str) -> list[str]:
     """``squeue -h -o %i`` (or ``-s`` for steps): the ids, one per word."""
     return (text or "").split()
+
+
+def is_cancelled(job: Mapping[str, str]) -> bool:
+    """``scontrol show job`` fields of a job being cancelled (``scancel``): ``CANCELLED``, or
+    ``COMPLETING`` with no reason while its processes are killed (at the time limit the
+    reason is ``TimeLimit``; a preemption or a node failure name theirs too)."""
+    state, reason = job.get("JobState", ""), job.get("Reason", "")
+    return state == "CANCELLED" or (state == "COMPLETING" and reason in ("", "None"))
 
 
 def is_failed(state: str) -> bool:

@@ -37,3 +37,19 @@ def test_lead_time_warning_in_the_job_log(tmp_path):
     assert "--signal=B:USR1@80" in w.wait_line("warning: the stop signal came")
     warn = [e for e in read_events(ckpt) if e["event"] == "lead_time_warning"]
     assert warn and warn[0]["suggested_signal"] == "B:USR1@80"
+
+
+def test_no_lead_time_warning_for_a_cancelled_job(tmp_path):
+    ckpt = tmp_path / "ck"
+    ckpt.mkdir()
+    append_event(ckpt, "checkpoint", seconds=40.0, step=3)
+    end = datetime.fromtimestamp(int(time.time())).strftime("%Y-%m-%dT%H:%M:%S")
+    squeue = fake(tmp_path, "squeue", f"echo {shlex.quote(end)}")
+    scontrol = fake(tmp_path, "scontrol", "echo JobId=700 JobState=COMPLETING Reason=None")
+    env = clean_env(SLURM_JOB_ID="700", HPCCKPT_SQUEUE=squeue, HPCCKPT_SCONTROL=scontrol)
+    w = Wrapped(ckpt, app("stop"), env=env)
+    wait_state(ckpt, "running")
+    w.send(signal.SIGUSR1)
+    w.wait()
+    assert "the stop signal came" not in w.stderr
+    assert not [e for e in read_events(ckpt) if e["event"] == "lead_time_warning"]

@@ -47,3 +47,18 @@ def test_failed_states():
     assert all(map(nodes.is_failed, ["down*", "down", "idle*", "fail", "down+drain"]))
     assert not any(map(nodes.is_failed, ["idle", "mixed", "allocated", "completing", ""]))
     assert nodes.parse_sinfo("n1 mixed\nn2 down*\n") == {"n1": "mixed", "n2": "down*"}
+
+
+@pytest.mark.parametrize(
+    ("state", "reason", "cancelled"),
+    [
+        ("CANCELLED", "None", True),
+        ("COMPLETING", "None", True),
+        ("COMPLETING", "", True),
+        ("COMPLETING", "TimeLimit", False),
+        ("RUNNING", "None", False),
+        ("TIMEOUT", "TimeLimit", False),
+    ],
+)
+def test_is_cancelled(state, reason, cancelled):
+    assert slurm.parse.is_cancelled({"JobState": state, "Reason": reason}) is cancelled
