@@ -46,7 +46,14 @@ def describe_returncode(returncode: int) -> str:
         return f"killed by signal SIG{signal_name(-returncode)}"
     if returncode > 128 and returncode - 128 in signal.Signals._value2member_map_:
         # srun and mpirun report a task killed by signal N as 128+N
-        return f"exit status {returncode} (a task killed by SIG{signal_name(returncode - 128)}?)"
+        name = signal_name(returncode - 128)
+        if name in ("TERM", "KILL"):
+            # srun --kill-on-bad-exit and mpirun end the other tasks this way after one failed
+            return (
+                f"exit status {returncode} (a task killed by SIG{name}, or the launcher ending "
+                "the step after one task failed: its error lines above name that task)"
+            )
+        return f"exit status {returncode} (a task killed by SIG{name}?)"
     return f"exit status {returncode}"
 
 

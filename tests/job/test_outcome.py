@@ -40,3 +40,12 @@ def test_classify():
         assert "finish()" in result.reason
     assert outcome.classify(-11, None, mine).reason.startswith("killed by signal SIGSEGV")
     assert [outcome.crash_exit_code(rc) for rc in (3, -9, -15, 0)] == [3, 137, 143, 1]
+
+
+def test_describe_returncode_names_the_launchers_take_down():
+    assert outcome.describe_returncode(-9) == "killed by signal SIGKILL"
+    assert "the launcher ending the step after one task failed" in (
+        outcome.describe_returncode(143)
+    )
+    assert outcome.describe_returncode(138) == "exit status 138 (a task killed by SIGUSR1?)"
+    assert outcome.describe_returncode(3) == "exit status 3"
