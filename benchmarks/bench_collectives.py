@@ -79,10 +79,10 @@ def table(results: dict[int, dict]) -> str:
             kinds = ", ".join(f"{k} {n}" for k, n in r0["kinds"].items())
             sys_ = res.get("strace") or {}
 
-            def get(rank: int, key: str) -> int:
+            def get(rank: int, key: str, sys_=sys_, name=name) -> int:
                 return sys_.get(f"{rank}/{name}", {}).get(key, 0)
 
-            def other(key: str) -> int:
+            def other(key: str, p=p) -> int:
                 return max((get(r, key) for r in range(1, p)), default=0)
 
             if sys_:
