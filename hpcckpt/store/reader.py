@@ -489,7 +489,9 @@ class CheckpointReader:
         info = self.arrays[name]
         k = rank * len(self.arrays) + info.column
         lo, hi = self._hash_offsets[k], self._hash_offsets[k + 1]
-        h = np.asarray(self._hash_dataset[lo:hi], dtype=np.uint64) if hi > lo else np.empty(0, "<u8")
+        h = np.empty(0, np.uint64)
+        if hi > lo:
+            h = np.asarray(self._hash_dataset[lo:hi], dtype=np.uint64)
         if blocks.hashes_checksum(h) != int(self.checksums[rank, info.column]):
             raise self._corrupt(
                 f"the block hashes of array {name!r} of rank {rank} fail their checksum"
