@@ -11,7 +11,9 @@ state: the file system is detected at the first save only) and a restore by a ne
 store. Printed per phase and rank count: the MPI collectives (total and by kind),
 barriers and point-to-point calls of a rank (the same on every rank, checked), and
 from the strace log the file opens (of them HDF5 files), fsyncs, renames and write
-calls of rank 0 and the largest of the other ranks.
+calls of rank 0 and the largest of the other ranks. "allreduce µs": one 8-byte
+allreduce on these ranks (median of 5 x 20, slowest rank), the unit a collective costs
+here (under strace: slower; ``--no-strace`` for the latency alone).
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -58,6 +62,15 @@ def worker(args: argparse.Namespace) -> None:
     b = {"u": np.empty_like(a)}
     phase("restore", lambda: CheckpointStore(ck, comm).restore(b))
     assert np.array_equal(a, b["u"])
+    world = MPI.COMM_WORLD  # the latency of one small allreduce here, median of 5 x 20
+    runs = []
+    for _ in range(5):
+        world.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(20):
+            world.allreduce(1.0, op=MPI.MAX)
+        runs.append(world.allreduce((time.perf_counter() - t0) / 20, op=MPI.MAX))
+    out["allreduce_us"] = statistics.median(runs) * 1e6
     everyone = MPI.COMM_WORLD.gather(out, root=0)
     if rank == 0:
         Path(args.out).write_text(json.dumps(everyone))
@@ -65,15 +78,15 @@ def worker(args: argparse.Namespace) -> None:
 
 def table(results: dict[int, dict]) -> str:
     lines = [
-        "| phase | ranks | collectives / rank | by kind | barriers | p2p / rank "
+        "| phase | ranks | allreduce µs | collectives / rank | by kind | barriers | p2p / rank "
         "| opens r0 (h5) | opens other max (h5) | fsyncs r0 / other max "
         "| renames r0 | writes r0 / other max |",
-        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name in PHASES:
         for p, res in results.items():
             mpi = res["mpi"]
-            ranks = [r[name] for r in mpi]
+            ranks = [r[name] for r in mpi]  # each rank's counts of this phase
             same = all(r["collectives"] == ranks[0]["collectives"] for r in ranks)
             r0 = ranks[0]
             kinds = ", ".join(f"{k} {n}" for k, n in r0["kinds"].items())
@@ -94,8 +107,9 @@ def table(results: dict[int, dict]) -> str:
                 )
             else:
                 io = "- | - | - | - | -"
+            coll = f"{r0['collectives']}{'' if same else ' (differs)'}"
             lines.append(
-                f"| {name} | {p} | {r0['collectives']}{'' if same else ' (differs)'} | "
+                f"| {name} | {p} | {mpi[0]['allreduce_us']:.0f} | {coll} | "
                 f"{kinds} | {r0['barriers']} | {max(r['p2p'] for r in ranks)} | {io} |"
             )
     return "\n".join(lines)
