@@ -13,7 +13,10 @@ barriers and point-to-point calls of a rank (the same on every rank, checked), a
 from the strace log the file opens (of them HDF5 files), fsyncs, renames and write
 calls of rank 0 and the largest of the other ranks. "allreduce µs": one 8-byte
 allreduce on these ranks (median of 5 x 20, slowest rank), the unit a collective costs
-here (under strace: slower; ``--no-strace`` for the latency alone).
+here (under strace: slower; ``--no-strace`` for the latency alone). "CPU ms": the CPU
+time (user + system, all threads) a rank spent in the phase, over the ranks: flat in
+P when a rank's own work does not grow with the rank count, whatever the wall time of
+P ranks sharing the cores.
 """
 
 from __future__ import annotations
@@ -52,9 +55,11 @@ def worker(args: argparse.Namespace) -> None:
     def phase(name: str, fn) -> None:
         comm.reset()
         mark(rank, f"{name}-begin")
+        cpu = time.process_time()
         fn()
+        cpu = time.process_time() - cpu
         mark(rank, f"{name}-end")
-        out[name] = summarize(comm.reset())
+        out[name] = {**summarize(comm.reset()), "cpu_ms": cpu * 1e3}
         MPI.COMM_WORLD.Barrier()
 
     phase("save1", lambda: store.save(1, {"u": a}))
@@ -78,10 +83,11 @@ def worker(args: argparse.Namespace) -> None:
 
 def table(results: dict[int, dict]) -> str:
     lines = [
-        "| phase | ranks | allreduce µs | collectives / rank | by kind | barriers | p2p / rank "
+        "| phase | ranks | allreduce µs | CPU ms min / median / max | collectives / rank "
+        "| by kind | barriers | p2p / rank "
         "| opens r0 (h5) | opens other max (h5) | fsyncs r0 / other max "
         "| renames r0 | writes r0 / other max |",
-        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name in PHASES:
         for p, res in results.items():
@@ -108,8 +114,10 @@ def table(results: dict[int, dict]) -> str:
             else:
                 io = "- | - | - | - | -"
             coll = f"{r0['collectives']}{'' if same else ' (differs)'}"
+            cpu = sorted(r["cpu_ms"] for r in ranks)
             lines.append(
-                f"| {name} | {p} | {mpi[0]['allreduce_us']:.0f} | {coll} | "
+                f"| {name} | {p} | {mpi[0]['allreduce_us']:.0f} | "
+                f"{cpu[0]:.1f} / {statistics.median(cpu):.1f} / {cpu[-1]:.1f} | {coll} | "
                 f"{kinds} | {r0['barriers']} | {max(r['p2p'] for r in ranks)} | {io} |"
             )
     return "\n".join(lines)
