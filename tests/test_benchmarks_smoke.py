@@ -190,3 +190,15 @@ def test_bench_ranks_prints_the_curve(tmp_path: Path) -> None:
     results = json.loads(out.read_text())["results"]
     assert set(results) == {"2/ompio", "3/ompio"}
     assert all(r["save"] > 0 and r["restore"] > 0 for recs in results.values() for r in recs)
+
+
+def test_bench_collectives_prints_the_counts(tmp_path: Path) -> None:
+    out = tmp_path / "counts.json"
+    argv = [str(BENCH / "bench_collectives.py"), "--ranks", "2,3", "--kib", "64"]
+    proc = _run([*argv, "--dir", str(tmp_path / "scratch"), "--json", str(out)])
+    assert "| save2 | 3 |" in proc.stdout and "| restore | 2 |" in proc.stdout, proc.stdout
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"2", "3"}
+    for res in results.values():
+        assert all(rank["save2"]["collectives"] > 0 for rank in res["mpi"])
+        assert res["strace"]["0/save2"]["fsyncs"] >= 1

@@ -228,19 +228,23 @@ class CheckpointReader:
         if d.ndim != 1 or d.dtype != np.uint64:
             raise self._corrupt(f"meta/block_hashes is {d.dtype}{list(d.shape)}, not uint64[n]")
         offs = self._offsets(d.attrs.get("offsets"), n * len(names), d.shape[0], "block_hashes")
-        for r in range(n):
-            for name in names:
-                info = self.arrays[name]
-                k = r * len(names) + info.column
-                elems = blocks.block_elems(info.dtype.itemsize, self.block_size)
-                want = blocks.nblocks(info.rank_elems(r), elems)
-                if offs[k + 1] - offs[k] != want:
-                    raise self._corrupt(
-                        f"meta/block_hashes holds {offs[k + 1] - offs[k]} hashes for array "
-                        f"{name!r} of rank {r}, which has {want} blocks"
-                    )
+        held = np.diff(np.asarray(offs, dtype=np.int64)).reshape(n, len(names))
+        for name in names:  # numpy over the ranks: every rank opens this file
+            info = self.arrays[name]
+            elems = blocks.block_elems(info.dtype.itemsize, self.block_size)
+            sizes = np.diff(np.asarray(info.rank_offsets, dtype=np.int64))  # checked to fit
+            if info.layout == "rows":
+                sizes *= int(np.prod(info.trailing, dtype=np.int64))
+            want = -(-sizes // elems)
+            wrong = np.nonzero(held[:, info.column] != want)[0]
+            if wrong.size:
+                r = int(wrong[0])
+                raise self._corrupt(
+                    f"meta/block_hashes holds {held[r, info.column]} hashes for array "
+                    f"{name!r} of rank {r}, which has {want[r]} blocks"
+                )
         self._hash_offsets = offs
-        self._hashes = np.asarray(d[...], dtype=np.uint64)
+        self._hash_dataset = d  # read per (rank, array) when asked: not p ranks' hashes each
 
     def _delta_index(self, name: str, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(blocks, starts, rank pointers) of an array's changed blocks, validated."""
@@ -484,7 +488,10 @@ class CheckpointReader:
         """Rank ``rank``'s block hashes of array ``name`` in this file, checksum verified."""
         info = self.arrays[name]
         k = rank * len(self.arrays) + info.column
-        h = self._hashes[self._hash_offsets[k] : self._hash_offsets[k + 1]]
+        lo, hi = self._hash_offsets[k], self._hash_offsets[k + 1]
+        h = np.empty(0, np.uint64)
+        if hi > lo:
+            h = np.asarray(self._hash_dataset[lo:hi], dtype=np.uint64)
         if blocks.hashes_checksum(h) != int(self.checksums[rank, info.column]):
             raise self._corrupt(
                 f"the block hashes of array {name!r} of rank {rank} fail their checksum"

@@ -738,6 +738,18 @@ class CheckpointStore:
         """Committed checkpoints as rank 0 sees them, newest first (same list on every rank)."""
         return self.comm.bcast(layout.scan(self.directory) if self.rank == 0 else None)
 
+    def _listing(self, guard_first: bool) -> tuple[list[layout.Entry], bool | None]:
+        """:meth:`entries` and, with ``guard_first``, whether an earlier restore died
+        reading the first good candidate (:meth:`_died_reading`, which guards it for the
+        read that follows): both in one bcast. None: not guarded."""
+        out = None
+        if self.rank == 0:
+            entries = layout.scan(self.directory)
+            first = next((e for e in entries if e.good_candidate), None)
+            died = self._died_reading(first) if guard_first and first is not None else None
+            out = (entries, died)
+        return self.comm.bcast(out)
+
     def _gather(
         self, problem: str | None, fatal: str | None, payload: Any = None, culprit: Any = None
     ) -> list[Any]:
@@ -930,7 +942,7 @@ class CheckpointStore:
         targets = Targets()
         skipped: list[tuple[int, str]] = []
         local_skipped: list[tuple[int, str]] = []  # node-local checkpoints that could not be
-        entries = self.entries()
+        entries, died = self._listing(guard_first=cache is None)
         if cache is not None:
             newest = max((e.step for e in entries if e.good_candidate), default=-1)
             if only is not None:
@@ -945,9 +957,13 @@ class CheckpointStore:
             if not entry.good_candidate:
                 skipped.append((entry.step, f"marked bad earlier: {entry.bad_reason}"))
                 continue
-            if self.comm.bcast(self._died_reading(entry) if self.rank == 0 else None):
+            if died is None:  # not guarded with the listing: one more bcast
+                died = self.comm.bcast(self._died_reading(entry) if self.rank == 0 else None)
+            if died:
+                died = None
                 skipped.append((entry.step, READ_CRASH))
                 continue
+            died = None  # the next candidate (a fallback) is guarded on its own
             try:
                 faults.fault_point("restore.reading", entry.step)
                 tree, arrays, saved, chain_state = self._load(entry, state, targets, only)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +15,8 @@ from hpcckpt.store import layout
 from hpcckpt.store.errors import CheckpointError
 from hpcckpt.store.reader import CheckpointReader
 from hpcckpt.store.store import CheckpointStore
-from tests.mpi_helpers import mpirun
+from tests.mpi_counting import strace_counts
+from tests.mpi_helpers import mpi_env, mpirun, mpirun_cmd
 
 pytestmark = pytest.mark.mpi
 
@@ -135,3 +138,66 @@ def test_a_failure_on_one_rank_raises_on_every_rank_without_hanging(tmp_path, n,
     for rep in reports:
         assert rep["error"].startswith(error) and f"rank {n - 1}" in rep["error"]
     assert layout.scan(tmp_path / "ck") == [] and layout.partials(tmp_path / "ck") == []
+
+
+# -- what a save and a restore cost in messages and files, per rank count ------------------
+COUNTS_APP = Path(__file__).parent / "apps" / "counts_app.py"
+#: The most MPI collectives a rank calls (docs/performance.md): the first save (it also
+#: detects the file system), every later save, a restore. Point-to-point: none.
+MAX_COLLECTIVES = {"save1": 8, "save2": 7, "restore": 4}
+
+
+def counted(n: int, directory: Path, *extra: str) -> tuple[list[dict], dict]:
+    """Each rank's MPI counts per phase, and the strace counts per (rank, phase)."""
+    strace = shutil.which("strace")
+    if strace is None:
+        pytest.fail("strace not found: install it (apt-get install strace)")
+    log = directory.parent / f"strace-{n}-{'-'.join(extra)}.log"
+    argv = [strace, "-f", "-o", str(log), *mpirun_cmd(n, [COUNTS_APP, directory, *extra])]
+    r = subprocess.run(argv, env=mpi_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    reports = sorted(
+        (json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")),
+        key=lambda rep: rep["rank"],
+    )
+    assert len(reports) == n, r.stdout
+    return reports, strace_counts(log)
+
+
+def cost_problems(runs: dict[int, tuple[list[dict], dict]]) -> list[str]:
+    """What grows with the rank count or passes the bound, between runs on 2 and 3 ranks."""
+    problems = []
+    for phase, bound in MAX_COLLECTIVES.items():
+        seen = {}
+        for n, (reports, sys_counts) in runs.items():
+            for rep in reports:
+                c = rep[phase]
+                if c["p2p"]:
+                    problems.append(f"{phase}: rank {rep['rank']}/{n} sent or received {c['p2p']}")
+                if c["collectives"] > bound:
+                    problems.append(f"{phase}: {c['collectives']} collectives > {bound}: {c}")
+            other = [sys_counts[(r, phase)] for r in range(1, n)]
+            seen[n] = (
+                reports[0][phase]["kinds"],
+                reports[-1][phase]["kinds"],
+                dict(sys_counts[(0, phase)]),
+                {k: max(o[k] for o in other) for k in ("opens", "fsyncs", "h5_opens")},
+            )
+        if seen[2] != seen[3]:
+            problems.append(f"{phase}: per rank counts differ on 2 and 3 ranks: {seen}")
+    return problems
+
+
+def test_a_save_and_a_restore_cost_each_rank_the_same_at_any_rank_count(tmp_path):
+    runs = {n: counted(n, tmp_path / f"ck{n}") for n in (2, 3)}
+    assert cost_problems(runs) == []
+    reports, sys_counts = runs[3]
+    assert sys_counts[(0, "save2")]["fsyncs"] >= 2  # the file and its directory: durable
+    assert all(sys_counts[(r, "save2")]["fsyncs"] >= 1 for r in range(3))
+
+
+def test_a_per_rank_message_loop_is_caught(tmp_path):
+    runs = {n: counted(n, tmp_path / f"ck{n}", "p2p") for n in (2, 3)}
+    problems = cost_problems(runs)
+    assert any("sent or received" in p for p in problems), problems
+    assert any("differ on 2 and 3 ranks" in p for p in problems), problems
