@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEB_PKGS=(slurm-wlm munge openmpi-bin libopenmpi-dev libhdf5-openmpi-dev pkg-config)
+DEB_PKGS=(slurm-wlm munge openmpi-bin libopenmpi-dev libhdf5-openmpi-dev pkg-config strace)
 VENV=${HPCCKPT_VENV:-.venv}
 PY=${PYTHON:-python3}
 
