@@ -474,7 +474,7 @@ class CheckpointStore:
         where = f" in {cache}" if cache is not None else " in memory"
         self._agree(error, f"staging checkpoint of step {step}{where}")
         if cache is not None and copy is None:
-            why = self._seal_local(cache, step, uid, tree, arrays, hashes, offsets)
+            why = local_tier.seal(self, cache, step, uid, tree, arrays, hashes, offsets)
             if why is None:
                 self.local_newer = False
             else:  # the drain goes on; this copy just cannot be restored
@@ -512,19 +512,6 @@ class CheckpointStore:
         """A node-local checkpoint only (no drain), with its redundancy; collective
         (:func:`.local_tier.save_local`)."""
         return local_tier.save_local(self, step, state, cache)
-
-    def _seal_local(
-        self,
-        cache: Path,
-        step: int,
-        uid: str,
-        tree: Any,
-        arrays: dict[str, np.ndarray],
-        hashes: dict[str, Any],
-        offsets: dict[str, int],
-    ) -> str | None:
-        """Write the redundancy, then seal every rank's copy (:func:`.local_tier.seal`)."""
-        return local_tier.seal(self, cache, step, uid, tree, arrays, hashes, offsets)
 
     def finish_save(self, pending: PendingSave) -> SaveResult:
         """Wait for every rank's background write, then commit; collective.
@@ -948,9 +935,11 @@ class CheckpointStore:
             if only is not None:
                 local = None
             elif self.redundancy is not None:
-                local = self._restore_rebuilt(state, cache, newest, local_skipped, targets)
+                local = local_tier.restore_rebuilt(
+                    self, state, cache, newest, local_skipped, targets
+                )
             else:
-                local = self._restore_local(state, cache, newest, targets)
+                local = local_tier.restore_local(self, state, cache, newest, targets)
             if local is not None:
                 return local
         for entry in entries:
@@ -1007,24 +996,6 @@ class CheckpointStore:
         except (CheckpointError, ValueError, TypeError) as exc:
             error = exc
         self._agree(error, "loading the restored state")
-
-    def _restore_rebuilt(
-        self,
-        state: dict[str, Any],
-        cache: Path,
-        newest: int,
-        skipped: list[tuple[int, str]],
-        targets: Targets,
-    ) -> RestoreResult | None:
-        """Restore from the node-local tier, moving and rebuilding copies
-        (:func:`.local_tier.restore_rebuilt`)."""
-        return local_tier.restore_rebuilt(self, state, cache, newest, skipped, targets)
-
-    def _restore_local(
-        self, state: dict[str, Any], cache: Path, newest: int, targets: Targets
-    ) -> RestoreResult | None:
-        """A node-local copy newer than step ``newest`` (:func:`.local_tier.restore_local`)."""
-        return local_tier.restore_local(self, state, cache, newest, targets)
 
 
 #: Why a checkpoint whose reading killed an earlier restore is skipped.
