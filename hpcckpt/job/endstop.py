@@ -103,9 +103,10 @@ class EndStop:
         self._thread.start()
 
     def _follow(self) -> None:
-        """Read the end time now, then again every ``refresh`` seconds until the stop fired."""
+        """Read the end time now, then again every ``refresh`` seconds until the stop fired
+        (also after a failed first reading: a busy controller may answer later)."""
         self._load()
-        while self.plan is not None and not self.fired and not self._quit.wait(self.refresh):
+        while not self.fired and not self._quit.wait(self.refresh):
             self._load()
 
     def close(self) -> None:
@@ -113,14 +114,16 @@ class EndStop:
         self._quit.set()
 
     def _load(self) -> None:
-        """One reading of the end time. The first failure disarms the stop; a later one
-        keeps the plan made from the last good reading (squeue failed once)."""
+        """One reading of the end time. A failure before any plan leaves the stop unarmed
+        until a reading succeeds; a later one keeps the plan made from the last good
+        reading (squeue failed once)."""
         try:
             end = self._fetch_end()
             if end is None:  # no limit (any more): nothing to stop for
                 self.error = "Slurm reports no end time" + (" any more" if self.plan else "")
                 self.plan = None
                 return
+            self.error = None
             self.plan = plan(
                 end,
                 list(self._history()),

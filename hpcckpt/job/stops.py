@@ -83,6 +83,7 @@ class WrapperStops:
         self.w = wrapper
         self.end: endstop.EndStop | None = None
         self._armed_for: float | None = None  # the end time the last "armed" line named
+        self._unarmed_noted = False  # said once that no end time could be read
         self.shell = batchshell.check(wrapper.environ, os.getpid())
         if self.shell is not None and not self.shell.exec_ok:
             wrapper.log(f"warning: {self.shell.problem()}", WARN)
@@ -138,6 +139,8 @@ class WrapperStops:
                 return []
 
         default = endstop.DEFAULT_COST if w.config.app_mode else 0.0
+        if self.end is not None:
+            self.end.close()  # a relaunched step: the previous step's reader stops
         self.end = endstop.EndStop(fetch_end, history, signal_lead=lead, default_cost=default)
         self.end.start()
 
@@ -146,12 +149,15 @@ class WrapperStops:
         end = self.end
         if end is None or end.fired:
             return
-        if end.error is not None:
-            self.w.log(f"note: no end-time stop: {end.error}")
-            end.fired = True
-            return
         plan = end.plan  # the background reader may replace it at any moment
         if plan is None:
+            error = end.error
+            if error is not None and not self._unarmed_noted:
+                self.w.log(
+                    f"note: no end-time stop: {error}; reading the end time again every "
+                    f"{end.refresh:.0f} s"
+                )
+                self._unarmed_noted = True
             return
         if self._armed_for is None:
             self.w.log(f"end-time stop armed: {plan.describe()}")

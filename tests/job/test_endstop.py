@@ -84,3 +84,29 @@ def test_end_stop_disarms_when_the_limit_is_removed():
     ends[0] = None
     stop._load()
     assert stop.plan is None and "any more" in stop.error and not stop.due()
+
+
+def test_end_stop_arms_once_a_failed_first_reading_succeeds():
+    """squeue fails at the start (a busy controller): the stop is not armed, but the end
+    time is read again and the stop arms when a reading succeeds."""
+    answers: list[float | None] = [-1.0]
+
+    def fetch() -> float | None:
+        if answers[0] is not None and answers[0] < 0:
+            raise RuntimeError("squeue timed out")
+        return answers[0]
+
+    stop = endstop.EndStop(fetch, lambda: [], default_cost=0.0, refresh=0.05)
+    stop.start()
+    try:
+        deadline = time.monotonic() + 5
+        while stop.error is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert stop.plan is None and stop.error == "squeue timed out" and not stop.due()
+        end = time.time() + 3600.0
+        answers[0] = end
+        while stop.plan is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert stop.plan is not None and stop.plan.end == end and stop.error is None
+    finally:
+        stop.close()
