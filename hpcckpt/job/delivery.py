@@ -31,6 +31,7 @@ from __future__ import annotations
 import enum
 import os
 import signal
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -114,8 +115,6 @@ def signal_on_every_node(
     """Run :mod:`hpcckpt.job.rank_signal` once on each of the job's ``nodes``: every node's
     ranks get ``sig`` from their own node's signaller. Raises :class:`SlurmError` when the
     step fails or a node did not report."""
-    import sys
-
     command = [sys.executable, "-m", "hpcckpt.job.rank_signal", sig.name, job_id]
     out = commands.run_on_nodes(job_id, nodes, command, timeout=timeout, environ=environ)
     reports = rank_signal.parse_reports(out)
@@ -194,14 +193,7 @@ def deliver(
 
 
 def _signal_all(pids: list[int], sig: signal.Signals) -> list[str]:
-    sent = []
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-            sent.append(str(pid))
-        except ProcessLookupError:
-            continue
-    return sent
+    return [str(pid) for pid in rank_signal.signal_all(pids, sig)]
 
 
 def task_processes(slurm_job_id: str) -> list[int]:

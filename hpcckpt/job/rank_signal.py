@@ -19,10 +19,11 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from hpcckpt import procfs
+from hpcckpt.signames import parse_signal, short_name
 from hpcckpt.slurm import env as slurm_env
 
 RANK_ENV = "OMPI_COMM_WORLD_RANK"
@@ -42,18 +43,25 @@ def ranks_here(job: str, node: str | None) -> dict[int, str]:
     return {pid: found[pid] for pid in procfs.topmost(set(found))}
 
 
-def signal_here(sig: signal.Signals, job: str, environ: Mapping[str, str]) -> dict[str, Any]:
-    """Send ``sig`` to this job's ranks on this node; the report of what was signalled."""
-    node = slurm_env.node_name(environ)
-    pids, ranks = [], []
-    for pid, rank in ranks_here(job, node).items():
+def signal_all(pids: Iterable[int], sig: signal.Signals) -> list[int]:
+    """Send ``sig`` to each of ``pids``; those that were still there to receive it."""
+    sent = []
+    for pid in pids:
         try:
             os.kill(pid, sig)
         except ProcessLookupError:
             continue
-        pids.append(pid)
-        ranks.append(int(rank) if rank.isdigit() else rank)
-    return {"node": node, "signal": sig.name.removeprefix("SIG"), "pids": pids, "ranks": ranks}
+        sent.append(pid)
+    return sent
+
+
+def signal_here(sig: signal.Signals, job: str, environ: Mapping[str, str]) -> dict[str, Any]:
+    """Send ``sig`` to this job's ranks on this node; the report of what was signalled."""
+    node = slurm_env.node_name(environ)
+    found = ranks_here(job, node)
+    pids = signal_all(found, sig)
+    ranks = [int(found[p]) if found[p].isdigit() else found[p] for p in pids]
+    return {"node": node, "signal": short_name(sig), "pids": pids, "ranks": ranks}
 
 
 def parse_reports(output: str) -> list[dict[str, Any]]:
@@ -75,9 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     name, job = args
     try:
-        sig = signal.Signals["SIG" + name.upper().removeprefix("SIG")]
-    except KeyError:
-        print(f"rank_signal: unknown signal {name!r} (e.g. TERM, INT)", file=sys.stderr)
+        sig = parse_signal(name)
+    except ValueError as exc:
+        print(f"rank_signal: {exc}", file=sys.stderr)
         return 2
     print(PREFIX + json.dumps(signal_here(sig, job, os.environ)), flush=True)
     return 0
