@@ -89,6 +89,20 @@ class WrapperStops:
             wrapper.log(f"warning: {self.shell.problem()}", WARN)
             wrapper.log(f"fix: {self.shell.fix()}", WARN)
 
+    def _history(self) -> list[dict[str, Any]]:
+        """The run's events so far: the measured checkpoint costs the stop plans with."""
+        try:
+            return list(events.read_events(self.w.config.ckpt_dir))
+        except OSError:
+            return []
+
+    def _signal_lead(self) -> float | None:
+        """The script's ``--signal`` lead when that signal may kill a non-``exec``'d shell."""
+        return self.shell.signal_lead if self.shell is not None and not self.shell.exec_ok else None
+
+    def _default_cost(self) -> float:
+        return endstop.DEFAULT_COST if self.w.config.app_mode else 0.0
+
     def seconds_to_stop(self, continues: bool) -> float | None:
         """Seconds from now to the end-time stop (one ``squeue`` now), None when there is
         none or Slurm cannot tell: what ``HPCCKPT_INTERVAL`` is fitted to."""
@@ -102,21 +116,19 @@ class WrapperStops:
             return None
         if end is None:
             return None
-        try:
-            history = list(events.read_events(w.config.ckpt_dir))
-        except OSError:
-            history = []
-        lead = self.shell.signal_lead if self.shell is not None and not self.shell.exec_ok else None
-        default = endstop.DEFAULT_COST if w.config.app_mode else 0.0
-        got = endstop.plan(end.timestamp(), history, signal_lead=lead, default_cost=default)
+        got = endstop.plan(
+            end.timestamp(),
+            self._history(),
+            signal_lead=self._signal_lead(),
+            default_cost=self._default_cost(),
+        )
         return got.stop_at - time.time()
 
     def arm(self, continues: bool) -> None:
         """After the step started: record the shell problem, start the end-time stop."""
         w = self.w
-        lead = None
+        lead = self._signal_lead()
         if self.shell is not None and not self.shell.exec_ok:
-            lead = self.shell.signal_lead
             w.event(
                 events.NOT_BATCH_SHELL,
                 parent=self.shell.parent,
@@ -132,16 +144,11 @@ class WrapperStops:
             end = commands.end_time(target, environ=w.environ)
             return None if end is None else end.timestamp()
 
-        def history() -> list[dict[str, Any]]:
-            try:
-                return list(events.read_events(w.config.ckpt_dir))
-            except OSError:
-                return []
-
-        default = endstop.DEFAULT_COST if w.config.app_mode else 0.0
         if self.end is not None:
             self.end.close()  # a relaunched step: the previous step's reader stops
-        self.end = endstop.EndStop(fetch_end, history, signal_lead=lead, default_cost=default)
+        self.end = endstop.EndStop(
+            fetch_end, self._history, signal_lead=lead, default_cost=self._default_cost()
+        )
         self.end.start()
 
     def tick(self) -> None:
