@@ -127,7 +127,7 @@ def srun_command(
     """
     env = os.environ if environ is None else environ
     chosen = kill_on_bad_exit_set(env) or any(
-        a == "-K" or a.startswith(("--kill-on-bad-exit", "-K")) for a in args
+        a.startswith(("--kill-on-bad-exit", "-K")) for a in args
     )
     extra = [KILL_ON_BAD_EXIT] if kill_on_bad_exit and not chosen else []
     return [env.get(SRUN_ENV) or "srun", *extra, *args]
