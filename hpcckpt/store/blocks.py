@@ -54,12 +54,8 @@ def flat_bytes(data: np.ndarray) -> memoryview:
 def block_hashes(data: np.ndarray, block_size: int) -> np.ndarray:
     """uint64[nblocks]: the xxh3-64 of each block of ``data``'s C-order bytes."""
     step = block_elems(data.dtype.itemsize, block_size) * data.dtype.itemsize
-    raw = flat_bytes(data) if data.size else memoryview(b"")
-    n = nblocks(len(raw), step)
-    out = np.empty(n, dtype=np.uint64)
-    digest = xxhash.xxh3_64_intdigest
-    for j in range(n):
-        out[j] = digest(raw[j * step : (j + 1) * step])
+    out = np.empty(nblocks(data.nbytes, step), dtype=np.uint64)
+    BlockHasher(data, block_size, out).upto(data.nbytes)
     return out
 
 
