@@ -86,8 +86,10 @@ class EndStop:
         signal_lead: float | None = None,
         default_cost: float = DEFAULT_COST,
         refresh: float = REFRESH,
+        known_end: float | None = None,
     ) -> None:
         self._fetch_end = fetch_end
+        self._known_end = known_end  # read just before the step started: not read twice
         self.refresh = refresh
         self._quit = threading.Event()
         self._history = history
@@ -104,8 +106,9 @@ class EndStop:
 
     def _follow(self) -> None:
         """Read the end time now, then again every ``refresh`` seconds until the stop fired
-        (also after a failed first reading: a busy controller may answer later)."""
-        self._load()
+        (also after a failed first reading: a busy controller may answer later). An end
+        time the wrapper read just before the step started stands for the first reading."""
+        self._load(self._known_end)
         while not self.fired and not self._quit.wait(self.refresh):
             self._load()
 
@@ -113,12 +116,12 @@ class EndStop:
         """Stop reading the end time (the step ended)."""
         self._quit.set()
 
-    def _load(self) -> None:
-        """One reading of the end time. A failure before any plan leaves the stop unarmed
-        until a reading succeeds; a later one keeps the plan made from the last good
-        reading (squeue failed once)."""
+    def _load(self, known: float | None = None) -> None:
+        """One reading of the end time (``known``: one already read). A failure before any
+        plan leaves the stop unarmed until a reading succeeds; a later one keeps the plan
+        made from the last good reading (squeue failed once)."""
         try:
-            end = self._fetch_end()
+            end = self._fetch_end() if known is None else known
             if end is None:  # no limit (any more): nothing to stop for
                 self.error = "Slurm reports no end time" + (" any more" if self.plan else "")
                 self.plan = None

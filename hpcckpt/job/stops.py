@@ -84,6 +84,7 @@ class WrapperStops:
         self.end: endstop.EndStop | None = None
         self._armed_for: float | None = None  # the end time the last "armed" line named
         self._unarmed_noted = False  # said once that no end time could be read
+        self._read_end: float | None = None  # by seconds_to_stop, for the end-time stop
         self.shell = batchshell.check(wrapper.environ, os.getpid())
         if self.shell is not None and not self.shell.exec_ok:
             wrapper.log(f"warning: {self.shell.problem()}", WARN)
@@ -116,6 +117,7 @@ class WrapperStops:
             return None
         if end is None:
             return None
+        self._read_end = end.timestamp()  # the end-time stop starts from this reading
         got = endstop.plan(
             end.timestamp(),
             self._history(),
@@ -146,8 +148,13 @@ class WrapperStops:
 
         if self.end is not None:
             self.end.close()  # a relaunched step: the previous step's reader stops
+        known, self._read_end = self._read_end, None  # a relaunched step reads again
         self.end = endstop.EndStop(
-            fetch_end, self._history, signal_lead=lead, default_cost=self._default_cost()
+            fetch_end,
+            self._history,
+            signal_lead=lead,
+            default_cost=self._default_cost(),
+            known_end=known,
         )
         self.end.start()
 

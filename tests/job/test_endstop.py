@@ -110,3 +110,31 @@ def test_end_stop_arms_once_a_failed_first_reading_succeeds():
         assert stop.plan is not None and stop.plan.end == end and stop.error is None
     finally:
         stop.close()
+
+
+def test_an_end_time_read_before_the_step_is_not_read_again_at_once():
+    """The wrapper read the end time for HPCCKPT_INTERVAL just before the step started:
+    the stop is planned from that reading, and Slurm is asked again only a refresh later."""
+    calls: list[float] = []
+    known = time.time() + 3600.0
+
+    def fetch() -> float:
+        calls.append(time.monotonic())
+        return known - 600.0  # the limit was shortened since
+
+    stop = endstop.EndStop(fetch, lambda: [], default_cost=0.0, refresh=0.3, known_end=known)
+    started = time.monotonic()
+    stop.start()
+    try:
+        deadline = started + 5
+        while stop.plan is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert stop.plan is not None and stop.plan.end == known and not calls
+        while not calls and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert calls and calls[0] - started >= 0.3  # the next reading: a refresh later
+        while stop.plan.end == known and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert stop.plan.end == known - 600.0
+    finally:
+        stop.close()
