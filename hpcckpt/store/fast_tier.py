@@ -351,12 +351,6 @@ def remove(
             safety.remove_leftover(cache / name)
 
 
-def set_aside(copy: LocalCopy, reason: str) -> None:
-    """Make a copy that failed verification invisible (its manifest renamed ``.bad``)."""
-    set_aside_file(copy.path)
-    del reason  # the caller logs it
-
-
 def set_aside_file(manifest: Path) -> bool:
     """Rename a node-local manifest found damaged (:func:`.layout.set_aside_name`); whether
     this call did (False: it was gone already)."""

@@ -225,9 +225,21 @@ def restore_rebuilt(
 
 
 def restore_local(
-    store: CheckpointStore, state: dict[str, Any], cache: Path, newest: int, targets: Targets
+    store: CheckpointStore,
+    state: dict[str, Any],
+    cache: Path,
+    newest: int,
+    skipped: list[tuple[int, str]],
+    targets: Targets,
 ) -> RestoreResult | None:
-    """Restore a node-local copy newer than step ``newest``, if every rank has it whole."""
+    """Restore the node-local copy newer than step ``newest`` if every rank has it whole
+    (one copy per rank is kept: a sealed copy replaces the older ones); else into
+    ``skipped`` with the reason.
+
+    Without redundancy a damaged part cannot be rebuilt: the rank that holds it sets it
+    aside (:attr:`CheckpointStore.local_set_aside`, never tried again); the other ranks'
+    sound parts stay until the next save replaces them.
+    """
     mine = fast_tier.scan(cache, store.directory, store.rank, store.nranks)
     offers = store.comm.allgather({(c.step, c.uid) for c in mine if c.step > newest})
     common = set.intersection(*offers)
@@ -238,26 +250,28 @@ def restore_local(
         return None
     step, uid = max(common)
     copy = next(c for c in mine if (c.step, c.uid) == (step, uid))
-    problem = fatal = None
+    problem = fatal = aside = None
     arrays: dict[str, Any] = {}
     try:
         arrays = fast_tier.load(copy)
     except (CorruptCheckpoint, OSError, ValueError) as exc:
         problem = f"rank {store.rank}: {exc}"
+        if fast_tier.set_aside_file(copy.path):
+            aside = (step, store.node, copy.path.name, problem)
     if not any(store.comm.allgather(problem)):
         # Replicated arrays are in rank 0's copy only (the others hold stand-ins).
         for name in store.comm.bcast(copy.replicated if store.rank == 0 else None):
             arrays[name] = _bcast_array(store.comm, arrays.get(name))
         fatal = check_fits(state, copy.tree, arrays, targets)
-    outcome = store.comm.allgather((problem, fatal))
-    problems = [p for p, _ in outcome if p]
-    fatals = [f for _, f in outcome if f]
+    outcome = store.comm.allgather((problem, fatal, aside))
+    problems = [p for p, _, _ in outcome if p]
+    fatals = [f for _, f, _ in outcome if f]
     if problems or fatals:
         why = "; ".join((problems or fatals)[:4])
         if store.rank == 0:
             log.warning("node-local copy of step %d not used (%s)", step, why)
-        if problems:  # damaged: hide it; a sound copy that does not fit stays
-            fast_tier.set_aside(copy, why)
+        skipped.append((step, why))
+        store.local_set_aside += [a for _, _, a in outcome if a]
         return None
     store._decode(state, copy.tree, arrays, targets)
     store.last = None  # the next save is a full one, in the directory

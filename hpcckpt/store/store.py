@@ -939,7 +939,7 @@ class CheckpointStore:
                     self, state, cache, newest, local_skipped, targets
                 )
             else:
-                local = local_tier.restore_local(self, state, cache, newest, targets)
+                local = local_tier.restore_local(self, state, cache, newest, local_skipped, targets)
             if local is not None:
                 return local
         for entry in entries:

@@ -311,9 +311,12 @@ def test_kill_mid_drain_with_cache_then_rerun(killed_with_cache, references, cas
         assert "node-local copy of step 14 not used" in proc.stderr
         assert "checksum" in proc.stderr
         left = result["cache_after_restore"]
-        for rank in (0, 1):  # every rank's part of the copy is set aside
-            assert fast_tier.manifest_name(FAULT_STEP, rank) + ".bad" in left
-            assert fast_tier.manifest_name(FAULT_STEP, rank) not in left
+        damaged = fast_tier.manifest_name(FAULT_STEP, 1)
+        assert damaged + ".bad" in left and damaged not in left  # the damaged part only:
+        assert fast_tier.manifest_name(FAULT_STEP, 0) in left  # never whole again, it stays
+        (aside,) = [e for e in events(d) if e["event"] == "local_set_aside"]
+        assert (aside["step"], aside["file"]) == (FAULT_STEP, damaged), aside
+        assert "checksum" in aside["reason"], aside
     if case == "node-lost":
         assert result["cache_after_restore"] is None
     # The leftover .partial of step 14 was removed; every checkpoint verifies.

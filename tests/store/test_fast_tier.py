@@ -304,11 +304,11 @@ def test_set_aside_hides_a_copy(dirs):
     stage(cache, directory, 5)
     stage(cache, directory, 4)
     newest = fast_tier.scan(cache, directory, 0, 2)[0]
-    fast_tier.set_aside(newest, "does not verify")
+    assert fast_tier.set_aside_file(newest.path)
     assert (cache / (fast_tier.manifest_name(5, 0) + ".bad")).is_file()
     assert not newest.path.exists()
     assert [c.step for c in fast_tier.scan(cache, directory, 0, 2)] == [4]
-    fast_tier.set_aside(newest, "again")  # already gone: no error
+    assert not fast_tier.set_aside_file(newest.path)  # already gone: no error
 
 
 # -- remove --------------------------------------------------------------------------------

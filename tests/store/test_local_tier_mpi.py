@@ -1,4 +1,4 @@
-"""Partner and XOR redundancy of the node-local tier under real mpirun (3 and 4 ranks).
+"""The node-local tier with partner, XOR or no redundancy under real mpirun (3 and 4 ranks).
 
 Each rank gets a fake node name (``Checkpointer(node_name=...)``) and the cache path
 ``.../%n``, so every "node" has its own directory on this one machine: wiping a
@@ -249,6 +249,26 @@ def set_aside_files(work: Path) -> list[str]:
 
 def events_of(work: Path, kind: str) -> list[dict]:
     return [e for e in read_events(work / "ck") if e["event"] == kind]
+
+
+def test_without_redundancy_only_the_damaged_part_is_set_aside_with_its_event(tmp_path):
+    # no redundancy: rank 0's damaged part of step 6 cannot be rebuilt, so the restore
+    # falls back to the directory; only that part is set aside, and the event names it
+    nodes = ["n1", "n2", "n3"]
+    run(tmp_path, 3, "save", nodes)
+    flip_byte(tmp_path / "cache" / "n1" / fast_tier.data_name(6, 0))
+    results = run(tmp_path, 3, "restore", nodes)
+    assert [(r["step"], r["same"]) for r in results] == [(DRAINED, True)] * 3
+    name = fast_tier.manifest_name(6, 0)
+    (aside,) = events_of(tmp_path, "local_set_aside")
+    assert (aside["step"], aside["node"], aside["file"]) == (6, "n1", name), aside
+    assert "checksum" in aside["reason"], aside
+    (skip,) = events_of(tmp_path, "local_skipped")
+    assert skip["step"] == 6 and "checksum" in skip["reason"], skip
+    assert set_aside_files(tmp_path) == [f"n1/{name}.bad"]  # the sound parts stay
+    results = run(tmp_path, 3, "restore", nodes)  # not tried again
+    assert [(r["step"], r["same"]) for r in results] == [(DRAINED, True)] * 3
+    assert len(events_of(tmp_path, "local_set_aside")) == 1
 
 
 @pytest.mark.parametrize("scheme", ["xor", "partner"])
