@@ -28,6 +28,7 @@ import mmap
 import os
 import platform
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -259,6 +260,9 @@ class WriteTracker:
             self._fd = _open_uffd()
             self._pagemap = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
             self._vec = (ctypes.c_uint64 * 3 * _VEC)()
+            # Closing the userfaultfd unregisters all its memory: a tracker dropped
+            # without close() must not leave memory nobody else can register.
+            weakref.finalize(self, _close_fds, self._fd, self._pagemap)
 
     @property
     def tracked(self) -> set[str]:
@@ -346,8 +350,9 @@ class WriteTracker:
             pages.append(lo + idx.astype(np.int64) * PAGE)
         addrs = np.concatenate(pages) if pages else np.zeros(0, dtype=np.int64)
         self.scan.pages += int(addrs.size)
-        first = (addrs - t.ptr) // block_step
-        last = (addrs - t.ptr + PAGE - 1) // block_step
+        nblocks = -(-t.nbytes // block_step)
+        first = np.maximum(addrs - t.ptr, 0) // block_step
+        last = np.minimum((addrs - t.ptr + PAGE - 1) // block_step, nblocks - 1)
         span = int((last - first).max()) if addrs.size else 0
         out = [np.minimum(first + k, last) for k in range(span + 1)]
         return np.unique(np.concatenate(out).astype(np.int64))
@@ -389,10 +394,17 @@ class WriteTracker:
 
     def close(self) -> None:
         self.reset()
-        for f in (self._fd, self._pagemap):
-            if f >= 0:
-                os.close(f)
+        _close_fds(self._fd, self._pagemap)
         self._fd = self._pagemap = -1
+
+
+def _close_fds(*fds: int) -> None:
+    for f in fds:
+        if f >= 0:
+            try:
+                os.close(f)
+            except OSError:
+                pass  # closed already
 
 
 def _span(array: np.ndarray) -> tuple[int, int]:
@@ -408,8 +420,11 @@ def _not_private_anonymous(start: int, end: int, maps: list[procfs.MemoryArea]) 
         if area.start > at:
             break
         if not area.private_anonymous:
-            kind = "shared" if area.perms[3:4] == "s" else "file-backed"
-            return f"its memory is {kind} ({area.path or 'anonymous'})"
+            shared = "shared" if area.perms[3:4] == "s" else "private"
+            backing = "file-backed" if area.inode or area.path.startswith("/") else "special"
+            if not area.inode and not area.path:
+                backing = "anonymous"
+            return f"its memory is {shared} and {backing} ({area.path or 'no file'})"
         at = area.end
         if at >= end:
             return None
