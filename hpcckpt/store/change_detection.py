@@ -81,7 +81,7 @@ class ChangeDetector:
         self._audit = {}
         tracker = self.tracker
         total = sum(a.nbytes for p, a in arrays.items() if p not in skip)
-        if tracker is None:
+        if tracker is None or not policy.incremental:  # full files only: nothing to find
             return {}, Finding("hashes", 0, total, 0.0)
         tracker.scan = write_tracking.Scan()
         paths = {p for p, a in arrays.items() if p not in skip and isinstance(a, np.ndarray)}

@@ -254,6 +254,7 @@ class WriteTracker:
     _regions: list[_Region] = field(default_factory=list)
     _arrays: dict[str, _Tracked] = field(default_factory=dict)
     _vec: ctypes.Array | None = None
+    _closer: weakref.finalize | None = None
 
     def _open(self) -> None:
         if self._fd < 0:
@@ -262,7 +263,7 @@ class WriteTracker:
             self._vec = (ctypes.c_uint64 * 3 * _VEC)()
             # Closing the userfaultfd unregisters all its memory: a tracker dropped
             # without close() must not leave memory nobody else can register.
-            weakref.finalize(self, _close_fds, self._fd, self._pagemap)
+            self._closer = weakref.finalize(self, _close_fds, self._fd, self._pagemap)
 
     @property
     def tracked(self) -> set[str]:
@@ -394,7 +395,8 @@ class WriteTracker:
 
     def close(self) -> None:
         self.reset()
-        _close_fds(self._fd, self._pagemap)
+        if self._closer is not None:
+            self._closer()  # once: the numbers may belong to other files afterwards
         self._fd = self._pagemap = -1
 
 
