@@ -33,6 +33,34 @@ from mpi4py import MPI
 from hpcckpt.store import blocks, layout
 from hpcckpt.store.store import CheckpointStore
 
+#: The steps of a synchronous save, timed on each incremental store (``--phases``).
+PHASES = ("_prepare", "hashes", "_create", "_write_data", "_agree_or_discard", "_commit")
+
+
+class Phases:
+    """Seconds a store spends in each step of its saves (this rank), by wrapping them."""
+
+    def __init__(self, store: CheckpointStore) -> None:
+        self.seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        for name in PHASES:
+            owner = store.changes if name == "hashes" else store
+            setattr(owner, name, self._timed(name, getattr(owner, name)))
+
+    def _timed(self, name, fn):
+        def run(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[name] += time.perf_counter() - t
+
+        return run
+
+    def take(self) -> dict[str, float]:
+        out, self.seconds = self.seconds, dict.fromkeys(PHASES, 0.0)
+        return out
+
+
 #: What each incremental save reports on how it found its changes (SaveResult fields).
 STATS = ("bytes_hashed", "pages_written", "scan_seconds")
 
@@ -68,6 +96,7 @@ def main() -> None:
         for d in detections
     }
     full = CheckpointStore(args.dir / "full", comm, block_size=bs, incremental=False)
+    phases = {d: Phases(store) for d, store in incs.items()}
 
     # Hash throughput on one core (every rank hashes its own state at once).
     t = time.perf_counter()
@@ -86,6 +115,7 @@ def main() -> None:
     for frac in [float(x) for x in args.fractions.split(",")]:
         samples: dict[str, list[float]] = {k: [] for k in [*names, "hash"]}
         extra: dict[str, list[float]] = {f"{d}_{k}": [] for d in detections for k in STATS}
+        steps: dict[str, list[dict[str, float]]] = {d: [] for d in detections}
         nbytes: dict[str, int] = {}
         kinds: dict[str, str] = {}
         for rep in range(args.repeat):
@@ -101,7 +131,12 @@ def main() -> None:
             for which in names[shift:] + names[:shift]:
                 store = full if which == "full" else incs[which]
                 comm.Barrier()
+                if which != "full":
+                    phases[which].take()
                 res = store.save(step, {"u": u})
+                if which != "full":
+                    took = phases[which].take()  # the slowest rank's time in each step
+                    steps[which].append({k: comm.allreduce(v, op=MPI.MAX) for k, v in took.items()})
                 samples[which].append(res.seconds)
                 nbytes[which], kinds[which] = res.bytes_written, res.kind
                 if which != "full":
@@ -135,6 +170,7 @@ def main() -> None:
                 ],
                 "inc_bytes": nbytes[d],
                 **{k: statistics.median(extra[f"{d}_{k}"]) for k in STATS},
+                "phases": {k: statistics.median(x[k] for x in steps[d]) for k in PHASES},
             }
         rows.append(row)
     if rank == 0:
@@ -164,6 +200,16 @@ def main() -> None:
                     f"{100 * r['floor']:.1f} % | {x['inc_bytes'] / 2**20:.1f} MiB | "
                     f"{x['kind']} |"
                 )
+        print(
+            "\nWhere an incremental save's time goes (median seconds of the slowest rank "
+            "per step): " + ", ".join(PHASES)
+        )
+        print("\n| dirty | detection | " + " | ".join(PHASES) + " |")
+        print("|---|---|" + "---|" * len(PHASES))
+        for r in rows:
+            for d in detections:
+                cells = " | ".join(f"{1e3 * r[d]['phases'][k]:.1f} ms" for k in PHASES)
+                print(f"| {100 * r['dirty']:g} % | {d} | {cells} |")
         print("\n| block size | xxh3-64 one core |")
         print("|---|---|")
         for b, rate in rates.items():

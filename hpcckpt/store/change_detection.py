@@ -92,13 +92,15 @@ class ChangeDetector:
             and last.fits(nranks, block_size, specs)
         )
         delta = usable and parent is last and not policy.full_by_count(parent)
-        maps = procfs.memory_maps()
+        maps: list[procfs.MemoryArea] | None = None  # read only if an array is new
         out: dict[str, np.ndarray] = {}
         hashed = total
         for p in sorted(paths):
             a = arrays[p]
             step = blocks.block_elems(a.dtype.itemsize, block_size) * a.dtype.itemsize
             found = tracker.candidate_blocks(p, a, step) if usable else None
+            if maps is None and not tracker.registered(p, a):
+                maps = procfs.memory_maps()
             why = tracker.track(p, a, step, maps)
             if why is not None:
                 log.debug("array %s is hashed: %s", p, why)

@@ -269,9 +269,14 @@ class WriteTracker:
     def tracked(self) -> set[str]:
         return set(self._arrays)
 
-    def trusted(self, path: str, array: np.ndarray) -> bool:
+    def registered(self, path: str, array: np.ndarray) -> bool:
+        """Whether ``array`` is registered under ``path``, at its address and size."""
         t = self._arrays.get(path)
-        return t is not None and t.trusted and (t.ptr, t.nbytes) == _span(array)
+        return t is not None and (t.ptr, t.nbytes) == _span(array)
+
+    def trusted(self, path: str, array: np.ndarray) -> bool:
+        """Registered since before the last committed save hashed it."""
+        return self.registered(path, array) and self._arrays[path].trusted
 
     def track(
         self,
@@ -282,10 +287,9 @@ class WriteTracker:
     ) -> str | None:
         """Register ``array`` (kept if it already is, at the same address); None when
         tracked, else why not. ``maps``: /proc/self/maps, read once per save."""
-        ptr, nbytes = _span(array)
-        t = self._arrays.get(path)
-        if t is not None and (t.ptr, t.nbytes) == (ptr, nbytes):
+        if self.registered(path, array):
             return None
+        ptr, nbytes = _span(array)
         self._arrays.pop(path, None)
         if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
             return "not a C-contiguous numpy array"
@@ -356,7 +360,8 @@ class WriteTracker:
         last = np.minimum((addrs - t.ptr + PAGE - 1) // block_step, nblocks - 1)
         span = int((last - first).max()) if addrs.size else 0
         out = [np.minimum(first + k, last) for k in range(span + 1)]
-        return np.unique(np.concatenate(out).astype(np.int64))
+        found = np.sort(np.concatenate(out).astype(np.int64))
+        return found[np.concatenate(([True], found[1:] != found[:-1]))] if found.size else found
 
     def _drop(self, start: int, end: int) -> None:
         """Forget the regions overlapping ``[start, end)`` and every array on them."""
