@@ -755,7 +755,7 @@ class Checkpointer:
             blocked = " on the node-local tier" + (f" with {red} redundancy" if red else "")
         if result.write_path is not None:  # synchronous: how the changes were found
             found = (
-                f"kernel: {result.pages_written} pages written"
+                f"kernel: {result.pages_written} page{'s' * (result.pages_written != 1)} written"
                 if result.change_detection == "kernel"
                 else "hashes"
             )
