@@ -239,3 +239,58 @@ def test_reset_forgets_everything():
     t.reset()
     assert t.baseline is None and t.tracked == set()
     assert t.candidate_blocks("a", a, STEP) is None
+
+
+def test_memory_tracked_by_another_tracker_is_refused():
+    a = np.ones(4 << 17)
+    first = tracked(a)
+    second = WriteTracker()
+    assert "cannot register it" in second.track("a", a, STEP)
+    first.close()
+    assert second.track("a", a, STEP) is None  # closing the first released it
+    second.close()
+
+
+#: A child that blocks the userfaultfd syscall (seccomp, as container runtimes do), then
+#: asks for kernel change detection: refused, with the reason and the fix.
+BLOCKED = """
+import ctypes, sys
+from hpcckpt.store import write_tracking
+nr = write_tracking._SYSCALL[__import__("platform").machine()]
+class F(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
+                ("k", ctypes.c_uint)]
+class P(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(F))]
+prog = (F * 4)(
+    F(0x20, 0, 0, 0),  # load the syscall number
+    F(0x15, 0, 1, nr),  # userfaultfd?
+    F(0x06, 0, 0, 0x00050000 | 1),  # return ERRNO(EPERM)
+    F(0x06, 0, 0, 0x7FFF0000),  # allow
+)
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
+assert libc.prctl(22, 2, ctypes.byref(P(4, prog)), 0, 0) == 0, ctypes.get_errno()
+from mpi4py import MPI
+from hpcckpt.store.store import CheckpointStore
+print(write_tracking.why_unavailable())
+assert CheckpointStore(sys.argv[1], MPI.COMM_SELF).changes.tracker is None  # auto: hashes
+try:
+    CheckpointStore(sys.argv[1], MPI.COMM_SELF, change_detection="kernel")
+except ValueError as exc:
+    print(exc)
+"""
+
+
+def test_without_the_syscall_kernel_detection_is_refused_and_auto_hashes(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-c", BLOCKED, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    reason, message = r.stdout.strip().splitlines()
+    assert reason == "userfaultfd: Operation not permitted"
+    assert message.startswith("change_detection='kernel': this kernel cannot track writes")
+    assert "Operation not permitted" in message and "change_detection='hashes'" in message
