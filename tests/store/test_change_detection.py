@@ -181,3 +181,27 @@ def test_the_self_audit_switches_a_wrong_tracker_off(tmp_path, caplog):
 def test_change_detection_is_checked():
     with pytest.raises(ValueError, match="change_detection must be one of auto, kernel, hashes"):
         CheckpointStore("/tmp/never-made", MPI.COMM_SELF, change_detection="pages")
+
+
+def test_a_staged_save_in_between_hashes_and_the_chain_stays_right(tmp_path):
+    from hpcckpt.store.staging import HostBuffers
+
+    store = CheckpointStore(tmp_path, MPI.COMM_SELF, block_size=BLOCK, change_detection="kernel")
+    state = {"u": np.random.default_rng(0).random(4 << 17)}
+    store.save(1, state)
+    state["u"][1] = 1.0
+    assert store.save(2, state).change_detection == "kernel"
+    state["u"][200_000] = 2.0
+    staged = store.finish_save(store.begin_save(3, state, buffers=HostBuffers()))
+    assert staged.change_detection == "hashes"  # staged saves copy and hash every byte
+    state["u"][400_000] = 3.0
+    after = store.save(4, state)  # its parent is the staged one: the tracker's is not
+    assert after.change_detection == "hashes" and after.kind == "incremental"
+    state["u"][7] = 4.0
+    last = store.save(5, state)
+    assert last.change_detection == "kernel" and last.dirty_blocks == 1
+    for res in (staged, after, last):
+        with CheckpointReader(res.path) as r:
+            assert r.verify() == []
+    with CheckpointReader(last.path) as r:
+        assert r.rank_array("u", 0).tobytes() == state["u"].tobytes()
