@@ -50,6 +50,18 @@ def expected_blocks(a: np.ndarray, offsets, step: int) -> np.ndarray:
     return np.array(sorted(out), dtype=np.int64)
 
 
+def assert_found(got: np.ndarray, want: np.ndarray, a: np.ndarray, step: int = STEP) -> None:
+    """``got`` is ``want`` exactly, but for the first and last block when their page also
+    holds memory outside the array (a neighbour's write marks them: a hash more)."""
+    edges = set()
+    if addr(a) % PAGE:
+        edges.add(0)
+    if (addr(a) + a.nbytes) % PAGE:
+        edges.add(-(-a.nbytes // step) - 1)
+    assert set(want.tolist()) <= set(got.tolist()), (got, want)
+    assert set(got.tolist()) - set(want.tolist()) <= edges, (got, want)
+
+
 def tracked(a: np.ndarray, path: str = "a", step: int = STEP) -> WriteTracker:
     t = WriteTracker()
     assert t.track(path, a, step) is None
@@ -97,7 +109,7 @@ def test_random_page_writes_are_found_exactly():
         offsets = rng.choice(a.nbytes // 8, 300, replace=False) * 8
         a.view(np.uint8)[offsets] += 1
         got = t.candidate_blocks("a", a, STEP)
-        assert got.tolist() == expected_blocks(a, offsets, STEP).tolist(), rnd
+        assert_found(got, expected_blocks(a, offsets, STEP), a)
         t.committed(f"s{rnd}")
         assert t.candidate_blocks("a", a, STEP).size == 0  # the scan protected them again
 
@@ -131,10 +143,7 @@ assert n == 64, ctypes.get_errno()
     libc.prctl(0x59616D61, ctypes.c_ulong(-1 & 0xFFFFFFFFFFFFFFFF), 0, 0, 0)  # PR_SET_PTRACER any
     subprocess.run([sys.executable, "-c", child], check=True, timeout=60)
     assert a.view(np.uint8)[5 * STEP + 123] == 7
-    assert (
-        t.candidate_blocks("a", a, STEP).tolist()
-        == expected_blocks(a, [5 * STEP + 123], STEP).tolist()
-    )
+    assert_found(t.candidate_blocks("a", a, STEP), expected_blocks(a, [5 * STEP + 123], STEP), a)
 
 
 def test_zapped_pages_count_as_changed():
@@ -201,8 +210,8 @@ def test_views_sharing_pages_see_each_others_writes():
     got_left = t.candidate_blocks("left", left, STEP)  # this scan protects the page again
     got_right = t.candidate_blocks("right", right, STEP)
     off = ((8 << 17) + 5) * 8
-    assert got_left.tolist() == expected_blocks(left, [off], STEP).tolist()
-    assert got_right.tolist() == expected_blocks(right, [off - (6 << 20)], STEP).tolist()
+    assert_found(got_left, expected_blocks(left, [off], STEP), left)
+    assert_found(got_right, expected_blocks(right, [off - (6 << 20)], STEP), right)
 
 
 def test_shared_and_file_backed_memory_is_refused(tmp_path):
