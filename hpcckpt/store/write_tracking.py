@@ -231,7 +231,7 @@ class _Tracked:
 class Scan:
     """What the kernel reported for one save, on this rank."""
 
-    pages: int = 0  # pages reported written or zeroed (head and tail not counted)
+    pages: int = 0  # pending pages of the arrays scanned (written, or zeroed without a write)
     seconds: float = 0.0
     calls: int = 0
 
