@@ -3,16 +3,19 @@
 Run under MPI (2 ranks x 512 MiB of float64 by default)::
 
     mpirun -n 2 python benchmarks/bench_incremental.py --dir /tmp/bench-incr \\
-        --mib 512 --repeat 3
+        --mib 512 --repeat 3 --detection kernel,hashes
 
 For each dirty fraction, every repetition changes that fraction of each rank's blocks
-(chosen at random), then saves the state twice, in alternating order: once with an
-incremental store whose previous checkpoint is the unchanged base, once with a full
-store (``incremental=False``), and times one pass of the block hash over the state
-on its own: an incremental save that finds its changes by their content cannot cost
-less than that pass, so *hashing alone / full save* is the floor of the ratio. Prints
-the medians as a Markdown table, plus the hash throughput of one core per block size.
-Files are deleted as it goes (at most about two full checkpoints on disk).
+(chosen at random), then saves the state with each store, in rotating order: one
+incremental store per change detection (``--detection``: ``kernel``, the pages the
+kernel saw written; ``hashes``, every block hashed), each saving a delta of its own
+previous checkpoint (the chain never restarts during the run), and a full store
+(``incremental=False``). It also times one pass of the block hash over the state on
+its own: an incremental save that finds its changes by their content cannot cost less
+than that pass, so *hashing alone / full save* is the floor of the ratio with hashes.
+Prints the medians (and ranges) as a Markdown table, plus the hash throughput of one
+core per block size. Full files are deleted as they are written; the deltas stay until
+the end (their chain must stay intact).
 """
 
 from __future__ import annotations
@@ -30,6 +33,37 @@ from mpi4py import MPI
 from hpcckpt.store import blocks, layout
 from hpcckpt.store.store import CheckpointStore
 
+#: The steps of a synchronous save, timed on each incremental store (``--phases``).
+PHASES = ("_prepare", "hashes", "_create", "_write_data", "_agree_or_discard", "_commit")
+
+
+class Phases:
+    """Seconds a store spends in each step of its saves (this rank), by wrapping them."""
+
+    def __init__(self, store: CheckpointStore) -> None:
+        self.seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        for name in PHASES:
+            owner = store.changes if name == "hashes" else store
+            setattr(owner, name, self._timed(name, getattr(owner, name)))
+
+    def _timed(self, name, fn):
+        def run(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[name] += time.perf_counter() - t
+
+        return run
+
+    def take(self) -> dict[str, float]:
+        out, self.seconds = self.seconds, dict.fromkeys(PHASES, 0.0)
+        return out
+
+
+#: What each incremental save reports on how it found its changes (SaveResult fields).
+STATS = ("bytes_hashed", "pages_written", "scan_seconds")
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -38,6 +72,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--block-size", type=int, default=blocks.DEFAULT_BLOCK_SIZE)
     ap.add_argument("--fractions", default="0,0.01,0.1,0.5,1")
+    ap.add_argument(
+        "--detection",
+        default="hashes",
+        help="how the incremental stores find changes, comma-separated: kernel, hashes",
+    )
     ap.add_argument("--json", type=Path, help="also write the results here (rank 0)")
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
@@ -48,8 +87,16 @@ def main() -> None:
     if rank == 0:
         shutil.rmtree(args.dir, ignore_errors=True)
     comm.Barrier()
-    inc = CheckpointStore(args.dir / "inc", comm, block_size=bs)
+    detections = args.detection.split(",")
+    unbounded = {"max_chain": 10**6, "max_chain_fraction": 1e9}  # the chain never restarts
+    incs = {
+        d: CheckpointStore(
+            args.dir / f"inc-{d}", comm, block_size=bs, change_detection=d, **unbounded
+        )
+        for d in detections
+    }
     full = CheckpointStore(args.dir / "full", comm, block_size=bs, incremental=False)
+    phases = {d: Phases(store) for d, store in incs.items()}
 
     # Hash throughput on one core (every rank hashes its own state at once).
     t = time.perf_counter()
@@ -59,56 +106,73 @@ def main() -> None:
     for b in (64 << 10, 256 << 10, 1 << 20, 4 << 20):
         rates[b] = blocks.throughput(b, mib=128, repeat=3) if rank == 0 else None
 
-    inc.save(0, {"u": u})  # the base every measured delta is compared with
-    base = inc.last
+    for store in incs.values():
+        store.save(0, {"u": u})  # the base of each store's chain
     rng = np.random.default_rng(100 + rank)
     rows = []
     step = 1
+    names = [*detections, "full"]
     for frac in [float(x) for x in args.fractions.split(",")]:
-        samples: dict[str, list[float]] = {"inc": [], "full": [], "hash": []}
+        samples: dict[str, list[float]] = {k: [] for k in [*names, "hash"]}
+        extra: dict[str, list[float]] = {f"{d}_{k}": [] for d in detections for k in STATS}
+        steps: dict[str, list[dict[str, float]]] = {d: [] for d in detections}
         nbytes: dict[str, int] = {}
-        kind = None
+        kinds: dict[str, str] = {}
         for rep in range(args.repeat):
             chosen = rng.choice(nblk, int(round(frac * nblk)), replace=False)
-            saved = [(j, u[j * (bs // 8) : (j + 1) * (bs // 8)].copy()) for j in chosen]
-            for j, _ in saved:
-                u[j * (bs // 8)] += 1.0  # one element per chosen block: the block is dirty
+            u[chosen * (bs // 8)] += 1.0  # one element per chosen block: the block is dirty
             # The floor of any incremental save that finds its changes by content: one
             # pass over the state (the same hash the save runs), every rank at once.
             comm.Barrier()
             t = time.perf_counter()
             blocks.block_hashes(u, bs)
             samples["hash"].append(comm.allreduce(time.perf_counter() - t, op=MPI.MAX))
-            order = ("inc", "full") if rep % 2 == 0 else ("full", "inc")
-            for which in order:
-                store = inc if which == "inc" else full
-                if which == "inc":
-                    inc.last = base
+            shift = rep % len(names)
+            for which in names[shift:] + names[:shift]:
+                store = full if which == "full" else incs[which]
                 comm.Barrier()
+                if which != "full":
+                    phases[which].take()
                 res = store.save(step, {"u": u})
+                if which != "full":
+                    took = phases[which].take()  # the slowest rank's time in each step
+                    steps[which].append({k: comm.allreduce(v, op=MPI.MAX) for k, v in took.items()})
                 samples[which].append(res.seconds)
-                nbytes[which] = res.bytes_written
-                if which == "inc":
-                    kind = res.kind
-                if rank == 0:
+                nbytes[which], kinds[which] = res.bytes_written, res.kind
+                if which != "full":
+                    for k in STATS:
+                        extra[f"{which}_{k}"].append(float(getattr(res, k)))
+                    if res.change_detection != which:
+                        raise SystemExit(f"{which} store found changes by {res.change_detection}")
+                if rank == 0 and which == "full":
                     (store.directory / layout.checkpoint_name(step)).unlink()
                 step += 1
-            for j, block in saved:
-                u[j * (bs // 8) : (j + 1) * (bs // 8)] = block
-        ti, tf = statistics.median(samples["inc"]), statistics.median(samples["full"])
-        rows.append(
-            {
-                "dirty": frac,
-                "kind": kind,
+        tf = statistics.median(samples["full"])
+        row = {
+            "dirty": frac,
+            "full_s": tf,
+            "full_range": [min(samples["full"]), max(samples["full"])],
+            "hash_s": statistics.median(samples["hash"]),
+            "floor": statistics.median(samples["hash"]) / tf,
+            "full_bytes": nbytes["full"],
+            "samples": samples,
+        }
+        for d in detections:
+            ti = statistics.median(samples[d])
+            row[d] = {
+                "kind": kinds[d],
                 "inc_s": ti,
-                "full_s": tf,
+                "range": [min(samples[d]), max(samples[d])],
                 "ratio": ti / tf,
-                "hash_s": statistics.median(samples["hash"]),
-                "floor": statistics.median(samples["hash"]) / tf,
-                "inc_bytes": nbytes["inc"],
-                "full_bytes": nbytes["full"],
+                "ratio_range": [
+                    min(samples[d]) / max(samples["full"]),
+                    max(samples[d]) / min(samples["full"]),
+                ],
+                "inc_bytes": nbytes[d],
+                **{k: statistics.median(extra[f"{d}_{k}"]) for k in STATS},
+                "phases": {k: statistics.median(x[k] for x in steps[d]) for k in PHASES},
             }
-        )
+        rows.append(row)
     if rank == 0:
         shutil.rmtree(args.dir, ignore_errors=True)
         state_mib = size * args.mib
@@ -118,17 +182,34 @@ def main() -> None:
             f"({args.mib / hash_s:.0f} MiB/s per rank)"
         )
         print(
-            "\n| dirty blocks | incremental save | full save | ratio | hashing alone / full "
-            "save (the floor) | written (incr.) | written (full) | kind written |"
+            "\n| dirty blocks | detection | incremental save (range) | full save (range) | "
+            "ratio (range) | bytes hashed / rank | pages written / rank | scan | "
+            "hashing alone / full save | written (incr.) | kind |"
         )
-        print("|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
-            print(
-                f"| {100 * r['dirty']:g} % | {r['inc_s']:.3f} s | {r['full_s']:.3f} s | "
-                f"{100 * r['ratio']:.1f} % | {100 * r['floor']:.1f} % | "
-                f"{r['inc_bytes'] / 2**20:.1f} MiB | "
-                f"{r['full_bytes'] / 2**20:.1f} MiB | {r['kind']} |"
-            )
+            for d in detections:
+                x = r[d]
+                print(
+                    f"| {100 * r['dirty']:g} % | {d} | {x['inc_s']:.3f} s "
+                    f"({x['range'][0]:.3f}-{x['range'][1]:.3f}) | {r['full_s']:.3f} s "
+                    f"({r['full_range'][0]:.3f}-{r['full_range'][1]:.3f}) | "
+                    f"{100 * x['ratio']:.1f} % ({100 * x['ratio_range'][0]:.1f}-"
+                    f"{100 * x['ratio_range'][1]:.1f}) | {x['bytes_hashed'] / 2**20:.1f} MiB | "
+                    f"{x['pages_written']:.0f} | {1e3 * x['scan_seconds']:.2f} ms | "
+                    f"{100 * r['floor']:.1f} % | {x['inc_bytes'] / 2**20:.1f} MiB | "
+                    f"{x['kind']} |"
+                )
+        print(
+            "\nWhere an incremental save's time goes (median seconds of the slowest rank "
+            "per step): " + ", ".join(PHASES)
+        )
+        print("\n| dirty | detection | " + " | ".join(PHASES) + " |")
+        print("|---|---|" + "---|" * len(PHASES))
+        for r in rows:
+            for d in detections:
+                cells = " | ".join(f"{1e3 * r[d]['phases'][k]:.1f} ms" for k in PHASES)
+                print(f"| {100 * r['dirty']:g} % | {d} | {cells} |")
         print("\n| block size | xxh3-64 one core |")
         print("|---|---|")
         for b, rate in rates.items():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
+from typing import NamedTuple
 
 
 def stat_fields(pid: int | str) -> list[str] | None:
@@ -65,6 +66,43 @@ def cmdline(pid: int) -> list[str]:
     except OSError:
         return []
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+class MemoryArea(NamedTuple):
+    """One line of ``/proc/PID/maps``: a virtual memory area of the process."""
+
+    start: int
+    end: int
+    perms: str  # e.g. "rw-p": read, write, execute, p(rivate) or s(hared)
+    inode: int
+    path: str  # "" for anonymous memory, "[heap]", "[stack]", or the mapped file
+
+    @property
+    def private_anonymous(self) -> bool:
+        """Private memory backed by no file: only this process's writes change it."""
+        anonymous = self.path in ("", "[heap]") or self.path.startswith("[anon:")
+        return self.perms[3:4] == "p" and self.inode == 0 and anonymous
+
+
+def memory_maps(pid: int | str = "self") -> list[MemoryArea]:
+    """The process's memory areas, sorted by address (empty when unreadable)."""
+    try:
+        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        if len(fields) < 5:
+            continue
+        lo, _, hi = fields[0].partition("-")
+        try:
+            start, end, inode = int(lo, 16), int(hi, 16), int(fields[4])
+        except ValueError:
+            continue
+        out.append(MemoryArea(start, end, fields[1], inode, fields[5] if len(fields) > 5 else ""))
+    return out
 
 
 def environ(pid: int) -> dict[str, str]:

@@ -202,3 +202,16 @@ def test_bench_collectives_prints_the_counts(tmp_path: Path) -> None:
     for res in results.values():
         assert all(rank["save2"]["collectives"] > 0 for rank in res["mpi"])
         assert res["strace"]["0/save2"]["fsyncs"] >= 1
+
+
+def test_bench_incremental_compares_kernel_tracking_and_hashing(tmp_path: Path) -> None:
+    out = tmp_path / "incr.json"
+    args = ["--mib", "4", "--repeat", "2", "--fractions", "0,0.25", "--block-size", "65536"]
+    args += ["--detection", "kernel,hashes", "--dir", str(tmp_path / "d"), "--json", str(out)]
+    proc = mpirun(2, [str(BENCH / "bench_incremental.py"), *args])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    dirty = doc["rows"][1]
+    assert dirty["kernel"]["kind"] == "incremental" and dirty["kernel"]["pages_written"] > 0
+    assert dirty["kernel"]["bytes_hashed"] < dirty["hashes"]["bytes_hashed"] == 4 << 20
+    assert set(dirty["kernel"]["phases"]) >= {"hashes", "_write_data"}

@@ -124,7 +124,11 @@ class Checkpointer:
     ``block_size`` bytes (default 1 MiB) changed since the previous checkpoint are
     written; a full checkpoint follows ``max_chain`` incremental ones (8) or once the
     incrementals since the last full one pass ``max_chain_fraction`` (0.5) of its
-    bytes. Retention keeps whatever a kept checkpoint is built on.
+    bytes. Retention keeps whatever a kept checkpoint is built on. ``change_detection``
+    says how a synchronous save finds the changed blocks: ``"kernel"`` (the pages
+    written since the last save, as the kernel saw them; ValueError naming the reason
+    where it cannot), ``"hashes"`` (hash every block), ``"auto"`` (the kernel's where it
+    can, else hashes). See docs/format.md, "Incremental checkpoints".
 
     Safety (docs/reliability.md): rank 0 locks the directory (``DIR/hpcckpt.lock``) until
     ``finish()``/``close()``/exit, so a second job on it fails with DirectoryLocked naming
@@ -204,6 +208,7 @@ class Checkpointer:
         block_size: int | None = None,
         max_chain: int = 8,
         max_chain_fraction: float = 0.5,
+        change_detection: str = "auto",
         validate: str | Validator | None = "finite",
         async_save: bool = False,
         cache: str | os.PathLike[str] | None = None,
@@ -273,6 +278,7 @@ class Checkpointer:
             incremental=incremental,
             max_chain=max_chain,
             max_chain_fraction=max_chain_fraction,
+            change_detection=change_detection,
             replicated=replicated,
             **({} if block_size is None else {"block_size": block_size}),
         )
@@ -747,6 +753,13 @@ class Checkpointer:
         if result.tier != "directory":
             red = self.store.redundancy
             blocked = " on the node-local tier" + (f" with {red} redundancy" if red else "")
+        if result.write_path is not None:  # synchronous: how the changes were found
+            found = (
+                f"kernel: {result.pages_written} page{'s' * (result.pages_written != 1)} written"
+                if result.change_detection == "kernel"
+                else "hashes"
+            )
+            blocked = f" ({found}, {result.bytes_hashed / 2**20:.1f} MiB hashed)"
         log.info(
             "checkpoint step %d: %.1f MiB in %.2f s (%.0f MB/s)%s, %s; %s",
             step,
@@ -764,6 +777,14 @@ class Checkpointer:
             extra.update(staging_mode=result.staging, staging_bytes=result.staging_bytes)
         if result.write_path is not None:
             extra["write_path"] = result.write_path
+            extra.update(
+                change_detection=result.change_detection,
+                pages_written=result.pages_written,
+                bytes_hashed=result.bytes_hashed,
+            )
+        if result.tracking_audit is not None:
+            extra["tracking_audit"] = result.tracking_audit
+            log.warning("write tracking is off for the rest of this run: %s", result.tracking_audit)
         if result.tier != "directory":
             extra["tier"] = result.tier  # a node-local checkpoint, not drained
         self._event(

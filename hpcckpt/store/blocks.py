@@ -84,6 +84,19 @@ class BlockHasher:
         self.done = max(self.done, stop)
 
 
+def rehash(data: np.ndarray, block_size: int, hashes: np.ndarray, which: np.ndarray) -> int:
+    """Hash again only the blocks ``which`` of ``data`` into ``hashes``; the bytes read."""
+    step = block_elems(data.dtype.itemsize, block_size) * data.dtype.itemsize
+    raw = flat_bytes(data)
+    digest = xxhash.xxh3_64_intdigest
+    read = 0
+    for j in which.tolist():
+        piece = raw[j * step : (j + 1) * step]
+        hashes[j] = digest(piece)
+        read += len(piece)
+    return read
+
+
 def hashes_checksum(hashes: np.ndarray) -> int:
     """The checksum of a rank's array: xxh3-64 of its block hashes as little-endian uint64."""
     return xxhash.xxh3_64_intdigest(np.ascontiguousarray(hashes, dtype="<u8").tobytes())
@@ -122,6 +135,11 @@ class ChainPolicy:
             value = self.max_chain_fraction
             raise ValueError(f"max_chain_fraction must be positive, not {value!r}")
 
+    def full_by_count(self, parent: ChainState | None) -> bool:
+        """Whether the save after ``parent`` is a full one whatever changed: incremental
+        saves are off, there is no parent, or its chain is as long as allowed."""
+        return not self.incremental or parent is None or len(parent.chain) > self.max_chain
+
 
 @dataclass(frozen=True)
 class ChainState:
@@ -148,6 +166,14 @@ class ChainState:
     def fits(self, nranks: int, block_size: int, specs: dict[str, Any]) -> bool:
         """Whether this rank's state can be saved as a delta against this checkpoint."""
         return nranks == self.nranks and block_size == self.block_size and specs == self.specs
+
+
+def specs_of(
+    arrays: dict[str, Any], distributed: Any
+) -> dict[str, tuple[str, tuple[int, ...], bool]]:
+    """What :meth:`ChainState.fits` compares: each array's dtype, shape, and whether it is
+    distributed."""
+    return {p: (a.dtype.str, tuple(a.shape), p in distributed) for p, a in arrays.items()}
 
 
 def dirty_elems(dirty: np.ndarray, elems: int, count: int) -> int:

@@ -268,7 +268,7 @@ def write_file(
         else:
             hashes[p] = blocks.block_hashes(a, block_size)
     hash_seconds = time.perf_counter() - t_hash
-    mine = {p: (a.dtype.str, tuple(a.shape), p in distributed) for p, a in arrays.items()}
+    mine = blocks.specs_of(arrays, distributed)
     name = layout.checkpoint_name(step)
     dirty: dict[str, np.ndarray] | None = None
     if (
@@ -430,7 +430,7 @@ def _create(
     incremental = (
         parent is not None
         and all(g[2] for g in gathered)
-        and len(parent.chain) <= policy.max_chain
+        and not policy.full_by_count(parent)
         and parent.chain_bytes + delta_bytes <= policy.max_chain_fraction * state_bytes
     )
     kind = INCREMENTAL if incremental else FULL

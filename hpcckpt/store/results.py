@@ -29,6 +29,15 @@ class SaveResult:
     write_decision: dict[str, Any] | None = None
     #: "directory" (committed there), or "cache": a node-local checkpoint only.
     tier: str = "directory"
+    #: How the changed blocks were found: "kernel" (written pages, :mod:`.write_tracking`)
+    #: or "hashes" (every block hashed); the most pages the kernel reported, bytes hashed
+    #: and seconds scanning on a rank.
+    change_detection: str = "hashes"
+    pages_written: int = 0
+    bytes_hashed: int = 0
+    scan_seconds: float = 0.0
+    #: The self-audit found a change the kernel did not report: why (tracking is now off).
+    tracking_audit: str | None = None
 
     @property
     def dirty_fraction(self) -> float:

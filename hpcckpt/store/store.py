@@ -68,6 +68,7 @@ from hpcckpt.store import (
 )
 from hpcckpt.store import redundancy as redundancy_mod
 from hpcckpt.store.blocks import ChainPolicy, ChainState
+from hpcckpt.store.change_detection import ChangeDetector
 from hpcckpt.store.checkpoint_file import Written, write_file
 from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
 from hpcckpt.store.reader import CheckpointReader
@@ -143,6 +144,10 @@ class CheckpointStore:
     would hold more than ``max_chain_fraction`` of a full one's bytes
     (:class:`hpcckpt.store.blocks.ChainPolicy`, docs/format.md).
 
+    ``change_detection``: how a synchronous save finds the changed blocks: "kernel"
+    (the pages written since the last save, :mod:`.write_tracking`), "hashes" (hash every
+    block), or "auto" (the kernel's when it can, else hashes).
+
     ``replicated`` names key paths (e.g. ``"model"``) whose values are identical on every
     rank: checked equal by checksum at each save, written once from rank 0, restorable
     on any rank count (:mod:`hpcckpt.store.replicated`).
@@ -160,6 +165,7 @@ class CheckpointStore:
         block_size: int = blocks.DEFAULT_BLOCK_SIZE,
         max_chain: int = 8,
         max_chain_fraction: float = 0.5,
+        change_detection: str = "auto",
         replicated: Iterable[str] = (),
         redundancy: str | None = None,
         redundancy_set: int = redundancy_mod.DEFAULT_SET_SIZE,
@@ -184,6 +190,8 @@ class CheckpointStore:
         self.local_step: int | None = None
         self.block_size = blocks.check_block_size(block_size)
         self.chain_policy = ChainPolicy(bool(incremental), max_chain, max_chain_fraction)
+        #: How synchronous saves find changed blocks (:mod:`.change_detection`).
+        self.changes = ChangeDetector(change_detection)
         #: This rank's hashes of the last committed or restored checkpoint (None: next is full).
         self.last: ChainState | None = None
         self.directory = Path(directory).absolute()
@@ -272,6 +280,16 @@ class CheckpointStore:
         final = self.directory / layout.checkpoint_name(step)
         partial = final.with_name(final.name + layout.PARTIAL)
         tree, arrays, state_bytes, parent = self._prepare(step, state)
+        known, found = self.changes.hashes(
+            arrays,
+            self.last,
+            parent,
+            self.chain_policy,
+            self.block_size,
+            blocks.specs_of(arrays, self.distributed),
+            set(self._known_hashes),
+            self.nranks,
+        )
         written, error = self._create(
             partial,
             step,
@@ -279,7 +297,7 @@ class CheckpointStore:
             arrays,
             extra_meta,
             parent,
-            hashes=self._known_hashes,
+            hashes={**self._known_hashes, **known},
             hash_while_writing=True,  # a full file: hashed while the device writes
         )
         direct, t_write, per_rank = False, time.perf_counter(), 0
@@ -293,13 +311,26 @@ class CheckpointStore:
         error = safety.explain_write_error(error, self.directory, state_bytes)  # ENOSPC
         self._agree_or_discard(error, f"writing checkpoint of step {step}", partial)
         assert written is not None
-        seconds, peak, slowest_write = self._commit(
+        audit = self.changes.audit(written.state.hashes, self.last)
+        seconds, peak, slowest_write, hashed, pages, scan, audits = self._commit(
             partial,
             final,
             step,
-            lambda: (time.perf_counter() - t0, memory.peak_rss_bytes(), write_seconds),
+            lambda: (
+                time.perf_counter() - t0,
+                memory.peak_rss_bytes(),
+                write_seconds,
+                found.bytes_hashed,
+                found.pages,
+                found.scan_seconds,
+                float(audit is not None),
+            ),
         )
         decision = self._path_chooser().record(per_rank, direct, slowest_write)
+        if audits:
+            audit = audit or "another rank's self-audit found a change the kernel did not report"
+            log.warning("rank %d: write tracking switched off: %s", self.rank, audit)
+        self.changes.committed(written.uid, audit)
         self.last = written.state
         self.local_newer = False  # the directory's newest is newer than any node-local copy
         return SaveResult(
@@ -313,6 +344,11 @@ class CheckpointStore:
             peak_rss=int(peak),
             write_path="direct" if direct else "buffered",
             write_decision=decision,
+            change_detection=found.method,
+            pages_written=int(pages),
+            bytes_hashed=int(hashed),
+            scan_seconds=scan,
+            tracking_audit=audit,
         )
 
     def _path_chooser(self) -> write_path.WritePathChooser:
@@ -926,6 +962,7 @@ class CheckpointStore:
             raise TypeError(f"state must be a dict, not {type(state).__name__}")
         if only is not None:
             only = (only,) if isinstance(only, str) else tuple(only)
+        self.changes.reset()  # the restore writes into the arrays: what was tracked is moot
         targets = Targets()
         skipped: list[tuple[int, str]] = []
         local_skipped: list[tuple[int, str]] = []  # node-local checkpoints that could not be

@@ -91,3 +91,26 @@ def test_with_drain_every_a_stop_checkpoint_still_goes_to_the_directory(tmp_path
         assert [e.step for e in layout.scan(tmp_path / "ck")] == [2]
     finally:
         ck.close()
+
+
+def test_change_detection_is_chosen_logged_and_recorded(tmp_path, capfd, caplog):
+    from hpcckpt.rundir.events import read_events
+
+    with pytest.raises(ValueError, match="change_detection must be one of"):
+        Checkpointer(tmp_path / "bad", comm=MPI.COMM_SELF, change_detection="dirty-bits")
+    ck = Checkpointer(tmp_path / "ck", comm=MPI.COMM_SELF, every_steps=1, change_detection="kernel")
+    try:
+        state = {"u": np.random.default_rng(0).random(4 << 20)}  # 32 MiB
+        ck.save(1, state)
+        state["u"][12345] = -1.0
+        ck.save(2, state)
+        logged = capfd.readouterr().err + caplog.text  # wherever the hpcckpt handler writes
+        assert ck.last_save.change_detection == "kernel" and ck.last_save.pages_written >= 1
+        assert "checkpoint step 2: " in logged and "(kernel: 1 page written, " in logged
+        assert "(hashes, 32.0 MiB hashed)" in logged  # the first save hashed it all
+        saved = [e for e in read_events(tmp_path / "ck") if e.get("event") == "checkpoint"]
+        assert [e["change_detection"] for e in saved] == ["hashes", "kernel"]
+        assert saved[1]["bytes_hashed"] < saved[0]["bytes_hashed"] / 8
+        assert saved[1]["pages_written"] >= 1 and "tracking_audit" not in saved[1]
+    finally:
+        ck.close()
