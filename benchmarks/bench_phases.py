@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import json
+import os
 import statistics
 import sys
 import time
@@ -148,8 +149,27 @@ def worker(args: argparse.Namespace) -> None:
     clock = Clock()
     install(clock)
     prof = cProfile.Profile() if args.profile else None
-    out: dict[str, list] = {"save": [], "restore": []}
+    out: dict[str, list] = {"save": [], "restore": [], "raw": []}
+    raw = root / f"raw.rank{rank}"
+
+    def slowest(fn) -> float:
+        comm.Barrier()
+        t = time.perf_counter()
+        fn()
+        return comm.allreduce(time.perf_counter() - t, op=MPI.MAX) * 1e3
+
     for rep in range(args.reps):
+        # The references of bench_io.py in the same repetition: the limit's write and
+        # its cold read, and np.save per rank (all with fsync), the slowest rank's ms.
+        drop()
+        limit_w = slowest(lambda: _util.write_raw(raw, buf))
+        drop(warm=True)
+        limit_r = slowest(lambda: _util.read_raw(raw, buf))
+        raw.unlink()
+        drop()
+        npsave = slowest(lambda: _npsave(raw, a))
+        raw.unlink()
+        out["raw"].append({"limit_write": limit_w, "limit_read": limit_r, "np_save": npsave})
         store.last = None  # a full save, as bench_io.py's timed one
         drop()
         comm.Barrier()
@@ -188,8 +208,33 @@ def worker(args: argparse.Namespace) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def _npsave(path: Path, a: np.ndarray) -> None:
+    with open(path, "wb") as fh:
+        np.save(fh, a)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
 def report(everyone: list[dict], args: argparse.Namespace) -> None:
     nr = len(everyone)
+    raw = everyone[0]["raw"]
+    save = [max(everyone[r]["save"][k]["ms"]["total"] for r in range(nr)) for k in range(args.reps)]
+    rest = [
+        max(everyone[r]["restore"][k]["ms"]["total"] for r in range(nr)) for k in range(args.reps)
+    ]
+    best = [min(x["limit_write"], x["np_save"]) for x in raw]
+    med = statistics.median
+    refs = {k: med([x[k] for x in raw]) for k in ("limit_write", "np_save", "limit_read")}
+    print(
+        f"references, ms (median of {args.reps}): limit write {refs['limit_write']:.1f}, "
+        f"np.save per rank {refs['np_save']:.1f}, limit cold read {refs['limit_read']:.1f}"
+    )
+    ratio_s = [b / s for b, s in zip(best, save, strict=True)]
+    ratio_r = [x["limit_read"] / r for x, r in zip(raw, rest, strict=True)]
+    print(
+        f"save x best raw: median {med(ratio_s):.2f} ({min(ratio_s):.2f}-{max(ratio_s):.2f}); "
+        f"restore x cold read: median {med(ratio_r):.2f} ({min(ratio_r):.2f}-{max(ratio_r):.2f})"
+    )
     for op, table in (("save", SAVE), ("restore", RESTORE)):
         labels = [label for *_, label, _ in table] + ["other", "total"]
         head = " | ".join(f"rank {r} ms" for r in range(nr))
