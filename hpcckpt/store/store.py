@@ -210,10 +210,6 @@ class CheckpointStore:
         self.local_set_aside: list[tuple[int, str, str, str]] = []
         self._local_ranks: int | None = None  # ranks on this node (the first staged save)
         self.paths: write_path.WritePathChooser | None = None  # made at the first save
-        #: Rank 0 removed the ``*.partial`` leftovers and no save failed since: only a
-        #: crash of an earlier run or a failed save leaves one (the directory lock keeps
-        #: other writers out), so the directory is listed for them only then.
-        self._swept = False
         if redundancy is not None:  # collective; a layout without distinct nodes fails here
             self._sets = redundancy_mod.SetLayout.build(
                 comm, self.node, redundancy, self.redundancy_set
@@ -440,11 +436,9 @@ class CheckpointStore:
         """Step 2, rank 0, right before it creates the file: the directory (owner-only),
         no ``*.partial`` leftovers, room for ``state_bytes`` (ENOSPC before HDF5 sees it)."""
         safety.make_directory(self.directory, self.dir_mode)
-        if not self._swept:  # the first save of this store or of a restored run, or a failure
-            for leftover in layout.partials(self.directory):
-                log.info("removing leftover %s from an interrupted save", leftover.name)
-                safety.remove_leftover(leftover)  # a link is unlinked, never followed
-            self._swept = True
+        for leftover in layout.partials(self.directory):
+            log.info("removing leftover %s from an interrupted save", leftover.name)
+            safety.remove_leftover(leftover)  # a link is unlinked, never followed
         safety.check_free_space(self.directory, state_bytes)
 
     # -- staged saves ------------------------------------------------------------------------
@@ -671,7 +665,6 @@ class CheckpointStore:
         try:
             self._agree(error, what)
         except CheckpointError:
-            self._swept = False  # sweep again, should the removal below fail or not run
             if self.rank == 0:
                 safety.remove_leftover(partial)  # never a directory someone put there
             raise
@@ -690,7 +683,6 @@ class CheckpointStore:
                 error = exc
         *out, failed = self._slowest(*measure(), float(error is not None))
         if failed:
-            self._swept = False
             self._agree_root(error, f"committing checkpoint of step {step}")
         return out
 
@@ -949,7 +941,6 @@ class CheckpointStore:
         if only is not None:
             only = (only,) if isinstance(only, str) else tuple(only)
         targets = Targets()
-        self._swept = False  # a restarted run: the next save removes what a crash left
         skipped: list[tuple[int, str]] = []
         local_skipped: list[tuple[int, str]] = []  # node-local checkpoints that could not be
         entries, died = self._listing(guard_first=cache is None)

@@ -58,26 +58,15 @@ def test_partial_leftover_is_ignored_then_cleaned(store):
     assert not leftover.exists()
 
 
-def test_leftovers_are_looked_for_at_a_first_save_after_a_failure_and_after_a_restore(store):
-    """Only a crash or a failed save leaves a ``.partial`` (the store is the directory's
-    one writer), so a save lists the directory for them only after one could have."""
+def test_a_directory_named_like_the_partial_fails_that_save_alone_and_is_kept(store):
     store.save(1, make_state(1))
-    planted = store.directory / (layout.checkpoint_name(7) + layout.PARTIAL)
-    planted.write_bytes(b"half a checkpoint")
-    store.save(2, make_state(2))
-    assert planted.exists(), "a steady save does not list the directory"
-    blocker = store.directory / (layout.checkpoint_name(3) + layout.PARTIAL)
-    blocker.mkdir()  # not a leftover of hpcckpt: kept, and the save of step 3 fails on it
-    with pytest.raises(CheckpointError):
-        store.save(3, make_state(3))
-    blocker.rmdir()
-    store.save(4, make_state(4))
-    assert not planted.exists(), "the save after a failed one removes leftovers"
-    planted.write_bytes(b"half a checkpoint")
-    assert store.restore(make_state(0)).step == 4
-    store.save(5, make_state(5))
-    assert not planted.exists(), "the save after a restore removes leftovers"
-    assert layout.partials(store.directory) == []
+    blocker = store.directory / (layout.checkpoint_name(2) + layout.PARTIAL)
+    blocker.mkdir()  # not hpcckpt's: the save of step 2 cannot create its file, says so
+    with pytest.raises(CheckpointError, match="step 2"):
+        store.save(2, make_state(2))
+    assert blocker.is_dir()
+    store.save(3, make_state(3))
+    assert [e.step for e in layout.scan(store.directory)] == [3, 1]
 
 
 @pytest.mark.parametrize("damage", ["flip_data", "truncate", "garbage"])
