@@ -39,6 +39,7 @@ from mpi4py import MPI  # noqa: E402
 #: (module, attribute holder, name, label, top level?): the steps timed.
 SAVE = [
     ("store", "CheckpointStore", "_encode", "encode + agree", True),
+    ("store", "CheckpointStore", "_parent", "directory + chain bcast (before 2026-11-24)", True),
     ("store", "CheckpointStore", "_chain_intact", "chain intact? (rank 0)", False),
     ("store", "CheckpointStore", "_prepare_directory", "directory ready (rank 0)", False),
     ("store", "CheckpointStore", "_prepare", "prepare (1-2)", False),
