@@ -135,10 +135,10 @@ def worker(args: argparse.Namespace) -> None:
             scratch = root / f"warm.rank{rank}"
             _util.write_raw(scratch, buf, sync=False)
             scratch.unlink()
-        if rank == 0:
+        if rank == 0 and not args.no_drop_caches:
             why = _util.drop_caches()
             if why:
-                raise SystemExit(why)
+                raise SystemExit(f"{why}; run as root, or pass --no-drop-caches (warm reads)")
         comm.Barrier()
 
     store = CheckpointStore(d, comm)
@@ -266,6 +266,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--dir", default="/tmp/hpcckpt-bench-phases")
     ap.add_argument("--json", help="write every rank's phases of every repetition here")
+    ap.add_argument("--no-drop-caches", action="store_true", help="warm reads (no root needed)")
     ap.add_argument("--profile", help="write a cProfile per rank (rankN.prof) into this directory")
     worker(ap.parse_args())
 
