@@ -72,6 +72,23 @@ def test_bench_due_reports_microseconds(tmp_path: Path) -> None:
         assert not r.get("fired"), f"due() fired in {name}"
 
 
+def test_bench_phases_times_every_step_of_a_save_and_a_restore(tmp_path: Path) -> None:
+    out = tmp_path / "phases.json"
+    argv = [str(BENCH / "bench_phases.py"), "--size", "8M", "--reps", "2", "--no-drop-caches"]
+    proc = mpirun(2, [*argv, "--dir", str(tmp_path / "scratch"), "--json", str(out)])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "save x best raw" in proc.stdout and "restore x cold read" in proc.stdout
+    ranks = json.loads(out.read_text())["ranks"]
+    assert len(ranks) == 2
+    for rank, phases in enumerate(ranks):
+        for op, step in (("save", "write + fsync (3b)"), ("restore", "read + hash the data")):
+            for rep in phases[op]:
+                assert rep["ms"][step] > 0 and rep["ms"]["total"] >= rep["ms"][step], (rank, op)
+        assert all(r["limit_write"] > 0 and r["limit_read"] > 0 for r in phases["raw"])
+    assert ranks[0]["save"][0]["n"]["create the file (rank 0)"] == 1
+    assert "create the file (rank 0)" not in ranks[1]["save"][0]["n"]
+
+
 def test_writer_experiments_run(tmp_path: Path) -> None:
     out = tmp_path / "exp.json"
     _run(

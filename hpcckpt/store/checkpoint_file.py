@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -219,6 +219,7 @@ def write_file(
     uid: str | None = None,
     replicated: Collection[str] = (),
     hash_while_writing: bool = False,
+    prepare: Callable[[int], None] | None = None,
 ) -> Written:
     """Create one checkpoint file at ``path`` for all ranks; returns what this rank must
     write into it.
@@ -245,7 +246,9 @@ def write_file(
     pass empty stand-ins). ``hash_while_writing``: when there is no ``parent`` (nothing
     to compare with, a full file), the hashes nobody passed are computed while the array
     bytes are written (``Written.hashing``), and the hash table and checksum rows are
-    written after them.
+    written after them. ``prepare(state_bytes)``: rank 0 calls it right before it
+    creates the file (the store readies its directory there); what it raises fails the
+    save on every rank like a failure to create the file, in the same bcast.
     """
     rank, size = comm.Get_rank(), comm.Get_size()
     policy = policy or ChainPolicy()
@@ -318,6 +321,7 @@ def write_file(
                 policy,
                 uid,
                 replicated,
+                prepare,
             )
         except CheckpointError as exc:  # the states do not fit one layout: said alike
             plan = str(exc)
@@ -416,6 +420,7 @@ def _create(
     policy: ChainPolicy,
     uid: str | None,
     replicated: Collection[str],
+    prepare: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Rank 0: decide the layout from every rank's specs and counts, create the file
     with all metadata and allocated, empty datasets; what every rank needs to write."""
@@ -448,6 +453,8 @@ def _create(
     if alignment is not None:
         options["alignment_threshold"], options["alignment_interval"] = alignment
     bases: dict[str, Any] = {}
+    if prepare is not None:
+        prepare(state_bytes)
     with h5py.File(path, "w", **options) as f:
         meta = f.create_group("meta")
         meta.attrs["format"] = FORMAT

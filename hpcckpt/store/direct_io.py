@@ -112,10 +112,16 @@ def write_extents(
 
 
 def read_hashed(
-    path: str | os.PathLike[str], offset: int, out: memoryview, block_bytes: int
+    path: str | os.PathLike[str],
+    offset: int,
+    out: memoryview,
+    block_bytes: int,
+    *,
+    fd: int | None = None,
 ) -> np.ndarray:
     """Read ``len(out)`` bytes at ``offset`` of ``path`` into ``out`` and return the
-    xxh3-64 of each ``block_bytes`` block (the last may be shorter).
+    xxh3-64 of each ``block_bytes`` block (the last may be shorter). ``fd``: a
+    descriptor open on ``path`` to read through (left open), instead of opening it.
 
     A second thread hashes each piece while the next one is read (``preadv`` and the
     hash both release the GIL), so verifying a restore costs no pass of its own.
@@ -125,12 +131,15 @@ def read_hashed(
     nblk = -(-len(out) // block_bytes)
     hashes = np.empty(nblk, dtype=np.uint64)
     piece = max(block_bytes, READ_PIECE_BYTES // block_bytes * block_bytes)
+    own = fd is None
     if len(out) <= piece:  # one piece: nothing to overlap, and a thread costs more
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        if fd is None:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             _pread_all(fd, out, offset, path)
         finally:
-            os.close(fd)
+            if own:
+                os.close(fd)
         digest = xxhash.xxh3_64_intdigest
         for j in range(nblk):
             hashes[j] = digest(out[j * block_bytes : (j + 1) * block_bytes])
@@ -147,7 +156,8 @@ def read_hashed(
 
     hasher = threading.Thread(target=hash_pieces, name="hpcckpt-hash", daemon=True)
     hasher.start()
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    if fd is None:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         done = 0
         while done < len(out):
@@ -156,7 +166,8 @@ def read_hashed(
             done = stop
             ready.put(done)
     finally:
-        os.close(fd)
+        if own:
+            os.close(fd)
         ready.put(None)
         hasher.join()
     return hashes

@@ -38,7 +38,7 @@ def save_local(store: CheckpointStore, step: int, state: dict[str, Any], cache: 
     Raises CheckpointError on every rank when any rank fails; nothing is sealed then.
     """
     t0 = time.perf_counter()
-    tree, arrays, _ = store._encode(step, state)
+    tree, arrays, *_ = store._encode(step, state)
     faults.fault_point("save.begin", step)
     uid = store.comm.bcast(uuid.uuid4().hex if store.rank == 0 else None)
     error: BaseException | None = None

@@ -116,11 +116,14 @@ class CheckpointReader:
     def __init__(self, path: str | os.PathLike[str], *, resolve_chain: bool = True) -> None:
         self.path = Path(path)
         self._members: list[CheckpointReader] = []
+        self._fd = -1  # one descriptor for our own reads: the heap check, the array bytes
         safety.check_regular_file(self.path)  # no links, FIFOs or devices
         try:
-            self._file_size = os.stat(self.path).st_size
+            self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            self._file_size = os.fstat(self._fd).st_size
             self._f = h5py.File(self.path, "r")
         except OSError as exc:
+            self.close()
             raise CorruptCheckpoint(f"{self.path.name}: unreadable ({exc})") from exc
         try:
             self._validate()
@@ -163,7 +166,7 @@ class CheckpointReader:
         return d
 
     def _validate(self) -> None:
-        safety.check_global_heaps(self._f, self.path, self._file_size)  # HDF5 can hang on them
+        safety.check_global_heaps(self._f, self.path, self._file_size, self._fd)  # HDF5 hangs
         meta = self._f.get("meta")
         if not isinstance(meta, h5py.Group):
             raise self._corrupt("not an hpcckpt checkpoint (no /meta group)")
@@ -548,7 +551,9 @@ class CheckpointReader:
             raw = None if np.any(owner) else chain[0]._raw_offset(name, rank)
             if raw is not None:  # one contiguous read, hashed as it arrives
                 step = elems * info.dtype.itemsize
-                got = direct_io.read_hashed(chain[0].path, raw, memoryview(out).cast("B"), step)
+                got = direct_io.read_hashed(
+                    chain[0].path, raw, memoryview(out).cast("B"), step, fd=chain[0]._fd
+                )
             elif np.any(owner == 0):
                 chain[0]._read_rank_into(name, rank, out)
             for k, part in enumerate(chain[1:], start=1):
@@ -613,6 +618,9 @@ class CheckpointReader:
         f = getattr(self, "_f", None)
         if f is not None and f.id.valid:
             f.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def __enter__(self) -> CheckpointReader:
         return self

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import errno
 import logging
 import os
@@ -192,11 +193,11 @@ def _check_collection(raw: bytes, at: int, name: str) -> None:
         q += 16 + (osize + 7) // 8 * 8
 
 
-def check_global_heaps(f: Any, path: Path, file_size: int) -> None:
+def check_global_heaps(f: Any, path: Path, file_size: int, fd: int | None = None) -> None:
     """Raise CorruptCheckpoint if a global heap collection (variable-length strings) is damaged.
 
     Reads only the bytes outside the datasets' raw data (the metadata), at most
-    ``_MAX_SCAN`` of them.
+    ``_MAX_SCAN`` of them; through ``fd`` (open on ``path``) when given.
     """
     gaps, pos = [], 0
     try:
@@ -210,14 +211,16 @@ def check_global_heaps(f: Any, path: Path, file_size: int) -> None:
     if pos < file_size:
         gaps.append((pos, file_size))
     budget = _MAX_SCAN
-    with open(path, "rb") as fh:
+    with contextlib.ExitStack() as stack:
+        if fd is None:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            stack.callback(os.close, fd)
         for lo, hi in gaps:
             n = min(hi - lo, budget)
             if n <= 0:
                 break
             budget -= n
-            fh.seek(lo)
-            raw = fh.read(n)
+            raw = _pread(fd, n, lo)
             at = raw.find(_GCOL)
             while at >= 0:
                 header_ok = (
@@ -233,6 +236,18 @@ def check_global_heaps(f: Any, path: Path, file_size: int) -> None:
                         )
                     _check_collection(raw, at, path.name)
                 at = raw.find(_GCOL, at + 4)
+
+
+def _pread(fd: int, n: int, offset: int) -> bytes:
+    """Up to ``n`` bytes at ``offset`` (fewer only at the end of the file)."""
+    parts, got = [], 0
+    while got < n:
+        part = os.pread(fd, n - got, offset + got)
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
 
 
 # -- a full disk ---------------------------------------------------------------------------

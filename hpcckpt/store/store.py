@@ -2,12 +2,15 @@
 
 Commit protocol of one save (all ranks take part; see docs/format.md):
 
-1. every rank encodes its state; the ranks agree that every encoding succeeded;
-2. rank 0 creates the directory (owner-only), removes ``*.partial`` leftovers and,
-   on the first save, applies the file-system tuning (``lfs setstripe`` on Lustre);
+1. every rank encodes its state while rank 0 checks that the last checkpoint's chain
+   is intact (reading the directory only); one reduction agrees on both;
+2. rank 0 creates the directory (owner-only), removes ``*.partial`` leftovers and
+   checks the free space, right before step 3 and within its agreement; on the first
+   save it also applies the file-system tuning (``lfs setstripe`` on Lustre);
 3. rank 0 creates ``ckpt-<step>.h5.partial`` with all its metadata and contiguous
    datasets allocated, from every rank's specs (a gather; plain HDF5, no MPI-IO); every
-   rank learns its offsets (a bcast and a prefix sum) and writes its own part (tree,
+   rank learns its offsets (a bcast, which also carries step 2's outcome, and a prefix
+   sum) and writes its own part (tree,
    checksums, block hashes, array bytes: ``O_DIRECT`` where the file system takes it,
    :mod:`.direct_io`) and fsyncs;
 4. the ranks agree that every one of them succeeded (one reduction); if not, rank 0
@@ -226,14 +229,14 @@ class CheckpointStore:
         error: BaseException | None,
         what: str,
         kind: type[Exception] = CheckpointError,
-        extra: int = 0,
-    ) -> int:
+        extra: Sequence[int] = (),
+    ) -> list[int]:
         """Raise on every rank if any rank failed; the message names the ranks and reasons.
 
         One reduction when all went well (the reasons are gathered only on failure);
-        returns the sum of ``extra`` over the ranks, which rides on it.
+        returns the sum over the ranks of each of ``extra``, which ride on it.
         """
-        mine = np.array([error is not None, extra], dtype=np.int64)
+        mine = np.array([error is not None, *extra], dtype=np.int64)
         total = np.empty_like(mine)
         self.comm.Allreduce(mine, total, op=MPI.SUM)
         if total[0]:
@@ -243,7 +246,7 @@ class CheckpointStore:
             failed = [(r, e) for r, e in enumerate(errors) if e is not None]
             detail = "; ".join(f"rank {r}: {e}" for r, e in failed[:4])
             raise kind(f"{what} failed ({detail})") from error
-        return int(total[1])
+        return [int(x) for x in total[1:]]
 
     def _agree_root(self, error: BaseException | None, what: str) -> None:
         """Like :meth:`_agree` for what only rank 0 does: one broadcast of its outcome."""
@@ -253,9 +256,18 @@ class CheckpointStore:
 
     # -- save ------------------------------------------------------------------------------
     def _tune(self, state_bytes: int) -> filesystem.Tuning:
-        """Rank 0 detects the file system and stripes the directory; every rank gets the plan."""
+        """Rank 0 detects the file system and stripes the directory; every rank gets the plan.
+
+        At a store's first save, once every rank's state encoded: rank 0 creates the
+        directory here so that it can be striped (a failure is reported by the file's
+        creation, which tries again).
+        """
         plan = None
         if self.rank == 0:
+            try:
+                safety.make_directory(self.directory, self.dir_mode)
+            except OSError as exc:
+                log.debug("cannot create %s yet: %s", self.directory, exc)
             fs = filesystem.detect(self.directory)
             plan = filesystem.plan(
                 self.directory, fs, self.nranks, state_bytes, self.tuning_options
@@ -392,38 +404,37 @@ class CheckpointStore:
         state: dict[str, Any] | None,
         copy: fast_tier.LocalCopy | None = None,
     ) -> tuple[Any, dict[str, Any], int, ChainState | None]:
-        """Steps 1-2 of a save: encode (agreed), prepare the directory; (tree, arrays,
+        """Steps 1-2 of a save up to the file, agreed in one reduction: (tree, arrays,
         bytes over all ranks, the checkpoint this one may be a delta of). With ``copy``
-        (a node-local copy drained as it is) its tree and arrays stand for the state."""
+        (a node-local copy drained as it is) its tree and arrays stand for the state.
+
+        While the ranks encode, rank 0 checks the chain the next delta would extend
+        (reading the directory only); the reduction that agrees on the encoding carries
+        its answer. Rank 0 writes to the directory (creates it, removes leftovers,
+        checks the free space: :meth:`_prepare_directory`) only once every rank's state
+        encoded, just before it creates the file, whose agreement covers it.
+        """
         if copy is None:
-            tree, arrays, state_bytes = self._encode(step, state)
+            tree, arrays, state_bytes, chain_ok = self._encode(step, state, self._chain_intact())
         else:
             tree, arrays = copy.tree, fast_tier.maps(copy)
             self._replicated_paths, self._known_hashes = set(copy.replicated), {}
             mine = sum(a.nbytes for a in arrays.values())
-            state_bytes = self._agree(None, f"reading node-local step {step}", extra=mine)
+            state_bytes, chain = self._agree(
+                None, f"reading node-local step {step}", extra=(mine, self._chain_intact())
+            )
+            chain_ok = bool(chain)
         faults.fault_point("save.begin", step)
-        error: BaseException | None = None
-
-        if self.rank == 0:
-            try:
-                safety.make_directory(self.directory, self.dir_mode)
-                for leftover in layout.partials(self.directory):
-                    log.info("removing leftover %s from an interrupted save", leftover.name)
-                    safety.remove_leftover(leftover)  # a link is unlinked, never followed
-                safety.check_free_space(self.directory, state_bytes)  # ENOSPC before HDF5 sees it
-            except OSError as exc:
-                error = exc
-        parent = self._parent(error)
-        faults.fault_point("save.prepared")
         if self.tuning is None:
             self.tuning = self._tune(state_bytes)
-        return tree, arrays, state_bytes, parent
+        return tree, arrays, state_bytes, self.last if chain_ok else None
 
-    def _encode(self, step: int, state: Any) -> tuple[Any, dict[str, Any], int]:
+    def _encode(
+        self, step: int, state: Any, chain_ok: bool = False
+    ) -> tuple[Any, dict[str, Any], int, bool]:
         """Step 1: the state's tree and arrays (replicated ones checked equal and left to
-        rank 0) and the bytes to store over all ranks; TypeError on every rank if any
-        rank fails."""
+        rank 0), the bytes to store over all ranks and rank 0's ``chain_ok``, in one
+        reduction; TypeError on every rank if any rank fails."""
         error: BaseException | None = None
         tree, arrays = None, {}
         try:
@@ -431,7 +442,9 @@ class CheckpointStore:
         except (TypeError, ValueError) as exc:
             error = exc
         mine = sum(a.nbytes for a in arrays.values())
-        state_bytes = self._agree(error, f"encoding the state of step {step}", TypeError, mine)
+        state_bytes, chain = self._agree(
+            error, f"encoding the state of step {step}", TypeError, (mine, chain_ok)
+        )
         self._replicated_paths, self._known_hashes = set(), {}
         if self.replicated:
             before = arrays
@@ -441,7 +454,28 @@ class CheckpointStore:
             # Checked equal on every rank: all but rank 0 dropped the same bytes.
             replicated_bytes = sum(before[p].nbytes for p in self._replicated_paths)
             state_bytes -= (self.nranks - 1) * replicated_bytes
-        return tree, arrays, state_bytes
+        return tree, arrays, state_bytes, bool(chain)
+
+    def _chain_intact(self) -> bool:
+        """Rank 0: whether the next save may be a delta of the last checkpoint: every file
+        of its chain still there and not marked bad (someone may have moved or pruned
+        them). Other ranks: False (the agreement sums rank 0's answer)."""
+        if self.rank != 0 or not self.chain_policy.incremental or self.last is None:
+            return False
+        return all(
+            (self.directory / name).is_file()
+            and not (self.directory / (name + layout.BAD)).exists()
+            for name, _, _ in self.last.chain
+        )
+
+    def _prepare_directory(self, state_bytes: int) -> None:
+        """Step 2, rank 0, right before it creates the file: the directory (owner-only),
+        no ``*.partial`` leftovers, room for ``state_bytes`` (ENOSPC before HDF5 sees it)."""
+        safety.make_directory(self.directory, self.dir_mode)
+        for leftover in layout.partials(self.directory):
+            log.info("removing leftover %s from an interrupted save", leftover.name)
+            safety.remove_leftover(leftover)  # a link is unlinked, never followed
+        safety.check_free_space(self.directory, state_bytes)
 
     # -- staged saves ------------------------------------------------------------------------
     def begin_save(
@@ -629,8 +663,10 @@ class CheckpointStore:
                 parent=parent,
                 policy=self.chain_policy,
                 replicated=self._replicated_paths,
+                prepare=self._prepare_directory,
                 **options,
             )
+            faults.fault_point("save.prepared")
             if self.rank == 0:  # now, so that the ranks' fsyncs make the mode durable too
                 safety.set_mode(partial, self.file_mode)  # created with the umask
         except Exception as exc:  # every rank must reach the agreement
@@ -666,7 +702,7 @@ class CheckpointStore:
             self._agree(error, what)
         except CheckpointError:
             if self.rank == 0:
-                partial.unlink(missing_ok=True)
+                safety.remove_leftover(partial)  # never a directory someone put there
             raise
 
     def _commit(
@@ -685,28 +721,6 @@ class CheckpointStore:
         if failed:
             self._agree_root(error, f"committing checkpoint of step {step}")
         return out
-
-    def _parent(self, error: BaseException | None) -> ChainState | None:
-        """Agree on rank 0's ``error`` preparing the directory and on the checkpoint the
-        next save may be a delta of (the last one, if its chain is intact); one bcast.
-
-        Rank 0 checks that every file of the chain is still there and not marked bad
-        (someone may have moved or pruned them); every rank gets the same answer.
-        """
-        ok = False
-        if self.rank == 0 and error is None and self.chain_policy.incremental:
-            ok = self.last is not None and all(
-                (self.directory / name).is_file()
-                and not (self.directory / (name + layout.BAD)).exists()
-                for name, _, _ in self.last.chain
-            )
-        why = None if error is None else f"{type(error).__name__}: {error}"
-        why, ok = self.comm.bcast((why, ok))
-        if why is not None:
-            raise CheckpointError(
-                f"preparing checkpoint directory {self.directory} failed (rank 0: {why})"
-            ) from error
-        return self.last if ok else None
 
     def _chain_state(self, reader: CheckpointReader) -> ChainState | None:
         """This rank's memory of a restored checkpoint, from the hashes stored in its file."""

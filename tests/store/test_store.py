@@ -58,6 +58,17 @@ def test_partial_leftover_is_ignored_then_cleaned(store):
     assert not leftover.exists()
 
 
+def test_a_directory_named_like_the_partial_fails_that_save_alone_and_is_kept(store):
+    store.save(1, make_state(1))
+    blocker = store.directory / (layout.checkpoint_name(2) + layout.PARTIAL)
+    blocker.mkdir()  # not hpcckpt's: the save of step 2 cannot create its file, says so
+    with pytest.raises(CheckpointError, match="step 2"):
+        store.save(2, make_state(2))
+    assert blocker.is_dir()
+    store.save(3, make_state(3))
+    assert [e.step for e in layout.scan(store.directory)] == [3, 1]
+
+
 @pytest.mark.parametrize("damage", ["flip_data", "truncate", "garbage"])
 def test_corrupt_newest_falls_back_and_is_marked_not_deleted(store, damage):
     store.save(1, make_state(1))
