@@ -230,3 +230,24 @@ def test_an_array_rewritten_between_saves_is_hashed_for_a_while(tmp_path):
         assert ("dense" in tracked) == (step == 2 + REST_SAVES + 1), (step, tracked)
         assert "sparse" in tracked
     assert set(methods) == {"kernel"}  # "sparse" came from the kernel's pages every time
+
+
+def test_replicated_arrays_are_checked_and_hashed_not_tracked(tmp_path):
+    # A replicated array's hashes come from the check that every rank holds the same
+    # bytes (a pass over it at every save anyway): the kernel does not track it.
+    store = CheckpointStore(
+        tmp_path, MPI.COMM_SELF, block_size=BLOCK, change_detection="kernel", replicated=["model"]
+    )
+    rng = np.random.default_rng(0)
+    state = {"model": rng.random(4 << 17), "u": rng.random(4 << 17)}
+    store.save(1, state)
+    for step in (2, 3):
+        state["model"][step * 70_000] = -step
+        state["u"][step * 90_000] = step
+        res = store.save(step, state)
+        assert (res.kind, res.change_detection, res.dirty_blocks) == ("incremental", "kernel", 2)
+        assert store.changes.tracker.tracked == {"u"}
+        with CheckpointReader(res.path) as r:
+            assert r.verify() == []
+            for name in ("model", "u"):
+                assert r.rank_array(name, 0).tobytes() == state[name].tobytes()
