@@ -31,6 +31,7 @@ import errno
 import logging
 import os
 import re
+import resource
 import stat
 import struct
 from pathlib import Path
@@ -269,15 +270,26 @@ def _enospc(directory: Path, free: int, needed: int, cause: str = "") -> OSError
 
 
 def check_free_space(directory: Path, needed: int) -> None:
-    """Raise OSError(ENOSPC) before writing when ``directory`` cannot hold ``needed`` bytes.
+    """Raise OSError before writing when ``directory`` cannot hold ``needed`` bytes
+    (ENOSPC), or the process may not write a file that large (EFBIG: ``ulimit -f``).
 
-    Checked before the file exists because HDF5 (1.10, MPI-IO driver) does not survive a
-    write that fails for lack of space: the failed close leaves the library in a state
-    where the next HDF5 call can crash the process. ``needed`` is the state's bytes; a
-    margin is added for the HDF5 metadata.
+    Checked before the file exists because HDF5 (1.10) does not survive a file it cannot
+    write to the end: the failed close leaves the library in a state where the next HDF5
+    call, or the garbage collector, crashes the process (measured: a save under a 3 KB
+    ``ulimit -f`` raised, then the next ``gc.collect()`` segfaulted). ``needed`` is the
+    state's bytes; a margin is added for the HDF5 metadata.
     """
-    free = free_bytes(directory)
     want = needed + needed // 100 + (1 << 20)
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY and limit < want:
+        raise OSError(
+            errno.EFBIG,
+            f"this process may not write files larger than {limit} bytes (the file size "
+            f"limit, ulimit -f), and the checkpoint file in {directory} needs about {want}; "
+            f"the previous checkpoints are intact. Raise the limit (ulimit -f unlimited in "
+            f"the batch script, before srun or mpirun)",
+        )
+    free = free_bytes(directory)
     if free is not None and free < want:
         raise _enospc(directory, free, want)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -101,3 +102,41 @@ def test_no_space_message_names_enospc_without_a_mount(tmp_path):
     assert safety.explain_write_error(err, tmp_path, needed=1) is err
     assert safety.explain_write_error(None, tmp_path, needed=1) is None
     assert os.path.isdir(Path(tmp_path))
+
+
+FILE_SIZE_LIMIT_APP = r"""
+import gc, resource, signal, sys
+import numpy as np
+from mpi4py import MPI
+from hpcckpt.store.errors import CheckpointError
+from hpcckpt.store.store import CheckpointStore
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # so that a too large write fails with EFBIG
+store = CheckpointStore(sys.argv[1], MPI.COMM_SELF)
+state = {"u": np.ones(1 << 20)}  # 8 MiB
+store.save(1, state)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))  # ulimit -f 1024
+state["u"][:] = 2.0  # every block changed: a full file of 8 MiB
+try:
+    store.save(2, state)
+except CheckpointError as exc:
+    print("ERROR", exc)
+gc.collect()  # HDF5 crashed here when it had been left a file it could not finish
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY,) * 2)
+print("SAVED", store.save(3, state).step)
+"""
+
+
+def test_a_file_size_limit_fails_the_save_clearly_and_the_process_goes_on(tmp_path):
+    d = tmp_path / "ck"
+    proc = subprocess.run(
+        [sys.executable, "-c", FILE_SIZE_LIMIT_APP, str(d)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr)
+    assert "file size limit, ulimit -f" in proc.stdout, proc.stdout
+    assert "SAVED 3" in proc.stdout, proc.stdout
+    assert [e.step for e in layout.scan(d)] == [3, 1] and layout.partials(d) == []
