@@ -209,6 +209,16 @@ def test_bench_ranks_prints_the_curve(tmp_path: Path) -> None:
     assert all(r["save"] > 0 and r["restore"] > 0 for recs in results.values() for r in recs)
 
 
+def test_bench_hdf5_floor_compares_one_hdf5_file_with_one_npy_file(tmp_path: Path) -> None:
+    out = tmp_path / "floor.json"
+    argv = [str(BENCH / "bench_hdf5_floor.py"), "--kib", "16", "--reps", "3"]
+    proc = _run([*argv, "--dir", str(tmp_path / "scratch"), "--json", str(out)])
+    assert "| durable write |" in proc.stdout and "| read |" in proc.stdout, proc.stdout
+    times = json.loads(out.read_text())["times"]
+    assert set(times) == {"npy_save", "h5_save", "npy_load", "h5_load"}
+    assert all(len(t) == 3 and min(t) > 0 for t in times.values())
+
+
 def test_bench_collectives_prints_the_counts(tmp_path: Path) -> None:
     out = tmp_path / "counts.json"
     argv = [str(BENCH / "bench_collectives.py"), "--ranks", "2,3", "--kib", "64"]
