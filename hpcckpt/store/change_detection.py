@@ -115,7 +115,11 @@ class ChangeDetector:
                 tracker.keep_only(tracker.tracked - {p})  # its pages fault no more
                 log.debug("array %s is rewritten between saves: hashed for a while", p)
             else:
-                if maps is None and not tracker.registered(p, a):
+                if (
+                    maps is None
+                    and not tracker.registered(p, a)
+                    and tracker.why_not(p, a, step) is None
+                ):
                     maps = procfs.memory_maps()
                 why = tracker.track(p, a, step, maps)
                 if why is not None:

@@ -6,6 +6,7 @@ self-audit catches a tracker that missed a change."""
 from __future__ import annotations
 
 import ctypes
+import gc
 
 import numpy as np
 import pytest
@@ -20,6 +21,15 @@ from hpcckpt.store.write_tracking import PAGE
 BLOCK = 64 << 10
 libc = ctypes.CDLL(None, use_errno=True)
 libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+
+@pytest.fixture(autouse=True)
+def _trackers_released():
+    """Each test's trackers are closed before the next test allocates: a tracker dropped
+    without close() keeps its memory registered until the garbage collector finalizes
+    it, and a new array at those addresses could not be registered (EBUSY)."""
+    yield
+    gc.collect()
 
 
 def make_state(seed: int = 0) -> dict:
@@ -251,3 +261,21 @@ def test_replicated_arrays_are_checked_and_hashed_not_tracked(tmp_path):
             assert r.verify() == []
             for name in ("model", "u"):
                 assert r.rank_array(name, 0).tobytes() == state[name].tobytes()
+
+
+def test_proc_maps_is_read_only_when_an_array_may_be_tracked(tmp_path, monkeypatch):
+    # A small state (arrays under one block, a copy of a transposed view) is never
+    # tracked: its saves must not pay a /proc/self/maps read (ms in an MPI process) each.
+    from hpcckpt import procfs
+
+    reads = []
+    real = procfs.memory_maps
+    monkeypatch.setattr(procfs, "memory_maps", lambda: reads.append(1) or real())
+    store = CheckpointStore(tmp_path, MPI.COMM_SELF, block_size=BLOCK, change_detection="kernel")
+    rng = np.random.default_rng(0)
+    state = {"small": rng.random(1000), "t": rng.random((600, 700)).T, "u": rng.random(4 << 17)}
+    for step in range(1, 6):
+        state["small"][step] = step
+        state["u"][step * 1000] = step
+        store.save(step, state)
+    assert len(reads) == 1  # "u", at its first save

@@ -5,6 +5,7 @@ that is zapped, replaced or shared is never trusted."""
 from __future__ import annotations
 
 import ctypes
+import gc
 import mmap
 import os
 import shutil
@@ -34,6 +35,15 @@ MADV_DONTNEED = 4
 MAP_FIXED = 0x10
 PROT_RW = mmap.PROT_READ | mmap.PROT_WRITE
 STEP = 64 << 10  # block bytes used by most tests
+
+
+@pytest.fixture(autouse=True)
+def _trackers_released():
+    """Each test's trackers are closed before the next test allocates: a tracker dropped
+    without close() keeps its memory registered until the garbage collector finalizes
+    it, and a new array at those addresses could not be registered (EBUSY)."""
+    yield
+    gc.collect()
 
 
 def addr(a: np.ndarray) -> int:
@@ -232,6 +242,28 @@ def test_shared_and_file_backed_memory_is_refused(tmp_path):
     shared.close()
     private.close()
     del mapped
+
+
+def test_a_refusal_for_the_memory_is_remembered_while_the_array_stays(tmp_path, monkeypatch):
+    # /proc/self/maps takes ms to read in an MPI process: an array refused for its
+    # memory is not looked up again at every save, unless it moved.
+    reads = []
+    real = procfs.memory_maps
+    monkeypatch.setattr(procfs, "memory_maps", lambda: reads.append(1) or real())
+    mapped = np.memmap(tmp_path / "m.bin", dtype=np.float64, mode="w+", shape=(1 << 17,))
+    t = WriteTracker()
+    for _ in range(3):
+        assert "file-backed" in t.track("m", mapped, STEP)
+        assert "file-backed" in t.why_not("m", mapped, STEP)
+    assert len(reads) == 1
+    other = np.memmap(tmp_path / "n.bin", dtype=np.float64, mode="w+", shape=(1 << 17,))
+    assert t.why_not("m", other, STEP) is None  # another address: looked up again
+    assert "file-backed" in t.track("m", other, STEP) and len(reads) == 2
+    a = np.ones(4 << 17)
+    assert t.why_not("a", a, STEP) is None and t.track("a", a, STEP) is None
+    assert t.why_not("a", a, STEP) is None and len(reads) == 3
+    t.close()
+    del mapped, other
 
 
 def test_procfs_memory_maps_sees_private_anonymous_memory():
