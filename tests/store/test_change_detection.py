@@ -6,7 +6,6 @@ self-audit catches a tracker that missed a change."""
 from __future__ import annotations
 
 import ctypes
-import gc
 
 import numpy as np
 import pytest
@@ -23,13 +22,8 @@ libc = ctypes.CDLL(None, use_errno=True)
 libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
 
-@pytest.fixture(autouse=True)
-def _trackers_released():
-    """Each test's trackers are closed before the next test allocates: a tracker dropped
-    without close() keeps its memory registered until the garbage collector finalizes
-    it, and a new array at those addresses could not be registered (EBUSY)."""
-    yield
-    gc.collect()
+# Trackers are released between tests (tests/store/conftest.py).
+pytestmark = pytest.mark.usefixtures("trackers_released")
 
 
 def make_state(seed: int = 0) -> dict:

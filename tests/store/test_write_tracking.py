@@ -5,7 +5,6 @@ that is zapped, replaced or shared is never trusted."""
 from __future__ import annotations
 
 import ctypes
-import gc
 import mmap
 import os
 import shutil
@@ -37,13 +36,8 @@ PROT_RW = mmap.PROT_READ | mmap.PROT_WRITE
 STEP = 64 << 10  # block bytes used by most tests
 
 
-@pytest.fixture(autouse=True)
-def _trackers_released():
-    """Each test's trackers are closed before the next test allocates: a tracker dropped
-    without close() keeps its memory registered until the garbage collector finalizes
-    it, and a new array at those addresses could not be registered (EBUSY)."""
-    yield
-    gc.collect()
+# Trackers are released between tests (tests/store/conftest.py).
+pytestmark = pytest.mark.usefixtures("trackers_released")
 
 
 def addr(a: np.ndarray) -> int:
