@@ -9,8 +9,10 @@ import pytest
 
 @pytest.fixture
 def trackers_released():
-    """The test's write trackers are closed before the next test allocates: a tracker
-    dropped without close() keeps its memory registered until the garbage collector
-    finalizes it, and a new array at those addresses could not be registered (EBUSY)."""
+    """Write trackers left by earlier tests (of any module) are closed before this test
+    allocates, and this test's before the next: a tracker dropped without close() keeps
+    its memory registered until the garbage collector finalizes it, and a new array at
+    those addresses could not be registered (EBUSY)."""
+    gc.collect()
     yield
     gc.collect()
