@@ -41,6 +41,11 @@ def block_elems(itemsize: int, block_size: int) -> int:
     return max(1, block_size // itemsize)
 
 
+def block_bytes(dtype: np.dtype, block_size: int) -> int:
+    """Bytes per block of an array of ``dtype`` (whole elements, at most ``block_size``)."""
+    return block_elems(dtype.itemsize, block_size) * dtype.itemsize
+
+
 def nblocks(nelems: int, elems: int) -> int:
     return -(-nelems // elems)
 
@@ -53,7 +58,7 @@ def flat_bytes(data: np.ndarray) -> memoryview:
 
 def block_hashes(data: np.ndarray, block_size: int) -> np.ndarray:
     """uint64[nblocks]: the xxh3-64 of each block of ``data``'s C-order bytes."""
-    step = block_elems(data.dtype.itemsize, block_size) * data.dtype.itemsize
+    step = block_bytes(data.dtype, block_size)
     out = np.empty(nblocks(data.nbytes, step), dtype=np.uint64)
     BlockHasher(data, block_size, out).upto(data.nbytes)
     return out
@@ -69,7 +74,7 @@ class BlockHasher:
     """
 
     def __init__(self, data: np.ndarray, block_size: int, out: np.ndarray) -> None:
-        self.step = block_elems(data.dtype.itemsize, block_size) * data.dtype.itemsize
+        self.step = block_bytes(data.dtype, block_size)
         self.raw = flat_bytes(data) if data.size else memoryview(b"")
         self.out = out
         self.done = 0  # blocks hashed
@@ -86,7 +91,7 @@ class BlockHasher:
 
 def rehash(data: np.ndarray, block_size: int, hashes: np.ndarray, which: np.ndarray) -> int:
     """Hash again only the blocks ``which`` of ``data`` into ``hashes``; the bytes read."""
-    step = block_elems(data.dtype.itemsize, block_size) * data.dtype.itemsize
+    step = block_bytes(data.dtype, block_size)
     raw = flat_bytes(data)
     digest = xxhash.xxh3_64_intdigest
     read = 0

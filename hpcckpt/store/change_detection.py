@@ -108,7 +108,7 @@ class ChangeDetector:
             if p in resting:
                 self._resting[p] -= 1
                 continue
-            step = blocks.block_elems(a.dtype.itemsize, block_size) * a.dtype.itemsize
+            step = blocks.block_bytes(a.dtype, block_size)
             found = tracker.candidate_blocks(p, a, step) if usable else None
             if found is not None and found.size > DENSE * -(-a.nbytes // step):
                 self._resting[p] = REST_SAVES
