@@ -12,6 +12,7 @@ Measure the hash throughput per block size with ``python -m hpcckpt.store.blocks
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,23 +84,23 @@ class BlockHasher:
 
     def upto(self, nbytes: int) -> None:
         stop = self.out.size if nbytes >= len(self.raw) else nbytes // self.step
-        digest = xxhash.xxh3_64_intdigest
-        for j in range(self.done, stop):
-            self.out[j] = digest(self.raw[j * self.step : (j + 1) * self.step])
+        self.blocks(range(self.done, stop))
         self.done = max(self.done, stop)
+
+    def blocks(self, which: Iterable[int]) -> int:
+        """Hash the blocks ``which`` into ``out``; the bytes read."""
+        digest = xxhash.xxh3_64_intdigest
+        read = 0
+        for j in which:
+            piece = self.raw[j * self.step : (j + 1) * self.step]
+            self.out[j] = digest(piece)
+            read += len(piece)
+        return read
 
 
 def rehash(data: np.ndarray, block_size: int, hashes: np.ndarray, which: np.ndarray) -> int:
     """Hash again only the blocks ``which`` of ``data`` into ``hashes``; the bytes read."""
-    step = block_bytes(data.dtype, block_size)
-    raw = flat_bytes(data)
-    digest = xxhash.xxh3_64_intdigest
-    read = 0
-    for j in which.tolist():
-        piece = raw[j * step : (j + 1) * step]
-        hashes[j] = digest(piece)
-        read += len(piece)
-    return read
+    return BlockHasher(data, block_size, hashes).blocks(which.tolist())
 
 
 def hashes_checksum(hashes: np.ndarray) -> int:
