@@ -20,6 +20,7 @@ from hpcckpt.job.outcome import EXIT_NO_FINISH, EXIT_OK
 from hpcckpt.rundir.env import ATTEMPT_ENV, DIR_ENV, SIGNAL_ENV, SRUN_ENV
 from hpcckpt.rundir.verbosity import NORMAL
 from hpcckpt.signames import signal_name
+from hpcckpt.slurm import srun_options
 from hpcckpt.slurm.env import SlurmEnv, kill_on_bad_exit_set
 from hpcckpt.slurm.runner import REQUEUE_TIMEOUT
 
@@ -121,14 +122,13 @@ def srun_command(
     """``srun`` (or ``$HPCCKPT_SRUN``) followed by the user's arguments.
 
     With ``kill_on_bad_exit``, :data:`KILL_ON_BAD_EXIT` comes first unless the user chose
-    (``-K``, ``--kill-on-bad-exit``, ``$SLURM_KILL_BAD_EXIT``): without it (Slurm's
+    (``-K``, ``--kill-on-bad-exit`` among srun's options, not the program's;
+    ``$SLURM_KILL_BAD_EXIT``): without it (Slurm's
     default) MPI ranks whose peer died wait for it in their next collective, and srun
     waits for them until the job's time limit.
     """
     env = os.environ if environ is None else environ
-    chosen = kill_on_bad_exit_set(env) or any(
-        a.startswith(("--kill-on-bad-exit", "-K")) for a in args
-    )
+    chosen = kill_on_bad_exit_set(env) or any(srun_options.given(args, "kill-on-bad-exit"))
     extra = [KILL_ON_BAD_EXIT] if kill_on_bad_exit and not chosen else []
     return [env.get(SRUN_ENV) or "srun", *extra, *args]
 

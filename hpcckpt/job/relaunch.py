@@ -52,12 +52,13 @@ from hpcckpt.job.reporting import Reporter
 from hpcckpt.rundir import events
 from hpcckpt.rundir.env import SRUN_ENV
 from hpcckpt.rundir.status import RunStatus, read_status
+from hpcckpt.slurm import srun_options
 from hpcckpt.slurm.env import SlurmEnv
 
 #: How long to wait for Slurm's own requeue once a node failure is seen.
 REQUEUE_WAIT = 15.0
 #: srun options the wrapper sets itself with --spare-nodes.
-_PLACEMENT = ("-N", "--nodes", "-w", "--nodelist", "-x", "--exclude")
+_PLACEMENT = ("nodes", "nodelist", "exclude", "nodefile")
 _REQUEUED_STATES = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}
 
 
@@ -74,13 +75,9 @@ def is_srun(command: Sequence[str], environ: Mapping[str, str]) -> bool:
 
 
 def placement_args(args: Sequence[str]) -> list[str]:
-    """srun options among ``args`` that choose nodes (the wrapper sets those itself)."""
-    found = []
-    for a in args:
-        name = a.split("=", 1)[0]
-        if name in _PLACEMENT or (len(a) > 2 and a[:2] in ("-N", "-w", "-x") and a[1] != "-"):
-            found.append(a)
-    return found
+    """srun's options among ``args`` that choose nodes (the wrapper sets those itself),
+    as given; the program's own arguments are never taken for them."""
+    return [" ".join(o.words) for o in srun_options.given(args, *_PLACEMENT)]
 
 
 def step_ranks(ntasks: int | None, job_nodes: int, step_nodes: int) -> int | None:

@@ -27,5 +27,11 @@ def test_srun_gets_kill_on_bad_exit_unless_the_user_chose():
     assert srun_command(args, {}) == ["srun", *args]  # app mode: srun's own default
     for mine in (["-K"], ["-K0"], ["--kill-on-bad-exit=0"], ["--kill-on-bad-exit"]):
         assert srun_command([*mine, *args], {}, kill_on_bad_exit=True) == ["srun", *mine, *args]
+    # An application's own -K (or one past srun's option values) is not srun's.
+    for app in (["./a.out", "-K"], ["-n", "2", "./a.out", "-K0"], ["--", "./a.out", "-K"],
+                ["--chdir", "-K", "./a.out"], ["-o", "-K", "./a.out"]):  # fmt: skip
+        assert srun_command(app, {}, kill_on_bad_exit=True) == ["srun", KILL_ON_BAD_EXIT, *app]
+    for mine in (["-lK", "./a.out"], ["-n2", "-K1", "./a.out"], ["--kill-on-bad", "./a.out"]):
+        assert srun_command(mine, {}, kill_on_bad_exit=True) == ["srun", *mine]
     env = {"SLURM_KILL_BAD_EXIT": "0", "HPCCKPT_SRUN": "/opt/srun"}
     assert srun_command(args, env, kill_on_bad_exit=True) == ["/opt/srun", *args]

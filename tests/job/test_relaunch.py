@@ -14,11 +14,14 @@ def test_spare_planning():
     cmd = relaunch.srun_command(["srun", "--mpi=pmix", "python", "a.py"], ["n1", "n3"], 2)
     assert cmd == ["srun", "--nodes=2", "--nodelist=n1,n3", "--ntasks=2", "--mpi=pmix",
                    "python", "a.py"]  # fmt: skip
-    assert relaunch.placement_args(["-N", "2", "--nodelist=n1", "-w", "x", "-n", "2"]) == [
-        "-N",
+    assert relaunch.placement_args(["-N", "2", "--nodelist=n1", "-wx", "-n", "2", "a.out"]) == [
+        "-N 2",
         "--nodelist=n1",
-        "-w",
+        "-wx",
     ]
+    # The program's own options are its own.
+    assert relaunch.placement_args(["-n", "2", "a.out", "-N", "4", "-w", "x"]) == []
+    assert relaunch.placement_args(["--ntasks", "2", "-N", "1", "a.out", "-x"]) == ["-N 1"]
     assert relaunch.is_srun(["/usr/bin/srun", "x"], {})
     assert not relaunch.is_srun(["mpirun", "x"], {})
 

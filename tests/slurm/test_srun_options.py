@@ -1,0 +1,95 @@
+"""srun's options against the program's words (hpcckpt/slurm/srun_options.py), and
+the real srun agreeing on where the program starts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hpcckpt.slurm import srun_options
+
+PROG = [sys.executable, "-c", "import json, sys; print(json.dumps(sys.argv[1:]))"]
+
+
+def names(args):
+    return [o.name for o in srun_options.options(args)]
+
+
+def test_values_in_the_next_word_are_taken_with_their_option():
+    found, at = srun_options.parse(["-n", "2", "--chdir", "/x", "-N1", "a.out", "-K"])
+    assert [(o.name, o.value, o.words) for o in found] == [
+        ("ntasks", "2", ("-n", "2")),
+        ("chdir", "/x", ("--chdir", "/x")),
+        ("nodes", "1", ("-N1",)),
+    ]
+    assert at == 5
+
+
+def test_optional_values_are_attached_only():
+    found, at = srun_options.parse(["-K", "--exclusive", "-I", "a.out"])
+    assert [(o.name, o.value) for o in found] == [
+        ("kill-on-bad-exit", None),
+        ("exclusive", None),
+        ("immediate", None),
+    ]
+    assert at == 3
+    assert [o.value for o in srun_options.options(["-K0", "--kill-on-bad-exit=1"])] == ["0", "1"]
+
+
+def test_clusters_of_short_options():
+    assert names(["-luK", "a"]) == ["label", "unbuffered", "kill-on-bad-exit"]
+    assert [o.value for o in srun_options.options(["-lKu"])] == [None, "u"]  # as getopt
+    found, at = srun_options.parse(["-ln", "4", "a"])
+    assert [(o.name, o.value) for o in found] == [("label", None), ("ntasks", "4")]
+    assert at == 2
+
+
+def test_prefixes_unknown_options_and_the_end_of_options():
+    assert names(["--kill-on-bad", "--ntasks-per-no=2", "--bogus", "a"]) == [
+        "kill-on-bad-exit",
+        "ntasks-per-node",
+        None,
+    ]
+    assert names(["--ntask=2"]) == [None]  # ambiguous: ntasks, ntasks-per-node, ...
+    assert srun_options.parse(["-n", "1", "--", "-K"]) == (srun_options.options(["-n", "1"]), 3)
+    assert srun_options.parse([]) == ([], 0)
+    assert srun_options.parse(["-n"]) == ([srun_options.Option("ntasks", None, ("-n",))], 1)
+
+
+def test_every_short_option_has_a_known_long_name():
+    tables = srun_options.REQUIRED | srun_options.OPTIONAL | srun_options.FLAGS
+    assert set(srun_options.SHORT.values()) <= tables
+    assert not srun_options.REQUIRED & srun_options.OPTIONAL
+    assert not (srun_options.REQUIRED | srun_options.OPTIONAL) & srun_options.FLAGS
+
+
+CASES = [
+    ["-n", "1", "-t", "1", *PROG, "-K", "-N", "4"],
+    ["-lK", "-n1", *PROG, "-K"],
+    ["--ntasks", "1", "--kill-on-bad", "--", *PROG, "a", "-K"],
+    ["--exclusive", "-n", "1", *PROG, "-w", "x"],
+    ["-D", "/tmp", "--job-name", "-K", *PROG, "--nodes=3"],
+    ["-K0", "--mpi", "none", "-I30", *PROG, "--exclude", "n9"],
+    ["--kill-on-bad-exit=1", "-N1", "-uQ", *PROG],
+]
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("args", CASES, ids=range(len(CASES)))
+def test_the_real_srun_starts_the_program_where_we_say(slurm_cluster, args):
+    _, at = srun_options.parse(args)
+    assert args[at : at + len(PROG)] == PROG
+    out = subprocess.run(
+        ["srun", "-t", "2", *args],
+        env=slurm_cluster.slurm_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    line = out.strip().splitlines()[-1]
+    line = line.split(": ", 1)[1] if line.startswith("0: ") else line  # -l labels
+    assert json.loads(line) == args[at + len(PROG) :]
