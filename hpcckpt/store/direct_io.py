@@ -38,6 +38,8 @@ MIN_DIRECT_BYTES = 4 << 20
 WRITE_CHUNK = 1 << 30
 #: Reads of a verified restore: each piece is hashed while the next one is read.
 READ_PIECE_BYTES = 16 << 20
+#: Direct reads of a restore: each piece is moved into place and hashed meanwhile.
+DIRECT_READ_PIECE_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -118,59 +120,140 @@ def read_hashed(
     block_bytes: int,
     *,
     fd: int | None = None,
+    direct: bool = True,
 ) -> np.ndarray:
     """Read ``len(out)`` bytes at ``offset`` of ``path`` into ``out`` and return the
     xxh3-64 of each ``block_bytes`` block (the last may be shorter). ``fd``: a
     descriptor open on ``path`` to read through (left open), instead of opening it.
 
-    A second thread hashes each piece while the next one is read (``preadv`` and the
-    hash both release the GIL), so verifying a restore costs no pass of its own.
-    Raises OSError when the file ends early.
+    A second thread hashes each piece while the next one is read (``preadv``, the move
+    and the hash release the GIL), so verifying a restore costs no pass of its own.
+    With ``direct``, an extent of at least :data:`MIN_DIRECT_BYTES` that is not in the
+    page cache is read past it (:func:`_read_shifted`). Raises OSError when the file
+    ends early.
     """
     out = _flat(out)
     nblk = -(-len(out) // block_bytes)
     hashes = np.empty(nblk, dtype=np.uint64)
-    piece = max(block_bytes, READ_PIECE_BYTES // block_bytes * block_bytes)
     own = fd is None
-    if len(out) <= piece:  # one piece: nothing to overlap, and a thread costs more
-        if fd is None:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            _pread_all(fd, out, offset, path)
-        finally:
-            if own:
-                os.close(fd)
-        digest = xxhash.xxh3_64_intdigest
-        for j in range(nblk):
-            hashes[j] = digest(out[j * block_bytes : (j + 1) * block_bytes])
-        return hashes
-    ready: queue.Queue[int | None] = queue.Queue()
-
-    def hash_pieces() -> None:
-        digest = xxhash.xxh3_64_intdigest
-        start = 0  # a multiple of block_bytes: pieces are whole blocks but the last
-        while (end := ready.get()) is not None:
-            for j in range(start // block_bytes, -(-end // block_bytes)):
-                hashes[j] = digest(out[j * block_bytes : min((j + 1) * block_bytes, end)])
-            start = end
-
-    hasher = threading.Thread(target=hash_pieces, name="hpcckpt-hash", daemon=True)
-    hasher.start()
     if fd is None:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    direct_fd = -1
     try:
-        done = 0
-        while done < len(out):
-            stop = min(done + piece, len(out))
-            _pread_all(fd, out[done:stop], offset + done, path)
-            done = stop
-            ready.put(done)
+        if direct and len(out) >= MIN_DIRECT_BYTES and not _cached(fd, offset, len(out)):
+            direct_fd = _open_direct(path)
+        if direct_fd < 0 and len(out) <= READ_PIECE_BYTES:
+            # One piece: nothing to overlap, and a thread costs more.
+            _pread_all(fd, out, offset, path)
+            digest = xxhash.xxh3_64_intdigest
+            for j in range(nblk):
+                hashes[j] = digest(out[j * block_bytes : (j + 1) * block_bytes])
+            return hashes
+        ready: queue.Queue[int | None] = queue.Queue()
+
+        def hash_pieces() -> None:
+            digest = xxhash.xxh3_64_intdigest
+            first = 0  # the blocks before it are hashed
+            while (end := ready.get()) is not None:
+                last = nblk if end >= len(out) else end // block_bytes  # whole blocks in place
+                for j in range(first, last):
+                    hashes[j] = digest(out[j * block_bytes : (j + 1) * block_bytes])
+                first = max(first, last)
+
+        hasher = threading.Thread(target=hash_pieces, name="hpcckpt-hash", daemon=True)
+        hasher.start()
+        try:
+            if direct_fd >= 0:
+                _read_shifted(direct_fd, fd, out, offset, path, ready.put)
+            else:
+                done = 0
+                while done < len(out):
+                    stop = min(done + READ_PIECE_BYTES, len(out))
+                    _pread_all(fd, out[done:stop], offset + done, path)
+                    done = stop
+                    ready.put(done)
+        finally:
+            ready.put(None)
+            hasher.join()
     finally:
+        if direct_fd >= 0:
+            os.close(direct_fd)
         if own:
             os.close(fd)
-        ready.put(None)
-        hasher.join()
     return hashes
+
+
+def _cached(fd: int, offset: int, length: int) -> bool:
+    """Whether the middle of the extent is in the page cache (then a buffered read is
+    faster than the device): a read that must not wait for the device succeeds."""
+    flag = getattr(os, "RWF_NOWAIT", 0)
+    if not flag:
+        return False
+    try:
+        return os.preadv(fd, [bytearray(1)], offset + length // 2, flag) > 0
+    except OSError:  # EAGAIN: not cached; EOPNOTSUPP: this file system cannot tell
+        return False
+
+
+def _open_direct(path: str | os.PathLike[str]) -> int:
+    """A read-only ``O_DIRECT`` descriptor on ``path``, or -1 if the file system has none."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return -1
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC | flag)
+    except OSError as exc:
+        if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP):
+            return -1
+        raise
+
+
+def _read_shifted(
+    direct_fd: int,
+    fd: int,
+    out: memoryview,
+    offset: int,
+    path: str | os.PathLike[str],
+    ready: Callable[[int], None],
+) -> int:
+    """Fill ``out`` from ``offset`` with ``O_DIRECT`` reads into ``out`` itself; the
+    number of bytes read past the page cache.
+
+    O_DIRECT needs the memory and the file offset aligned alike, and an application's
+    array rarely is (numpy's large arrays start 16 bytes into a page). So each piece is
+    read ``shift`` bytes past its place, where both align, and moved back: no bounce
+    buffer to fault in, one memory move, and the bytes it lands on are not placed yet.
+    The unaligned first bytes and the last ``shift`` or so go through the page cache,
+    as does the rest after a short or refused direct read. ``ready(n)``: the first
+    ``n`` bytes are in place.
+    """
+    n = len(out)
+    addr = np.frombuffer(out, dtype=np.uint8).ctypes.data
+    head = min(n, -offset % ALIGN)
+    _pread_all(fd, out[:head], offset, path)
+    shift = (offset - addr) % ALIGN  # (addr + i + shift) and (offset + i) align alike
+    done = head
+    end = head + max(0, n - head - shift) // ALIGN * ALIGN
+    piece = DIRECT_READ_PIECE_BYTES
+    while done < end:
+        want = min(piece, end - done)
+        try:
+            got = os.preadv(direct_fd, [out[done + shift : done + shift + want]], offset + done)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL or done != head:
+                raise
+            break  # direct reads refused after all (a larger block size): the cache
+        if got <= 0:
+            break
+        if shift:
+            ctypes.memmove(addr + done, addr + done + shift, got)
+        done += got
+        ready(done)
+        if got < want:
+            break
+    _pread_all(fd, out[done:], offset + done, path)
+    ready(n)
+    return done - head
 
 
 def _pread_all(fd: int, out: memoryview, offset: int, path: str | os.PathLike[str]) -> None:

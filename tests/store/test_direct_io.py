@@ -194,6 +194,83 @@ def test_read_hashed_reads_and_hashes_like_block_hashes(tmp_path, monkeypatch, n
     assert np.array_equal(got, blocks.block_hashes(payload, 8 * KiB))
 
 
+def uncached(path) -> None:
+    """Write the file back and drop it from the page cache (as after a restart)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def shifted_calls(monkeypatch):
+    """Small direct reads, and the direct reads counted (the real function runs)."""
+    monkeypatch.setattr(direct_io, "MIN_DIRECT_BYTES", 8 * KiB)
+    monkeypatch.setattr(direct_io, "DIRECT_READ_PIECE_BYTES", 12 * KiB)  # many pieces
+    calls = []
+    real = direct_io._read_shifted
+
+    def counted(*args, **kwargs):
+        calls.append((args[3], None))
+        direct = real(*args, **kwargs)
+        calls.pop()
+        calls.append((args[3], direct > len(args[2]) - 3 * ALIGN))  # offset, all but the edges
+        return direct
+
+    monkeypatch.setattr(direct_io, "_read_shifted", counted)
+    return calls
+
+
+@pytest.mark.parametrize("mem_shift", [0, 16, 64, 511, 4095])
+@pytest.mark.parametrize("file_offset", [0, 400, 4096, 12288 + 7])
+def test_a_direct_read_lands_exactly_for_any_alignment_of_memory_and_file(
+    tmp_path, shifted_calls, mem_shift, file_offset
+):
+    from hpcckpt.store import blocks
+
+    nbytes = 100 * KiB + 5
+    payload = data(nbytes, 11)
+    path = tmp_path / "f"
+    path.write_bytes(b"h" * file_offset + payload.tobytes() + b"tail" * 1000)
+    uncached(path)
+    guard = np.full(nbytes + 8192, 0xA5, dtype=np.uint8)
+    base = -guard.ctypes.data % ALIGN  # page-aligned, then shifted
+    out = guard[base + mem_shift : base + mem_shift + nbytes]
+    got = direct_io.read_hashed(path, file_offset, memoryview(out), 8 * KiB)
+    assert out.tobytes() == payload.tobytes()
+    assert np.array_equal(got, blocks.block_hashes(payload, 8 * KiB))
+    # The pieces were moved in place: nothing outside the extent was written.
+    assert (guard[: base + mem_shift] == 0xA5).all()
+    assert (guard[base + mem_shift + nbytes :] == 0xA5).all()
+    assert shifted_calls == ([(file_offset, True)] if takes_direct(tmp_path) else [])
+
+
+def test_bytes_in_the_page_cache_are_read_through_it(tmp_path, shifted_calls):
+    payload = data(64 * KiB, 12)
+    path = tmp_path / "f"
+    path.write_bytes(payload.tobytes())  # just written: in the cache
+    out = np.zeros(payload.size, dtype=np.uint8)
+    direct_io.read_hashed(path, 0, memoryview(out), 8 * KiB)
+    assert out.tobytes() == payload.tobytes() and shifted_calls == []
+    uncached(path)
+    direct_io.read_hashed(path, 0, memoryview(out), 8 * KiB)
+    assert out.tobytes() == payload.tobytes()
+    assert shifted_calls == ([(0, True)] if takes_direct(tmp_path) else [])
+    direct_io.read_hashed(path, 0, memoryview(out), 8 * KiB, direct=False)
+    assert len(shifted_calls) == (1 if takes_direct(tmp_path) else 0)
+
+
+def test_a_direct_read_of_a_file_that_ends_early_raises(tmp_path, shifted_calls):
+    path = tmp_path / "f"
+    path.write_bytes(data(50 * KiB + 100, 13).tobytes())
+    uncached(path)
+    with pytest.raises(OSError, match=f"ends at byte {50 * KiB + 100}"):
+        direct_io.read_hashed(path, 0, memoryview(bytearray(80 * KiB)), 8 * KiB)
+    assert shifted_calls == ([(0, None)] if takes_direct(tmp_path) else [])  # it raised
+
+
 def test_read_hashed_raises_when_the_file_ends_early(tmp_path):
     path = tmp_path / "f"
     path.write_bytes(b"x" * 1000)
