@@ -209,10 +209,15 @@ def plan(
     elif kind == GPFS:
         block = options.stripe_size or fs.block_size
         alignment = (block // 2, block) if options.alignment and block > 4096 else None
-    direct = options.direct_io
-    if direct is None:
-        direct = fs.name in DIRECT_IO_NAMES
-    return Tuning(kind, argv, alignment, direct)
+    return Tuning(kind, argv, alignment, direct_io(fs, options))
+
+
+def direct_io(fs: FileSystem, options: TuningOptions | None = None) -> bool:
+    """Whether array bytes go past the page cache on ``fs``, written and read back:
+    ``options.direct_io`` if set, else by file system (:data:`DIRECT_IO_NAMES`)."""
+    if options is not None and options.direct_io is not None:
+        return options.direct_io
+    return fs.name in DIRECT_IO_NAMES
 
 
 def apply_setstripe(argv: list[str]) -> str | None:

@@ -113,8 +113,13 @@ def _int(value: Any, what: str, lo: int = 0, hi: int = _MAX_DIM) -> int:
 class CheckpointReader:
     """An open, structurally validated checkpoint file. Use as a context manager."""
 
-    def __init__(self, path: str | os.PathLike[str], *, resolve_chain: bool = True) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, resolve_chain: bool = True, direct_io: bool = False
+    ) -> None:
+        """``direct_io``: read array bytes that are not in the page cache past it (see
+        :func:`.direct_io.read_hashed`), as the store does where its saves write so."""
         self.path = Path(path)
+        self.direct_io = direct_io
         self._members: list[CheckpointReader] = []
         self._fd = -1  # one descriptor for our own reads: the heap check, the array bytes
         safety.check_regular_file(self.path)  # no links, FIFOs or devices
@@ -309,7 +314,7 @@ class CheckpointReader:
             if os.path.lexists(path.with_name(name + layout.BAD)):
                 reason = layout.read_bad(path)
                 raise CorruptCheckpoint(f"{what}, which is marked bad ({reason})", culprit=path)
-            member = CheckpointReader(path, resolve_chain=False)
+            member = CheckpointReader(path, resolve_chain=False, direct_io=self.direct_io)
             self._members.append(member)
             if member.uid != uid:
                 raise CorruptCheckpoint(
@@ -552,7 +557,12 @@ class CheckpointReader:
             if raw is not None:  # one contiguous read, hashed as it arrives
                 step = elems * info.dtype.itemsize
                 got = direct_io.read_hashed(
-                    chain[0].path, raw, memoryview(out).cast("B"), step, fd=chain[0]._fd
+                    chain[0].path,
+                    raw,
+                    memoryview(out).cast("B"),
+                    step,
+                    fd=chain[0]._fd,
+                    direct=self.direct_io,
                 )
             elif np.any(owner == 0):
                 chain[0]._read_rank_into(name, rank, out)

@@ -41,6 +41,7 @@ is one sequence that must be read as a whole to be trusted.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -673,6 +674,13 @@ class CheckpointStore:
             error = exc
         return written, error
 
+    @functools.cached_property
+    def _direct_reads(self) -> bool:
+        """Whether a restore reads array bytes past the page cache (where saves write so)."""
+        if self.tuning is not None:
+            return self.tuning.direct_io
+        return filesystem.direct_io(filesystem.detect(self.directory), self.tuning_options)
+
     @property
     def _direct_io(self) -> bool:
         """Whether array bytes go past the page cache (the file system's tuning plan)."""
@@ -842,7 +850,7 @@ class CheckpointStore:
         problem = fatal = culprit = None
         requests: dict[str, tuple[Any, ...]] = {}
         try:
-            reader = CheckpointReader(entry.path)
+            reader = CheckpointReader(entry.path, direct_io=self._direct_reads)
             parts = None if only is None else {escape(k) for k in only}
             wanted = [n for n in reader.arrays if parts is None or n.split("/")[0] in parts]
             for name in wanted:

@@ -127,6 +127,36 @@ def test_restore_reads_into_the_applications_arrays(store):
         assert got is not other and not other.any() and np.array_equal(got, out)
 
 
+@pytest.mark.parametrize("direct", [None, False])
+def test_a_cold_restore_reads_past_the_page_cache_where_saves_write_so(
+    tmp_path, monkeypatch, direct
+):
+    """By file system, as saves (ext4 here, where tmp_path is); never with
+    ``TuningOptions(direct_io=False)``."""
+    from hpcckpt.store import direct_io, filesystem
+
+    read_past = []
+    real = direct_io._read_shifted
+    monkeypatch.setattr(
+        direct_io, "_read_shifted", lambda *a, **k: read_past.append(real(*a, **k)) or read_past[-1]
+    )
+    tuning = filesystem.TuningOptions(direct_io=direct)
+    big = np.random.default_rng(1).random(1 << 20)  # 8 MiB: more than MIN_DIRECT_BYTES
+    res = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, tuning=tuning).save(1, {"x": big})
+    fd = os.open(res.path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # as after a restart
+    os.close(fd)
+    state = {"x": np.zeros_like(big)}
+    restarted = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, tuning=tuning)
+    assert restarted.restore(state).step == 1
+    assert np.array_equal(state["x"], big)
+    takes = filesystem.detect(tmp_path).name in filesystem.DIRECT_IO_NAMES
+    if direct is None and takes:
+        assert len(read_past) == 1 and read_past[0] > big.nbytes - 3 * direct_io.ALIGN
+    else:
+        assert read_past == []
+
+
 def test_mismatch_on_one_array_leaves_every_array_untouched(store):
     store.save(1, {"a": np.ones(100), "b": np.ones(100)})
     state = {"a": np.zeros(100), "b": np.zeros(50)}
