@@ -262,6 +262,41 @@ def test_bytes_in_the_page_cache_are_read_through_it(tmp_path, shifted_calls):
     assert len(shifted_calls) == (1 if takes_direct(tmp_path) else 0)
 
 
+def test_a_file_system_refusing_o_direct_gets_buffered_reads(tmp_path, shifted_calls, monkeypatch):
+    from hpcckpt.store import blocks
+
+    real_open, real_preadv = os.open, os.preadv
+    refused, mode = [], []
+
+    def refusing_open(path, flags, *args):
+        if flags & os.O_DIRECT and mode == ["open"]:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    def refusing_read(fd, buffers, offset, *flags):
+        if _is_direct(fd):
+            refused.append(offset)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_preadv(fd, buffers, offset, *flags)
+
+    monkeypatch.setattr(os, "open", refusing_open)
+    monkeypatch.setattr(os, "preadv", refusing_read)
+    payload = data(64 * KiB + 3, 14)
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 100 + payload.tobytes())
+    for refusal in ("read", "open"):
+        mode[:] = [refusal]
+        uncached(path)
+        out = np.zeros(payload.size, dtype=np.uint8)
+        got = direct_io.read_hashed(path, 100, memoryview(out), 8 * KiB)
+        assert out.tobytes() == payload.tobytes()
+        assert np.array_equal(got, blocks.block_hashes(payload, 8 * KiB))
+        refused.append(refusal)
+    if takes_direct(tmp_path):  # refused at the first direct read, then at the open
+        assert refused == [4096, "read", "open"]
+        assert shifted_calls == [(100, False)]
+
+
 def test_a_direct_read_of_a_file_that_ends_early_raises(tmp_path, shifted_calls):
     path = tmp_path / "f"
     path.write_bytes(data(50 * KiB + 100, 13).tobytes())
