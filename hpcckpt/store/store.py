@@ -41,7 +41,6 @@ is one sequence that must be read as a whole to be trusted.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import time
@@ -674,17 +673,14 @@ class CheckpointStore:
             error = exc
         return written, error
 
-    @functools.cached_property
-    def _direct_reads(self) -> bool:
-        """Whether a restore reads array bytes past the page cache (where saves write so)."""
+    @property
+    def _direct_io(self) -> bool:
+        """Whether array bytes go past the page cache, written and read back: the tuning
+        plan's choice, or before the first save (a restore) the same rule for this
+        directory's file system."""
         if self.tuning is not None:
             return self.tuning.direct_io
         return filesystem.direct_io(filesystem.detect(self.directory), self.tuning_options)
-
-    @property
-    def _direct_io(self) -> bool:
-        """Whether array bytes go past the page cache (the file system's tuning plan)."""
-        return bool(self.tuning and self.tuning.direct_io)
 
     def _write_data(self, partial: Path, written: Written, direct: bool) -> BaseException | None:
         """Step 3b: this rank writes its part into the created ``.partial`` and fsyncs it
@@ -850,7 +846,7 @@ class CheckpointStore:
         problem = fatal = culprit = None
         requests: dict[str, tuple[Any, ...]] = {}
         try:
-            reader = CheckpointReader(entry.path, direct_io=self._direct_reads)
+            reader = CheckpointReader(entry.path, direct_io=self._direct_io)
             parts = None if only is None else {escape(k) for k in only}
             wanted = [n for n in reader.arrays if parts is None or n.split("/")[0] in parts]
             for name in wanted:
