@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import gc
+import os
 
 import pytest
+
+from hpcckpt.store import direct_io
 
 
 @pytest.fixture
@@ -16,3 +19,34 @@ def trackers_released():
     gc.collect()
     yield
     gc.collect()
+
+
+def drop_from_cache(path) -> None:
+    """Write the file back and drop it from the page cache (as after a restart)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def uncached():
+    """:func:`drop_from_cache`."""
+    return drop_from_cache
+
+
+@pytest.fixture
+def read_past(monkeypatch):
+    """The bytes each direct read of a restore read past the page cache (the real
+    ``direct_io._read_shifted`` runs)."""
+    counts: list[int] = []
+    real = direct_io._read_shifted
+
+    def counted(*args, **kwargs):
+        counts.append(real(*args, **kwargs))
+        return counts[-1]
+
+    monkeypatch.setattr(direct_io, "_read_shifted", counted)
+    return counts

@@ -194,16 +194,6 @@ def test_read_hashed_reads_and_hashes_like_block_hashes(tmp_path, monkeypatch, n
     assert np.array_equal(got, blocks.block_hashes(payload, 8 * KiB))
 
 
-def uncached(path) -> None:
-    """Write the file back and drop it from the page cache (as after a restart)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 @pytest.fixture
 def shifted_calls(monkeypatch):
     """Small direct reads, and the direct reads counted (the real function runs)."""
@@ -226,7 +216,7 @@ def shifted_calls(monkeypatch):
 @pytest.mark.parametrize("mem_shift", [0, 16, 64, 511, 4095])
 @pytest.mark.parametrize("file_offset", [0, 400, 4096, 12288 + 7])
 def test_a_direct_read_lands_exactly_for_any_alignment_of_memory_and_file(
-    tmp_path, shifted_calls, mem_shift, file_offset
+    tmp_path, shifted_calls, uncached, mem_shift, file_offset
 ):
     from hpcckpt.store import blocks
 
@@ -247,7 +237,7 @@ def test_a_direct_read_lands_exactly_for_any_alignment_of_memory_and_file(
     assert shifted_calls == ([(file_offset, True)] if takes_direct(tmp_path) else [])
 
 
-def test_bytes_in_the_page_cache_are_read_through_it(tmp_path, shifted_calls):
+def test_bytes_in_the_page_cache_are_read_through_it(tmp_path, shifted_calls, uncached):
     payload = data(64 * KiB, 12)
     path = tmp_path / "f"
     path.write_bytes(payload.tobytes())  # just written: in the cache
@@ -262,7 +252,9 @@ def test_bytes_in_the_page_cache_are_read_through_it(tmp_path, shifted_calls):
     assert len(shifted_calls) == (1 if takes_direct(tmp_path) else 0)
 
 
-def test_a_file_system_refusing_o_direct_gets_buffered_reads(tmp_path, shifted_calls, monkeypatch):
+def test_a_file_system_refusing_o_direct_gets_buffered_reads(
+    tmp_path, shifted_calls, uncached, monkeypatch
+):
     from hpcckpt.store import blocks
 
     real_open, real_preadv = os.open, os.preadv
@@ -297,7 +289,7 @@ def test_a_file_system_refusing_o_direct_gets_buffered_reads(tmp_path, shifted_c
         assert shifted_calls == [(100, False)]
 
 
-def test_a_direct_read_of_a_file_that_ends_early_raises(tmp_path, shifted_calls):
+def test_a_direct_read_of_a_file_that_ends_early_raises(tmp_path, shifted_calls, uncached):
     path = tmp_path / "f"
     path.write_bytes(data(50 * KiB + 100, 13).tobytes())
     uncached(path)

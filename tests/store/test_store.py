@@ -129,23 +129,16 @@ def test_restore_reads_into_the_applications_arrays(store):
 
 @pytest.mark.parametrize("direct", [None, False])
 def test_a_cold_restore_reads_past_the_page_cache_where_saves_write_so(
-    tmp_path, monkeypatch, direct
+    tmp_path, read_past, uncached, direct
 ):
     """By file system, as saves (ext4 here, where tmp_path is); never with
     ``TuningOptions(direct_io=False)``."""
     from hpcckpt.store import direct_io, filesystem
 
-    read_past = []
-    real = direct_io._read_shifted
-    monkeypatch.setattr(
-        direct_io, "_read_shifted", lambda *a, **k: read_past.append(real(*a, **k)) or read_past[-1]
-    )
     tuning = filesystem.TuningOptions(direct_io=direct)
     big = np.random.default_rng(1).random(1 << 20)  # 8 MiB: more than MIN_DIRECT_BYTES
     res = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, tuning=tuning).save(1, {"x": big})
-    fd = os.open(res.path, os.O_RDONLY)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # as after a restart
-    os.close(fd)
+    uncached(res.path)
     state = {"x": np.zeros_like(big)}
     restarted = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, tuning=tuning)
     assert restarted.restore(state).step == 1

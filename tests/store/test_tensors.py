@@ -189,28 +189,21 @@ def test_a_tensor_for_a_numpy_array_or_the_reverse_is_refused_untouched(store):
         assert not held.sum()
 
 
-def test_a_cold_restore_reads_a_large_tensor_past_the_page_cache_exactly(tmp_path, monkeypatch):
+def test_a_cold_restore_reads_a_large_tensor_past_the_page_cache_exactly(
+    tmp_path, read_past, uncached
+):
     """torch's memory starts 64 bytes into a page, not where O_DIRECT wants it: the
     shifted direct read must still land every byte in the application's tensor."""
-    import os
-
     from hpcckpt.store import direct_io, filesystem
 
-    past = []
-    real = direct_io._read_shifted
-    monkeypatch.setattr(
-        direct_io, "_read_shifted", lambda *a, **k: past.append(real(*a, **k)) or past[-1]
-    )
     w = torch.randn(3 << 20, dtype=torch.float32)  # 12 MiB
     h = torch.randn(1000, 333, dtype=torch.bfloat16)[:, 7:300]  # a view, not contiguous
     res = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF).save(1, {"w": w, "h": h})
-    fd = os.open(res.path, os.O_RDONLY)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.close(fd)
+    uncached(res.path)
     state = {"w": torch.zeros_like(w), "h": torch.zeros(1000, 293, dtype=torch.bfloat16)}
     target = state["w"]
     CheckpointStore(tmp_path / "ck", MPI.COMM_SELF).restore(state)
     assert state["w"] is target and torch.equal(target, w)
     assert torch.equal(state["h"], h)
     if filesystem.detect(tmp_path).name in filesystem.DIRECT_IO_NAMES:
-        assert len(past) == 1 and past[0] > w.numel() * 4 - 3 * direct_io.ALIGN
+        assert len(read_past) == 1 and read_past[0] > w.numel() * 4 - 3 * direct_io.ALIGN
