@@ -17,16 +17,17 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "hpcckpt"
 
 #: What each room may import from hpcckpt (itself always). The leaves (``procfs``,
-#: ``signames``, ``_version``, ``rundir.env``) are listed where they are used.
+#: ``libc``, ``signames``, ``_version``, ``rundir.env``) are listed where they are used.
 MAY_IMPORT: dict[str, set[str]] = {
     "hpcckpt._version": set(),
     "hpcckpt.signames": set(),
     "hpcckpt.procfs": set(),
+    "hpcckpt.libc": set(),
     "hpcckpt.rundir.env": set(),
     "hpcckpt.policy": set(),
     "hpcckpt.slurm": {"hpcckpt.rundir.env", "hpcckpt.signames"},
     "hpcckpt.rundir": {"hpcckpt.slurm", "hpcckpt.signames"},
-    "hpcckpt.store": {"hpcckpt.procfs", "hpcckpt._version"},
+    "hpcckpt.store": {"hpcckpt.procfs", "hpcckpt.libc", "hpcckpt._version"},
     "hpcckpt.report": {"hpcckpt.rundir", "hpcckpt.slurm", "hpcckpt.policy", "hpcckpt.signames"},
     "hpcckpt.cluster": {"hpcckpt.slurm", "hpcckpt.rundir", "hpcckpt.procfs", "hpcckpt.signames"},
     "hpcckpt.coord": {
@@ -43,6 +44,7 @@ MAY_IMPORT: dict[str, set[str]] = {
         "hpcckpt.slurm",
         "hpcckpt.policy",
         "hpcckpt.procfs",
+        "hpcckpt.libc",
         "hpcckpt.signames",
     },
     "hpcckpt.cli": {"*"},

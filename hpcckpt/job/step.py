@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from hpcckpt import procfs
+from hpcckpt import libc, procfs
 from hpcckpt.slurm import commands
 from hpcckpt.slurm.runner import SlurmError
 
@@ -32,11 +32,8 @@ def pdeathsig_setter(exit_code: int) -> Callable[[], None] | None:
     """A preexec function asking the kernel to SIGTERM the child if the wrapper dies."""
     if not sys.platform.startswith("linux"):
         return None
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
+    prctl = libc.function("prctl")
+    if prctl is None:
         return None
     parent = os.getpid()
 

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
+from hpcckpt import libc
+
 #: Alignment of file offsets, lengths and memory for O_DIRECT (the largest logical
 #: block size in common use; a multiple of every smaller one).
 ALIGN = 4096
@@ -391,10 +393,8 @@ def _aligned(nbytes: int) -> np.ndarray:
     return raw[start : start + nbytes]
 
 
-_fallocate = None
-with contextlib.suppress(OSError, AttributeError):
-    _libc = ctypes.CDLL(None, use_errno=True)
-    _fallocate = _libc.fallocate
+_fallocate = libc.function("fallocate")
+if _fallocate is not None:
     _fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
     _fallocate.restype = ctypes.c_int
 

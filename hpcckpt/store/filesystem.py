@@ -13,7 +13,6 @@ store opens no file through MPI-IO. See docs/filesystems.md.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import math
 import os
@@ -21,6 +20,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+from hpcckpt import libc
 
 log = logging.getLogger("hpcckpt.store")
 
@@ -78,15 +79,11 @@ def kind_of_magic(magic: int) -> tuple[str, str]:
 
 def statfs_magic(path: str | os.PathLike[str]) -> int | None:
     """``statfs(path).f_type`` via libc, or None where the call is not available."""
-    libc_name = ctypes.util.find_library("c")
-    if not libc_name:
+    statfs = libc.function("statfs")
+    if statfs is None:
         return None
-    try:
-        libc = ctypes.CDLL(libc_name, use_errno=True)
-        buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on 64-bit Linux
-        if libc.statfs(os.fsencode(path), buf) != 0:
-            return None
-    except (OSError, AttributeError):
+    buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on 64-bit Linux
+    if statfs(os.fsencode(path), buf) != 0:
         return None
     # f_type is the first member, a signed word (__fsword_t).
     return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF

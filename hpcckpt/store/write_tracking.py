@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcckpt import procfs
+from hpcckpt import libc, procfs
 
 PAGE = mmap.PAGESIZE
 
@@ -62,10 +62,12 @@ _UFFDIO_UNREGISTER = _ioc(2, 0xAA, 0x01, 16)
 _UFFDIO_WRITEPROTECT = _ioc(3, 0xAA, 0x06, 24)
 _PAGEMAP_SCAN = _ioc(3, ord("f"), 16, 96)
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
-_libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
-_libc.ioctl.restype = ctypes.c_int
+_syscall = libc.function("syscall")
+_ioctl = libc.function("ioctl")
+if _syscall is not None and _ioctl is not None:
+    _syscall.restype = ctypes.c_long
+    _ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
+    _ioctl.restype = ctypes.c_int
 
 
 class TrackingError(OSError):
@@ -73,7 +75,7 @@ class TrackingError(OSError):
 
 
 def _call(fd: int, request: int, arg: ctypes.Array, what: str) -> int:
-    ret = _libc.ioctl(fd, request, ctypes.addressof(arg))
+    ret = _ioctl(fd, request, ctypes.addressof(arg))
     if ret < 0:
         err = ctypes.get_errno()
         raise TrackingError(err, f"{what}: {os.strerror(err)}")
@@ -83,11 +85,13 @@ def _call(fd: int, request: int, arg: ctypes.Array, what: str) -> int:
 def _open_uffd() -> int:
     """A userfaultfd with asynchronous write-protection enabled; TrackingError if not."""
     nr = _SYSCALL.get(platform.machine())
+    if _syscall is None or _ioctl is None:
+        raise TrackingError(errno.ENOSYS, "userfaultfd: no C library to call it through")
     if nr is None:
         raise TrackingError(
             errno.ENOSYS, f"userfaultfd: no syscall number for {platform.machine()}"
         )
-    fd = _libc.syscall(nr, os.O_CLOEXEC | os.O_NONBLOCK | _UFFD_USER_MODE_ONLY)
+    fd = _syscall(nr, os.O_CLOEXEC | os.O_NONBLOCK | _UFFD_USER_MODE_ONLY)
     if fd < 0:
         err = ctypes.get_errno()
         raise TrackingError(err, f"userfaultfd: {os.strerror(err)}")
