@@ -50,13 +50,13 @@ METHODS = ["save", "restore", "fpr_save", "fpr_load", "floor_save", "floor_load"
 
 
 def worker(args: argparse.Namespace) -> None:
-    import h5py
     import numpy as np
     from mpi4py import MPI
 
     sys.path.insert(0, str(ROOT))
-    from hpcckpt.store.checkpoint_file import _allocated
-    from hpcckpt.store.durability import publish
+    sys.path.insert(0, str(HERE))
+    import _util
+
     from hpcckpt.store.store import CheckpointStore
 
     comm = MPI.COMM_WORLD
@@ -89,43 +89,13 @@ def worker(args: argparse.Namespace) -> None:
             out["u"][...] = np.load(own)
 
         floor = root / f"floor{rep}.h5"
-        partial = floor.with_name(floor.name + ".partial")
-
-        def floor_save() -> None:
-            offset = None
-            if rank == 0:
-                with h5py.File(partial, "w") as f:
-                    offset = _allocated(f, "u", (a.size * comm.size,), a.dtype).id.get_offset()
-            offset = comm.bcast(offset)
-            fd = os.open(partial, os.O_WRONLY)
-            try:
-                os.pwrite(fd, a, offset + rank * a.nbytes)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            comm.allreduce(1)
-            if rank == 0:
-                publish(partial, floor)
-
-        def floor_load() -> None:
-            offset = None
-            if rank == 0:
-                with h5py.File(floor, "r") as f:
-                    offset = f["u"].id.get_offset()
-            offset = comm.bcast(offset)
-            fd = os.open(floor, os.O_RDONLY)
-            try:
-                os.preadv(fd, [out["u"]], offset + rank * a.nbytes)
-            finally:
-                os.close(fd)
-
         steps = {
             "save": lambda: store.save(rep + 1, {"u": a}),
             "restore": lambda: CheckpointStore(ck, comm).restore(out),
             "fpr_save": fpr_save,
             "fpr_load": fpr_load,
-            "floor_save": floor_save,
-            "floor_load": floor_load,
+            "floor_save": lambda: _util.floor_save(comm, floor, a),
+            "floor_load": lambda: _util.floor_load(comm, floor, out["u"]),
         }
         # each load needs its save: rotate the three pairs
         pairs = [("save", "restore"), ("fpr_save", "fpr_load"), ("floor_save", "floor_load")]
