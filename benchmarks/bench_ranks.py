@@ -109,6 +109,12 @@ def worker(args: argparse.Namespace) -> None:
         own.unlink(missing_ok=True)
         comm.Barrier()
 
+    # The floor must hold the bytes it claims to write: one round trip, checked.
+    check = np.empty_like(a)
+    _util.floor_save(comm, root / "floor-check.h5", a)
+    _util.floor_load(comm, root / "floor-check.h5", check)
+    if not np.array_equal(check, a):
+        raise SystemExit(f"rank {rank}: the floor's file does not hold what it wrote")
     run(-1, record=False)
     for rep in range(args.reps):
         run(rep, record=True)

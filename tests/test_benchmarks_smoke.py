@@ -207,6 +207,8 @@ def test_bench_ranks_prints_the_curve(tmp_path: Path) -> None:
     results = json.loads(out.read_text())["results"]
     assert set(results) == {"2/ompio", "3/ompio"}
     assert all(r["save"] > 0 and r["restore"] > 0 for recs in results.values() for r in recs)
+    assert all(r["floor_save"] > 0 and r["floor_load"] > 0 for rs in results.values() for r in rs)
+    assert "| save / floor_save |" in proc.stdout, proc.stdout
 
 
 def test_bench_hdf5_floor_compares_one_hdf5_file_with_one_npy_file(tmp_path: Path) -> None:
@@ -242,3 +244,4 @@ def test_bench_incremental_compares_kernel_tracking_and_hashing(tmp_path: Path) 
     assert dirty["kernel"]["kind"] == "incremental" and dirty["kernel"]["pages_written"] > 0
     assert dirty["kernel"]["bytes_hashed"] < dirty["hashes"]["bytes_hashed"] == 4 << 20
     assert set(dirty["kernel"]["phases"]) >= {"hashes", "_write_data"}
+    assert dirty["write_floor"] > 0 and doc["rows"][0]["write_floor"] > 0
