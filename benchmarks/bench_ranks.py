@@ -65,13 +65,6 @@ def worker(args: argparse.Namespace) -> None:
     a = np.random.default_rng(rank).random(args.kib * 1024 // 8)
     records: list[dict] = []
 
-    def timed(fn) -> float:
-        comm.Barrier()
-        t0 = time.perf_counter()
-        fn()
-        mine = time.perf_counter() - t0
-        return comm.allreduce(mine, op=MPI.MAX)
-
     ck = root / "ck"
     store = CheckpointStore(ck, comm, incremental=False)  # one store saves every step, as in a run
 
@@ -100,7 +93,7 @@ def worker(args: argparse.Namespace) -> None:
         # each load needs its save: rotate the three pairs
         pairs = [("save", "restore"), ("fpr_save", "fpr_load"), ("floor_save", "floor_load")]
         pairs = pairs[rep % 3 :] + pairs[: rep % 3]
-        got = {m: timed(steps[m]) for pair in pairs for m in pair}
+        got = {m: _util.timed(comm, steps[m]) for pair in pairs for m in pair}
         if record and rank == 0:
             records.append({"rep": rep, **got})
         store.prune(keep_last=1)
