@@ -146,7 +146,7 @@ def read_hashed(
             direct_fd = _open_direct(path)
         if direct_fd < 0 and len(out) <= READ_PIECE_BYTES:
             # One piece: nothing to overlap, and a thread costs more.
-            _pread_all(fd, out, offset, path)
+            pread_all(fd, out, offset, path)
             digest = xxhash.xxh3_64_intdigest
             for j in range(nblk):
                 hashes[j] = digest(out[j * block_bytes : (j + 1) * block_bytes])
@@ -171,7 +171,7 @@ def read_hashed(
                 done = 0
                 while done < len(out):
                     stop = min(done + READ_PIECE_BYTES, len(out))
-                    _pread_all(fd, out[done:stop], offset + done, path)
+                    pread_all(fd, out[done:stop], offset + done, path)
                     done = stop
                     ready.put(done)
         finally:
@@ -232,7 +232,7 @@ def _read_shifted(
     n = len(out)
     addr = np.frombuffer(out, dtype=np.uint8).ctypes.data
     head = min(n, -offset % ALIGN)
-    _pread_all(fd, out[:head], offset, path)
+    pread_all(fd, out[:head], offset, path)
     shift = (offset - addr) % ALIGN  # (addr + i + shift) and (offset + i) align alike
     done = head
     end = head + max(0, n - head - shift) // ALIGN * ALIGN
@@ -253,12 +253,12 @@ def _read_shifted(
         ready(done)
         if got < want:
             break
-    _pread_all(fd, out[done:], offset + done, path)
+    pread_all(fd, out[done:], offset + done, path)
     ready(n)
     return done - head
 
 
-def _pread_all(fd: int, out: memoryview, offset: int, path: str | os.PathLike[str]) -> None:
+def pread_all(fd: int, out: memoryview, offset: int, path: str | os.PathLike[str]) -> None:
     """Fill ``out`` from byte ``offset``; OSError when the file ends first."""
     done = 0
     while done < len(out):

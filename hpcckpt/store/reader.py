@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,22 @@ def _int(value: Any, what: str, lo: int = 0, hi: int = _MAX_DIM) -> int:
     return int(value)
 
 
+def parse_tree(raw: bytes, names: Iterable[str], rank: int, path: Path) -> Any:
+    """Rank ``rank``'s state tree from its checksum-verified bytes in file ``path``: only
+    the node types hpcckpt writes, naming exactly the arrays ``names``."""
+    try:
+        tree = json.loads(raw)
+        safety.check_tree(tree)
+        paths = list(array_paths(tree))
+    except (ValueError, RecursionError, AttributeError, TypeError, KeyError) as exc:
+        why = f"{path.name}: rank {rank}'s state tree is not valid ({exc})"
+        raise CorruptCheckpoint(why, culprit=path) from exc
+    if sorted(paths) != sorted(names):
+        why = f"{path.name}: rank {rank}'s state tree names other arrays than the file holds"
+        raise CorruptCheckpoint(why, culprit=path)
+    return tree
+
+
 class CheckpointReader:
     """An open, structurally validated checkpoint file. Use as a context manager."""
 
@@ -121,6 +138,7 @@ class CheckpointReader:
         self.path = Path(path)
         self.direct_io = direct_io
         self._members: list[CheckpointReader] = []
+        self._starts: dict[str, int | None] = {}  # raw_start of each dataset asked about
         self._fd = -1  # one descriptor for our own reads: the heap check, the array bytes
         safety.check_regular_file(self.path)  # no links, FIFOs or devices
         try:
@@ -426,15 +444,7 @@ class CheckpointReader:
 
     def tree(self, rank: int) -> Any:
         """Rank ``rank``'s state tree, verified, whose arrays are exactly this file's arrays."""
-        try:
-            tree = json.loads(self.tree_bytes(rank))
-            safety.check_tree(tree)  # only the node types hpcckpt writes
-            paths = list(array_paths(tree))
-        except (ValueError, RecursionError, AttributeError, TypeError, KeyError) as exc:
-            raise self._corrupt(f"rank {rank}'s state tree is not valid ({exc})") from exc
-        if sorted(paths) != sorted(self.arrays):
-            raise self._corrupt(f"rank {rank}'s state tree names other arrays than the file holds")
-        return tree
+        return parse_tree(self.tree_bytes(rank), self.arrays, rank, self.path)
 
     def rows(self, name: str, lo: int, hi: int, out: np.ndarray | None = None) -> np.ndarray:
         """Rows ``[lo, hi)`` of a "rows" array, read as one hyperslab and verified.
@@ -511,16 +521,35 @@ class CheckpointReader:
         blks, starts, ptr = self._delta[name]
         return blks[ptr[rank] : ptr[rank + 1]], starts[ptr[rank] : ptr[rank + 1]]
 
+    def raw_start(self, dataset: str, dtype: np.dtype) -> int | None:
+        """Byte offset in the file of a dataset's data when it can be read as raw bytes of
+        ``dtype`` (contiguous, unfiltered, not external, allocated); None otherwise."""
+        if dataset not in self._starts:
+            d = self._dataset(dataset)
+            start = d.id.get_offset()
+            raw = start is not None and d.chunks is None and not d.external and d.dtype == dtype
+            self._starts[dataset] = int(start) if raw else None
+        return self._starts[dataset]
+
+    @property
+    def tree_offsets(self) -> tuple[int, ...]:
+        """Where each rank's tree lies in ``meta/rank_tree`` (nranks + 1 byte offsets)."""
+        return self._tree_offsets
+
+    @property
+    def hash_offsets(self) -> tuple[int, ...]:
+        """Where each (rank, array) row lies in ``meta/block_hashes``, rank-major."""
+        return self._hash_offsets
+
     def _raw_offset(self, name: str, rank: int) -> int | None:
         """Byte offset of rank ``rank``'s elements of a full file's array, when they can
         be read as raw bytes (contiguous, unfiltered, stored as the array's dtype)."""
-        d = self._dataset(dataset_name(name))
         info = self.arrays[name]
-        start = d.id.get_offset()
-        if start is None or d.chunks is not None or d.external or d.dtype != info.dtype:
+        start = self.raw_start(dataset_name(name), info.dtype)
+        if start is None:
             return None
-        per_index = d.dtype.itemsize * int(np.prod(d.shape[1:], dtype=np.int64))
-        offset = int(start) + info.rank_offsets[rank] * per_index
+        per_index = info.dtype.itemsize * int(np.prod(info.trailing, dtype=np.int64))
+        offset = start + info.rank_offsets[rank] * per_index
         if offset + info.rank_bytes(rank) > self._file_size:
             raise self._corrupt(f"array {name!r} of rank {rank} ends past the end of the file")
         return offset

@@ -63,6 +63,7 @@ from hpcckpt.store import (
     layout,
     local_tier,
     memory,
+    read_plan,
     retention,
     safety,
     staging_budget,
@@ -817,10 +818,15 @@ class CheckpointStore:
         return [p for _, _, p, _ in outcome]
 
     def _request(
-        self, reader: CheckpointReader, name: str, state: Any, targets: Targets
+        self,
+        name: str,
+        rows: int,
+        saved: tuple[int, int] | None,
+        state: Any,
+        targets: Targets,
     ) -> tuple[Any, ...]:
-        """The rows this rank asks for of distributed array ``name`` (see resharding)."""
-        rows = reader.arrays[name].shape[0]
+        """The rows this rank asks for of distributed array ``name`` of ``rows`` rows (see
+        resharding); ``saved``: the rows this rank wrote, when the rank count is the same."""
         split = self.distributed.get(name)
         if split is not None:
             lo, hi = split(rows, self.nranks, self.rank)
@@ -828,9 +834,8 @@ class CheckpointStore:
         held = lookup(state, name, targets)
         if hasattr(held, "shape") and len(held.shape) >= 1:
             return ("count", int(held.shape[0]))
-        if reader.nranks == self.nranks:  # the split it was saved with
-            offs = reader.arrays[name].rank_offsets
-            return ("range", offs[self.rank], offs[self.rank + 1])
+        if saved is not None:  # the split it was saved with
+            return ("range", *saved)
         return ("range", *even_split(rows, self.nranks, self.rank))
 
     def _load(
@@ -841,7 +846,129 @@ class CheckpointStore:
         only: tuple[str, ...] | None = None,
     ) -> tuple[Any, dict, int, ChainState | None]:
         """Read and verify this rank's tree and arrays of ``entry`` (with ``only``: of
-        those top-level keys); collective."""
+        those top-level keys); collective. The planned read when every rank takes what
+        it saved; the general one (every rank opens the file) to reshard."""
+        plan, agree_first = self._plans(entry)
+        if plan is not None:
+            loaded = self._load_planned(plan, state, targets, only, agree_first)
+            if loaded is not None:
+                return loaded
+        return self._load_general(entry, state, targets, only)
+
+    def _plans(self, entry: layout.Entry) -> tuple[read_plan.RankPlan | None, bool]:
+        """Rank 0 validates ``entry`` once and sends each rank its read plan (one scatter),
+        and whether the ranks must agree on their rows before reading (distributed arrays).
+
+        Raises CorruptCheckpoint (or _Fatal) on every rank when rank 0 finds it unusable.
+        No plan (None everywhere) when the rank count changed or a dataset is not raw.
+        """
+        out: list[Any] | None = None
+        if self.rank == 0:
+            n = self.nranks
+            try:
+                with CheckpointReader(entry.path, direct_io=self._direct_io) as reader:
+                    plans: list[Any] = [None] * n
+                    if reader.nranks == n:
+                        plans = [read_plan.plan(reader, r) for r in range(n)]
+                        if any(p is None for p in plans):
+                            plans = [None] * n
+                    agree = bool(self.distributed) or any(
+                        info.distributed for info in reader.arrays.values()
+                    )
+                    out = [(p, None, agree) for p in plans]
+            except CorruptCheckpoint as exc:
+                culprits = exc.culprit if isinstance(exc.culprit, list) else [exc.culprit]
+                found = ("corrupt", str(exc), [str(c) for c in culprits if c])
+                out = [(None, found, False)] * n
+            except CheckpointError as exc:
+                out = [(None, ("fatal", str(exc), []), False)] * n
+            except Exception as exc:  # never leave the other ranks waiting in the scatter
+                why = f"{entry.path.name}: unreadable ({type(exc).__name__}: {exc})"
+                out = [(None, ("corrupt", why, []), False)] * n
+        plan, found, agree = self.comm.scatter(out)
+        if found is not None:
+            kind, why, culprits = found
+            if kind == "fatal":
+                raise _Fatal(why)
+            raise CorruptCheckpoint(why, culprit=culprits)
+        return plan, agree
+
+    def _load_planned(
+        self,
+        plan: read_plan.RankPlan,
+        state: dict[str, Any],
+        targets: Targets,
+        only: tuple[str, ...] | None,
+        agree_first: bool,
+    ) -> tuple[Any, dict, int, ChainState | None] | None:
+        """This rank's part of ``plan``, read with POSIX calls and verified; None on every
+        rank when some rank asks for other rows than it saved (then reshard)."""
+        parts = None if only is None else {escape(k) for k in only}
+        wanted = [a for a in plan.arrays if parts is None or a.name.split("/")[0] in parts]
+        names = {a.name for a in wanted}
+        own = True  # every distributed array asks for the rows this rank saved
+        kinds = np.zeros(len(plan.arrays), np.int64)  # 1 count, 2 range requests
+        for i, a in enumerate(plan.arrays):
+            if a.name not in names or not (a.distributed or a.name in self.distributed):
+                continue
+            if a.layout != "rows":
+                own = False  # the general path says why it cannot be split
+                continue
+            try:
+                req = self._request(a.name, a.rows, a.own, state, targets)
+            except Exception:  # a split function raised: the general path reports it
+                own = False
+                continue
+            kinds[i] = 1 if req[0] == "count" else 2
+            mine = (a.own[1] - a.own[0],) if req[0] == "count" else a.own
+            own = own and tuple(req[1:]) == mine
+        if agree_first:  # before anything is read into the application's arrays
+            votes = np.concatenate([[int(not own)], kinds, -kinds])
+            seen = np.empty_like(votes)
+            self.comm.Allreduce(votes, seen, op=MPI.MAX)
+            highest, lowest = seen[1 : 1 + kinds.size], -seen[1 + kinds.size :]
+            if seen[0] or np.any(highest != lowest):
+                return None
+        problem = fatal = culprit = None
+        tree, arrays, chain_state = None, {}, None
+        if own:
+            try:
+                with read_plan.PlanReader(plan, direct_io=self._direct_io) as reader:
+                    tree = select_keys(reader.tree(), only)
+                    expected = {a.name: (a.shape, np.dtype(a.dtype), a.torch_dtype) for a in wanted}
+                    into = _read_targets(state, targets, expected)
+                    for a in wanted:
+                        arrays[a.name] = reader.array(a, into.get(a.name))
+                    fatal = check_fits(state, tree, arrays, targets)
+                    chain_state = ChainState(
+                        plan.step,
+                        plan.uid,
+                        plan.block_size,
+                        plan.nranks,
+                        {a.name: (a.dtype, a.own_shape, a.distributed) for a in plan.arrays},
+                        {a.name: reader.own_hashes(a) for a in plan.arrays},
+                        plan.chain,
+                        plan.chain_bytes,
+                        plan.state_bytes,
+                    )
+            except CorruptCheckpoint as exc:
+                problem, culprit = str(exc), exc.culprit
+            except CheckpointError as exc:
+                fatal = str(exc)
+            except (OSError, ValueError) as exc:
+                problem = f"{Path(plan.files[-1]).name}: unreadable ({type(exc).__name__}: {exc})"
+        if any(self._gather(problem, fatal, None if own else True, culprit)):
+            return None
+        return tree, arrays, plan.nranks, chain_state
+
+    def _load_general(
+        self,
+        entry: layout.Entry,
+        state: dict[str, Any],
+        targets: Targets,
+        only: tuple[str, ...] | None = None,
+    ) -> tuple[Any, dict, int, ChainState | None]:
+        """The restore where every rank opens the file: any rank count, any rows."""
         reader = None
         problem = fatal = culprit = None
         requests: dict[str, tuple[Any, ...]] = {}
@@ -849,6 +976,7 @@ class CheckpointStore:
             reader = CheckpointReader(entry.path, direct_io=self._direct_io)
             parts = None if only is None else {escape(k) for k in only}
             wanted = [n for n in reader.arrays if parts is None or n.split("/")[0] in parts]
+            same = reader.nranks == self.nranks
             for name in wanted:
                 info = reader.arrays[name]
                 if name in self.distributed and info.layout != "rows":
@@ -858,7 +986,9 @@ class CheckpointStore:
                         f"that wrote it ({reader.nranks})"
                     )
                 elif info.distributed or name in self.distributed:
-                    requests[name] = self._request(reader, name, state, targets)
+                    offs = info.rank_offsets
+                    saved = (offs[self.rank], offs[self.rank + 1]) if same else None
+                    requests[name] = self._request(name, info.shape[0], saved, state, targets)
         except CorruptCheckpoint as exc:
             problem, culprit = str(exc), exc.culprit
         except CheckpointError as exc:
@@ -894,7 +1024,16 @@ class CheckpointStore:
                             f"(split along axis 0) or restart with {saved} ranks"
                         )
                 source = self.rank if saved == self.nranks else 0
-                into = _read_targets(reader, state, ranges, self.rank, source, targets, wanted)
+                expected = {}
+                for name in wanted:
+                    info = reader.arrays[name]
+                    if name in ranges:
+                        lo, hi = ranges[name][self.rank]
+                        shape: tuple[int, ...] = (hi - lo, *info.trailing)
+                    else:
+                        shape = tuple(info.rank_shapes[0 if info.replicated else source])
+                    expected[name] = (shape, info.dtype, info.torch_dtype)
+                into = _read_targets(state, targets, expected)
                 for name in wanted:
                     if name in ranges:
                         lo, hi = ranges[name][self.rank]
@@ -1061,42 +1200,31 @@ READ_CRASH = (
 
 
 def _read_targets(
-    reader: CheckpointReader,
-    state: Any,
-    ranges: dict[str, Any],
-    me: int,
-    source: int,
-    targets: Targets,
-    wanted: list[str],
+    state: Any, targets: Targets, expected: dict[str, tuple[tuple[int, ...], np.dtype, str]]
 ) -> dict[str, np.ndarray]:
     """The application's arrays a restore can read straight into, by array name.
 
-    Reading into them saves a copy and the first touch of a second buffer (the copy
-    alone was 0.045 s of a 0.57 s cold restore of 512 MiB per rank). Only when every
-    array the application holds fits the checkpoint: a restore refused for a mismatch
-    must leave the application's arrays untouched.
+    ``expected``: the (shape, dtype, torch dtype or "") this rank takes of each array it
+    reads. Reading into the application's arrays saves a copy and the first touch of a
+    second buffer (the copy alone was 0.045 s of a 0.57 s cold restore of 512 MiB per
+    rank). Only when every array the application holds fits the checkpoint: a restore
+    refused for a mismatch must leave the application's arrays untouched.
     Arrays sharing memory are read through a buffer, as is any array not C-contiguous.
     A CPU tensor is read into through a numpy view of its memory.
     """
     into: dict[str, np.ndarray] = {}
-    for name in wanted:
-        info = reader.arrays[name]
+    for name, (shape, dtype, torch_dtype) in expected.items():
         held = lookup(state, name, targets)
-        if tensors.is_tensor(held) != bool(info.torch_dtype) and held is not None:
+        if tensors.is_tensor(held) != bool(torch_dtype) and held is not None:
             if tensors.is_tensor(held) or isinstance(held, np.ndarray):
                 return {}  # a tensor for an array or the reverse: check_fits refuses it
         if tensors.is_tensor(held):
-            if tensors.dtype_name(held) != info.torch_dtype:
+            if tensors.dtype_name(held) != torch_dtype:
                 return {}  # check_fits refuses this restore: read nothing into the application
             held = tensors.writable_view(held)
         if not isinstance(held, np.ndarray):
             continue
-        if name in ranges:
-            lo, hi = ranges[name][me]
-            shape: tuple[int, ...] = (hi - lo, *info.trailing)
-        else:
-            shape = tuple(info.rank_shapes[0 if info.replicated else source])
-        if held.shape != shape or held.dtype != info.dtype:
+        if held.shape != shape or held.dtype != dtype:
             return {}  # check_fits refuses this restore: read nothing into the application
         if held.flags.c_contiguous and held.flags.writeable and held.size:
             into[name] = held

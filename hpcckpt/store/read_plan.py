@@ -1,0 +1,287 @@
+"""What one rank reads of a checkpoint that rank 0 has validated: byte extents in the
+chain's files and the hashes that check them, so a rank restores with POSIX reads only.
+
+Validating a checkpoint (HDF5 structure, global heaps, every rank's offsets, shapes and
+hash counts) is O(p) work through HDF5. Done by every rank, it cost each rank O(p) and
+had p processes parse the same metadata. Rank 0 now does it once and sends each rank a
+:class:`RankPlan` of a few numbers per array. The trust stays where it was: every byte a
+rank takes has passed its block hash, its hashes their checksum, its tree its checksum.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hpcckpt.store import blocks, direct_io, integrity
+from hpcckpt.store.errors import CorruptCheckpoint
+from hpcckpt.store.reader import (
+    FULL,
+    CheckpointReader,
+    dataset_name,
+    delta_name,
+    parse_tree,
+)
+
+#: One file extent of an array: (file of the chain, byte offset in it, byte offset in
+#: the rank's array, bytes).
+Extent = tuple[int, int, int, int]
+
+
+@dataclass(frozen=True)
+class ArrayPlan:
+    """One array as this rank reads it."""
+
+    name: str
+    dtype: str  # numpy dtype string
+    shape: tuple[int, ...]  # the array this rank takes (rank 0's copy when replicated)
+    own_shape: tuple[int, ...]  # the array this rank saved
+    rows: int  # the saved global extent along axis 0
+    own: tuple[int, int]  # this rank's saved [lo, hi) along axis 0
+    layout: str
+    distributed: bool
+    torch_dtype: str
+    replicated: bool
+    hashes: tuple[int, int, int, int]  # (hash row: 0 own/1 rank 0's, start, count, checksum)
+    own_hashes: tuple[int, int, int]  # (start in own row, count, checksum): the chain's memory
+    extents: tuple[Extent, ...]
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """Everything one rank reads of one checkpoint, as rank 0 validated it."""
+
+    rank: int
+    files: tuple[str, ...]  # the chain's files, the full base first, the checkpoint last
+    tree: tuple[int, int, int]  # (byte offset, bytes, checksum) of this rank's tree
+    rows: tuple[tuple[int, int], ...]  # (byte offset, count) of its hash row and rank 0's
+    names: tuple[str, ...]  # every array of the file, in column order
+    arrays: tuple[ArrayPlan, ...]
+    block_size: int
+    step: int
+    uid: str
+    nranks: int
+    chain: tuple[tuple[str, int, str], ...]  # (name, step, uid), base first, itself last
+    chain_bytes: int
+    state_bytes: int
+
+
+def plan(reader: CheckpointReader, rank: int) -> RankPlan | None:
+    """Rank ``rank``'s plan of a validated, open checkpoint; None when some part cannot
+    be read as raw bytes (format version 1, or a dataset HDF5 would have to convert)."""
+    if reader.format_version < 2:
+        return None
+    files = reader.chain
+    tree_start = reader.raw_start("meta/rank_tree", np.dtype(np.uint8))
+    hash_start = reader.raw_start("meta/block_hashes", np.dtype(np.uint64))
+    lo, hi = reader.tree_offsets[rank], reader.tree_offsets[rank + 1]
+    if (tree_start is None and hi > lo) or hash_start is None:
+        return None
+    narrays = len(reader.arrays)
+    offs = reader.hash_offsets
+    rows = tuple(
+        (hash_start + 8 * offs[r * narrays], offs[(r + 1) * narrays] - offs[r * narrays])
+        for r in (rank, 0)
+    )
+    arrays = []
+    for name, info in reader.arrays.items():
+        source = 0 if info.replicated else rank
+        extents = _extents(files, name, source)
+        if extents is None:
+            return None
+        col = info.column
+        k, k0 = rank * narrays + col, source * narrays + col
+        own = (
+            offs[k] - offs[rank * narrays],
+            offs[k + 1] - offs[k],
+            int(reader.checksums[rank, col]),
+        )
+        hashes = (
+            int(source != rank),
+            offs[k0] - offs[source * narrays],
+            offs[k0 + 1] - offs[k0],
+            int(reader.checksums[source, col]),
+        )
+        arrays.append(
+            ArrayPlan(
+                name,
+                info.dtype.str,
+                tuple(info.rank_shapes[source]),
+                tuple(info.rank_shapes[rank]),
+                info.shape[0],
+                (info.rank_offsets[rank], info.rank_offsets[rank + 1]),
+                info.layout,
+                info.distributed,
+                info.torch_dtype,
+                info.replicated,
+                hashes,
+                own,
+                extents,
+            )
+        )
+    return RankPlan(
+        rank,
+        tuple(str(f.path) for f in files),
+        ((tree_start or 0) + lo, hi - lo, int(reader.checksums[rank, -1])),
+        rows,
+        tuple(reader.arrays),
+        tuple(arrays),
+        reader.block_size,
+        reader.step,
+        str(reader.uid),
+        reader.nranks,
+        (*reader.chain_refs, (reader.path.name, reader.step, str(reader.uid))),
+        int(reader.attrs.get("chain_bytes", 0)),
+        int(reader.attrs.get("state_bytes", 0)),
+    )
+
+
+def _extents(files: list[CheckpointReader], name: str, rank: int) -> tuple[Extent, ...] | None:
+    """Where rank ``rank``'s bytes of array ``name`` lie: the newest copy of each block."""
+    info = files[-1].arrays[name]
+    count = info.rank_elems(rank)
+    if count == 0:
+        return ()
+    elems = blocks.block_elems(info.dtype.itemsize, files[-1].block_size)
+    nblk = blocks.nblocks(count, elems)
+    owner = np.zeros(nblk, dtype=np.int64)
+    where = np.zeros(nblk, dtype=np.int64)
+    for k, part in enumerate(files[1:], start=1):
+        blks, starts = part.delta_blocks(name, rank)
+        owner[blks] = k
+        where[blks] = starts
+    item = info.dtype.itemsize
+    out: list[Extent] = []
+    for k, part in enumerate(files):
+        mine = np.nonzero(owner == k)[0]
+        if not mine.size:
+            continue
+        if part.kind == FULL:
+            base = part.raw_start(dataset_name(name), info.dtype)
+            if base is None:
+                return None
+            first = base + info.rank_offsets[rank] * item * int(
+                np.prod(info.trailing, dtype=np.int64)
+            )
+            for b0, b1 in blocks.runs(mine):
+                e0, e1 = b0 * elems, min(b1 * elems, count)
+                out.append((k, first + e0 * item, e0 * item, (e1 - e0) * item))
+        else:
+            base = part.raw_start(delta_name(name), info.dtype)
+            if base is None:
+                return None
+            for b0, b1 in blocks.runs(mine):
+                e0, e1 = b0 * elems, min(b1 * elems, count)
+                # blocks of one rank lie in rank-then-block order in the deltas
+                out.append((k, base + int(where[b0]) * item, e0 * item, (e1 - e0) * item))
+    return tuple(out)
+
+
+class PlanReader:
+    """One rank's reads of its plan, each checked: the files are opened once, with no HDF5."""
+
+    def __init__(self, plan: RankPlan, *, direct_io: bool = False) -> None:
+        self.plan = plan
+        self.direct_io = direct_io
+        self.path = Path(plan.files[-1])
+        self._fds: list[int] = []
+        try:
+            for name in plan.files:
+                self._fds.append(os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW))
+            self._rows = [self._read_row(*row) for row in plan.rows]
+        except OSError as exc:
+            self.close()
+            raise CorruptCheckpoint(f"{self.path.name}: unreadable ({exc})") from exc
+
+    def _read_row(self, offset: int, count: int) -> np.ndarray:
+        row = np.empty(count, dtype="<u8")
+        if count:
+            direct_io.pread_all(self._fds[-1], memoryview(row).cast("B"), offset, self.path)
+        return row
+
+    def _corrupt(self, why: str) -> CorruptCheckpoint:
+        return CorruptCheckpoint(f"{self.path.name}: {why}", culprit=self.path)
+
+    def hashes(self, a: ArrayPlan) -> np.ndarray:
+        """The block hashes that check the bytes of ``a`` this rank takes, verified."""
+        row, start, count, checksum = a.hashes
+        h = self._rows[row][start : start + count]
+        if blocks.hashes_checksum(h) != checksum:
+            source = 0 if row else self.plan.rank
+            raise self._corrupt(
+                f"the block hashes of array {a.name!r} of rank {source} fail their checksum"
+            )
+        return h
+
+    def own_hashes(self, a: ArrayPlan) -> np.ndarray:
+        """This rank's own block hashes of ``a`` (what an incremental save compares with)."""
+        start, count, checksum = a.own_hashes
+        h = self._rows[0][start : start + count]
+        if blocks.hashes_checksum(h) != checksum:
+            raise self._corrupt(
+                f"the block hashes of array {a.name!r} of rank {self.plan.rank} fail their checksum"
+            )
+        return h.astype(np.uint64)
+
+    def tree(self) -> object:
+        """This rank's state tree, checksum verified and naming exactly the file's arrays."""
+        offset, nbytes, checksum = self.plan.tree
+        raw = bytearray(nbytes)
+        if nbytes:
+            direct_io.pread_all(self._fds[-1], memoryview(raw), offset, self.path)
+        if integrity.checksum(bytes(raw)) != checksum:
+            raise self._corrupt(f"rank {self.plan.rank}'s state tree fails its checksum")
+        return parse_tree(bytes(raw), self.plan.names, self.plan.rank, self.path)
+
+    def array(self, a: ArrayPlan, out: np.ndarray | None = None) -> np.ndarray:
+        """The array ``a`` as saved, read into ``out`` when given (C-contiguous, of its
+        shape and dtype) and verified block by block. On a mismatch the file is opened
+        with :class:`.CheckpointReader` to name the file at fault."""
+        want = self.hashes(a)
+        dtype = np.dtype(a.dtype)
+        if out is None or out.shape != a.shape or out.dtype != dtype:
+            out = np.empty(a.shape, dtype=dtype)
+        if out.size == 0:
+            return out
+        flat = memoryview(out.reshape(-1).view(np.uint8))
+        step = blocks.block_bytes(dtype, self.plan.block_size)
+        try:
+            if len(a.extents) == 1 and a.extents[0][2:] == (0, len(flat)):
+                k, offset = a.extents[0][:2]
+                got = direct_io.read_hashed(
+                    self.plan.files[k], offset, flat, step, fd=self._fds[k], direct=self.direct_io
+                )
+            else:
+                for k, offset, at, nbytes in a.extents:
+                    direct_io.pread_all(
+                        self._fds[k], flat[at : at + nbytes], offset, self.plan.files[k]
+                    )
+                got = blocks.block_hashes(out, self.plan.block_size)
+        except OSError as exc:
+            raise self._corrupt(
+                f"array {a.name!r} of rank {self.plan.rank}: unreadable ({exc})"
+            ) from exc
+        if not np.array_equal(got, want):
+            self._blame(a)
+        return out
+
+    def _blame(self, a: ArrayPlan) -> None:
+        """Raise the error that names the file at fault, as a full read finds it."""
+        source = 0 if a.hashes[0] else self.plan.rank
+        with CheckpointReader(self.path) as reader:
+            reader.rank_array(a.name, source)
+        raise self._corrupt(f"array {a.name!r} of rank {source} fails its checksum")
+
+    def close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
+
+    def __enter__(self) -> PlanReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
