@@ -69,74 +69,118 @@ class RankPlan:
     state_bytes: int
 
 
-def plan(reader: CheckpointReader, rank: int) -> RankPlan | None:
-    """Rank ``rank``'s plan of a validated, open checkpoint; None when some part cannot
-    be read as raw bytes (format version 1, or a dataset HDF5 would have to convert)."""
+def plans(reader: CheckpointReader) -> list[RankPlan] | None:
+    """Every rank's plan of a validated, open checkpoint; None when some part cannot be
+    read as raw bytes (format version 1, or a dataset HDF5 would have to convert).
+
+    O(p) on the one process that calls it: what is the same for every rank is computed
+    once, and each rank's numbers come from numpy columns over the ranks.
+    """
     if reader.format_version < 2:
         return None
     files = reader.chain
+    n, narrays = reader.nranks, len(reader.arrays)
     tree_start = reader.raw_start("meta/rank_tree", np.dtype(np.uint8))
     hash_start = reader.raw_start("meta/block_hashes", np.dtype(np.uint64))
-    lo, hi = reader.tree_offsets[rank], reader.tree_offsets[rank + 1]
-    if (tree_start is None and hi > lo) or hash_start is None:
+    tree_offs = np.asarray(reader.tree_offsets, dtype=np.int64)
+    if hash_start is None or (tree_start is None and tree_offs[-1] > 0):
         return None
-    narrays = len(reader.arrays)
-    offs = reader.hash_offsets
-    rows = tuple(
-        (hash_start + 8 * offs[r * narrays], offs[(r + 1) * narrays] - offs[r * narrays])
-        for r in (rank, 0)
+    offs = np.asarray(reader.hash_offsets, dtype=np.int64)
+    row_start = offs[0 : n * narrays + 1 : narrays]  # where each rank's hash row starts
+    row_spans = list(
+        zip((hash_start + 8 * row_start[:-1]).tolist(), np.diff(row_start).tolist(), strict=True)
     )
-    arrays = []
+    sums = reader.checksums.tolist()
+    trees = list(
+        zip(((tree_start or 0) + tree_offs[:-1]).tolist(), np.diff(tree_offs).tolist(), strict=True)
+    )
+    columns = []  # per array: the numbers of every rank
     for name, info in reader.arrays.items():
-        source = 0 if info.replicated else rank
-        extents = _extents(files, name, source)
+        col = info.column
+        at = offs[col : n * narrays : narrays] - row_start[:-1]  # in each rank's own row
+        count = offs[col + 1 : n * narrays + 1 : narrays] - offs[col : n * narrays : narrays]
+        extents = _all_extents(files, name)
         if extents is None:
             return None
-        col = info.column
-        k, k0 = rank * narrays + col, source * narrays + col
-        own = (
-            offs[k] - offs[rank * narrays],
-            offs[k + 1] - offs[k],
-            int(reader.checksums[rank, col]),
-        )
-        hashes = (
-            int(source != rank),
-            offs[k0] - offs[source * narrays],
-            offs[k0 + 1] - offs[k0],
-            int(reader.checksums[source, col]),
-        )
-        arrays.append(
-            ArrayPlan(
-                name,
-                info.dtype.str,
-                tuple(info.rank_shapes[source]),
-                tuple(info.rank_shapes[rank]),
-                info.shape[0],
-                (info.rank_offsets[rank], info.rank_offsets[rank + 1]),
-                info.layout,
-                info.distributed,
-                info.torch_dtype,
-                info.replicated,
-                hashes,
-                own,
-                extents,
-            )
-        )
-    return RankPlan(
-        rank,
+        columns.append((name, info, at.tolist(), count.tolist(), extents))
+    header = (
         tuple(str(f.path) for f in files),
-        ((tree_start or 0) + lo, hi - lo, int(reader.checksums[rank, -1])),
-        rows,
         tuple(reader.arrays),
-        tuple(arrays),
         reader.block_size,
         reader.step,
         str(reader.uid),
-        reader.nranks,
+        n,
         (*reader.chain_refs, (reader.path.name, reader.step, str(reader.uid))),
         int(reader.attrs.get("chain_bytes", 0)),
         int(reader.attrs.get("state_bytes", 0)),
     )
+    out = []
+    for r in range(n):
+        arrays = []
+        for name, info, at, count, extents in columns:
+            s = 0 if info.replicated else r
+            col = info.column
+            arrays.append(
+                ArrayPlan(
+                    name,
+                    info.dtype.str,
+                    info.rank_shapes[s],
+                    info.rank_shapes[r],
+                    info.shape[0],
+                    (info.rank_offsets[r], info.rank_offsets[r + 1]),
+                    info.layout,
+                    info.distributed,
+                    info.torch_dtype,
+                    info.replicated,
+                    (int(s != r), at[s], count[s], sums[s][col]),
+                    (at[r], count[r], sums[r][col]),
+                    extents[s],
+                )
+            )
+        files_, names, block_size, step, uid, nranks, chain, chain_bytes, state_bytes = header
+        out.append(
+            RankPlan(
+                r,
+                files_,
+                (*trees[r], sums[r][-1]),
+                (row_spans[r], row_spans[0]),
+                names,
+                tuple(arrays),
+                block_size,
+                step,
+                uid,
+                nranks,
+                chain,
+                chain_bytes,
+                state_bytes,
+            )
+        )
+    return out
+
+
+def _all_extents(files: list[CheckpointReader], name: str) -> list[tuple[Extent, ...]] | None:
+    """Every rank's extents of array ``name``: one per rank from the full base, in one
+    numpy pass, except for the ranks whose blocks a delta of the chain replaced."""
+    info = files[-1].arrays[name]
+    base = files[0].raw_start(dataset_name(name), info.dtype)
+    counts = np.diff(np.asarray(info.rank_offsets, dtype=np.int64))
+    if base is None:
+        return [()] * len(counts) if not counts.any() else None
+    per_index = info.dtype.itemsize * int(np.prod(info.trailing, dtype=np.int64))
+    starts = (base + np.asarray(info.rank_offsets[:-1], dtype=np.int64) * per_index).tolist()
+    sizes = (counts * per_index).tolist()
+    out: list[tuple[Extent, ...]] = [
+        ((0, start, 0, size),) if size else () for start, size in zip(starts, sizes, strict=True)
+    ]
+    changed: set[int] = set()
+    for part in files[1:]:
+        changed.update(np.nonzero(np.diff(part.delta_pointers(name)))[0].tolist())
+    for r in sorted(changed):
+        extents = _extents(files, name, r)
+        if extents is None:
+            return None
+        out[r] = extents
+    return out
 
 
 def _extents(files: list[CheckpointReader], name: str, rank: int) -> tuple[Extent, ...] | None:

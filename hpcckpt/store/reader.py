@@ -1,11 +1,12 @@
 """Read one checkpoint file with plain h5py, in one process, validating before trusting it.
 
-No MPI here: restore opens the file on every rank independently (so a bad file on
-one rank cannot hang the others), and the command-line tools read checkpoints
-without mpirun. Every attribute that sizes a read (rank offsets, rank shapes, the
-number of ranks) is checked against the dataset shapes and the file size first, so
-a crafted or damaged file raises :class:`CorruptCheckpoint` instead of allocating
-huge buffers; every byte handed back has passed its xxh3-64 checksum.
+No MPI here: a restore's rank 0 validates the file with it and sends the other ranks
+their read plans (:mod:`.read_plan`); every rank opens it only to reshard; and the
+command-line tools read checkpoints without mpirun. Every attribute that sizes a read
+(rank offsets, rank shapes, the number of ranks) is checked against the dataset shapes
+and the file size first, so a crafted or damaged file raises :class:`CorruptCheckpoint`
+instead of allocating huge buffers; every byte handed back has passed its xxh3-64
+checksum.
 
 Format version 2 adds incremental checkpoints: a file of kind "incremental" holds
 only the blocks that changed since its parent, and names the files of its chain
@@ -255,7 +256,7 @@ class CheckpointReader:
             raise self._corrupt(f"meta/block_hashes is {d.dtype}{list(d.shape)}, not uint64[n]")
         offs = self._offsets(d.attrs.get("offsets"), n * len(names), d.shape[0], "block_hashes")
         held = np.diff(np.asarray(offs, dtype=np.int64)).reshape(n, len(names))
-        for name in names:  # numpy over the ranks: every rank opens this file
+        for name in names:  # numpy over the ranks: O(p) work, once per restore
             info = self.arrays[name]
             elems = blocks.block_elems(info.dtype.itemsize, self.block_size)
             sizes = np.diff(np.asarray(info.rank_offsets, dtype=np.int64))  # checked to fit
@@ -370,7 +371,7 @@ class CheckpointReader:
                 f"{what}: offsets {offs.tolist()[:8]}... must rise from 0 to the dataset's "
                 f"extent {extent}"
             )
-        return tuple(int(x) for x in offs)
+        return tuple(offs.tolist())
 
     def _array_info(self, name: str, column: int, n: int) -> ArrayInfo:
         incremental = self.kind == INCREMENTAL
@@ -395,22 +396,7 @@ class CheckpointReader:
         shapes = json.loads(_plain(d.attrs.get("rank_shapes", "null")))
         if not isinstance(shapes, list) or len(shapes) != n:
             raise self._corrupt(f"{what}: rank_shapes must list {n} shapes")
-        rank_shapes = []
-        for r, listed in enumerate(shapes):
-            if not isinstance(listed, list):
-                raise self._corrupt(f"{what}: rank_shapes[{r}] is not a list")
-            dims = tuple(_int(x, f"{what}: rank_shapes[{r}]") for x in listed)
-            extent = offs[r + 1] - offs[r]
-            if layout == "rows":
-                ok = len(dims) == len(shape) and dims[0] == extent and dims[1:] == shape[1:]
-            else:
-                ok = int(np.prod(dims, dtype=object)) == extent
-            if not ok:
-                raise self._corrupt(
-                    f"{what}: rank {r}'s shape {list(dims)} does not match its extent "
-                    f"[{offs[r]}, {offs[r + 1]}) of the {layout} dataset {list(shape)}"
-                )
-            rank_shapes.append(dims)
+        rank_shapes = self._rank_shapes(shapes, offs, shape, layout, what)
         distributed = bool(_plain(d.attrs.get("distributed", False)))
         if distributed and layout != "rows":
             raise self._corrupt(f"{what} is marked distributed but its layout is {layout}")
@@ -427,11 +413,48 @@ class CheckpointReader:
             layout,
             shape,
             offs,
-            tuple(rank_shapes),
+            rank_shapes,
             distributed,
             torch_dtype,
             replicated,
         )
+
+    def _rank_shapes(
+        self, shapes: list, offs: tuple[int, ...], shape: tuple[int, ...], layout: str, what: str
+    ) -> tuple[tuple[int, ...], ...]:
+        """The ranks' shapes, each matching its extent of the dataset: checked in one numpy
+        pass when every shape is a list of plain integers of one length (what hpcckpt
+        writes; rank 0 checks p of them per restore), else rank by rank, naming the first."""
+        ndims = {len(s) if isinstance(s, list) else -1 for s in shapes}
+        flat = [x for s in shapes for x in s] if len(ndims) == 1 and min(ndims) > 0 else None
+        if flat is not None and all(type(x) is int and 0 <= x <= _MAX_DIM for x in flat):
+            dims = np.array(flat, dtype=np.int64).reshape(len(shapes), -1)
+            extents = np.diff(np.asarray(offs, dtype=np.int64))
+            if layout == "rows":
+                ok = dims.shape[1] == len(shape) and np.array_equal(dims[:, 0], extents)
+                ok = ok and bool(np.all(dims[:, 1:] == np.asarray(shape[1:], dtype=np.int64)))
+            else:
+                sizes = np.prod(dims.astype(object), axis=1)  # exact: no int64 overflow
+                ok = bool(np.all(sizes == extents.astype(object)))
+            if ok:
+                return tuple(map(tuple, shapes))
+        rank_shapes = []
+        for r, listed in enumerate(shapes):
+            if not isinstance(listed, list):
+                raise self._corrupt(f"{what}: rank_shapes[{r}] is not a list")
+            dims = tuple(_int(x, f"{what}: rank_shapes[{r}]") for x in listed)
+            extent = offs[r + 1] - offs[r]
+            if layout == "rows":
+                ok = len(dims) == len(shape) and dims[0] == extent and dims[1:] == shape[1:]
+            else:
+                ok = int(np.prod(dims, dtype=object)) == extent
+            if not ok:
+                raise self._corrupt(
+                    f"{what}: rank {r}'s shape {list(dims)} does not match its extent "
+                    f"[{offs[r]}, {offs[r + 1]}) of the {layout} dataset {list(shape)}"
+                )
+            rank_shapes.append(dims)
+        return tuple(rank_shapes)
 
     # -- data ----------------------------------------------------------------------------
     def tree_bytes(self, rank: int) -> bytes:
@@ -515,6 +538,10 @@ class CheckpointReader:
                 f"the block hashes of array {name!r} of rank {rank} fail their checksum"
             )
         return h
+
+    def delta_pointers(self, name: str) -> np.ndarray:
+        """Where each rank's entries start in array ``name``'s delta index (nranks + 1)."""
+        return self._delta[name][2]
 
     def delta_blocks(self, name: str, rank: int) -> tuple[np.ndarray, np.ndarray]:
         """(block indices, element starts in the deltas) of rank ``rank``'s changed blocks."""

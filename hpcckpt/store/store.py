@@ -869,9 +869,7 @@ class CheckpointStore:
                 with CheckpointReader(entry.path, direct_io=self._direct_io) as reader:
                     plans: list[Any] = [None] * n
                     if reader.nranks == n:
-                        plans = [read_plan.plan(reader, r) for r in range(n)]
-                        if any(p is None for p in plans):
-                            plans = [None] * n
+                        plans = read_plan.plans(reader) or plans
                     agree = bool(self.distributed) or any(
                         info.distributed for info in reader.arrays.values()
                     )

@@ -23,7 +23,7 @@ def store_at(tmp_path, **kw) -> CheckpointStore:
 
 def plan_of(store: CheckpointStore, step: int) -> read_plan.RankPlan:
     with CheckpointReader(store.directory / layout.checkpoint_name(step)) as reader:
-        plan = read_plan.plan(reader, 0)
+        plan = read_plan.plans(reader)[0]
     assert plan is not None
     return plan
 
@@ -157,7 +157,7 @@ def test_a_dataset_hdf5_must_convert_gets_no_plan(tmp_path):
         d = f.create_dataset("state/u", data=np.arange(10.0), chunks=(5,))
         d.attrs.update(attrs)
     with CheckpointReader(path) as reader:
-        assert read_plan.plan(reader, 0) is None
+        assert read_plan.plans(reader) is None
         assert np.array_equal(reader.rank_array("u", 0), np.arange(10.0))  # still read, by HDF5
     state: dict = {}
     assert store_at(tmp_path).restore(state).step == 1

@@ -69,7 +69,7 @@ def test_one_ranks_damaged_bytes_make_every_rank_fall_back(saved, tmp_path):
         (copy / f.name).write_bytes(f.read_bytes())
     newest = copy / layout.checkpoint_name(3)
     with CheckpointReader(newest) as reader:
-        plan = read_plan.plan(reader, n - 1)
+        plan = read_plan.plans(reader)[n - 1]
     p = next(a for a in plan.arrays if a.name == "p")
     k, offset = p.extents[0][:2]  # the last rank's p, in the full base
     with open(plan.files[k], "r+b") as f:
