@@ -55,12 +55,15 @@ RESTORE = [
     ("store", "CheckpointStore", "_listing", "list + mark (rank 0) + bcast", True),
     ("store", "CheckpointStore", "_died_reading", "leave the marker (rank 0)", False),
     ("store", "CheckpointStore", "_load", "load", False),
-    ("reader", "CheckpointReader", "__init__", "open + validate", True),
+    ("store", "CheckpointStore", "_plans", "validate + plan (rank 0) + scatter", True),
+    ("reader", "CheckpointReader", "__init__", "open + validate", False),
     ("safety", None, "check_global_heaps", "check global heaps", False),
+    ("read_plan", None, "plans", "every rank's plan (rank 0)", False),
+    ("read_plan", "PlanReader", "__init__", "open + read the hash rows", True),
+    ("read_plan", "PlanReader", "tree", "read + check the tree", True),
     ("store", "CheckpointStore", "_gather", "agreements in load", True),
     ("direct_io", None, "read_hashed", "read + hash the data", True),
     ("store", "CheckpointStore", "_chain_state", "chain state (hashes)", True),
-    ("reader", "CheckpointReader", "close", "close", True),
     ("store", "CheckpointStore", "_decode", "decode + agree", True),
 ]
 
@@ -95,7 +98,10 @@ def install(clock: Clock) -> None:
 
     for table in (SAVE, RESTORE):
         for module, cls, name, label, _ in table:
-            mod = importlib.import_module(f"hpcckpt.store.{module}")
+            try:
+                mod = importlib.import_module(f"hpcckpt.store.{module}")
+            except ModuleNotFoundError:  # an older store: its rows stay empty
+                continue
             holder = getattr(mod, cls) if cls else mod
             if hasattr(holder, name):  # an older store may lack a step: its row stays empty
                 clock.wrap(holder, name, label)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -30,9 +29,7 @@ CLEANUP_WAIT = 2.0
 
 def pdeathsig_setter(exit_code: int) -> Callable[[], None] | None:
     """A preexec function asking the kernel to SIGTERM the child if the wrapper dies."""
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl = libc.function("prctl")
+    prctl = libc.function("prctl")  # None off Linux
     if prctl is None:
         return None
     parent = os.getpid()
