@@ -140,6 +140,7 @@ class CheckpointReader:
         self.direct_io = direct_io
         self._members: list[CheckpointReader] = []
         self._starts: dict[str, int | None] = {}  # raw_start of each dataset asked about
+        self._datasets: dict[str, h5py.Dataset] = {}  # the datasets checked by _dataset
         self._fd = -1  # one descriptor for our own reads: the heap check, the array bytes
         safety.check_regular_file(self.path)  # no links, FIFOs or devices
         try:
@@ -172,7 +173,11 @@ class CheckpointReader:
         return CorruptCheckpoint(f"{self.path.name}: {why}", culprit=self.path)
 
     def _dataset(self, name: str) -> h5py.Dataset:
-        """A dataset whose stored bytes match its shape and fit in the file (no filters)."""
+        """A dataset whose stored bytes match its shape and fit in the file (no filters);
+        each checked once per open file."""
+        d = self._datasets.get(name)
+        if d is not None:
+            return d
         d = self._f.get(name)
         if not isinstance(d, h5py.Dataset):
             raise self._corrupt(f"dataset {name!r} is missing")
@@ -187,6 +192,7 @@ class CheckpointReader:
                 f"dataset {name!r} claims {nbytes} bytes ({d.dtype}{list(d.shape)}) but the "
                 f"file stores {stored} of them in a {self._file_size}-byte file"
             )
+        self._datasets[name] = d
         return d
 
     def _validate(self) -> None:
@@ -681,6 +687,7 @@ class CheckpointReader:
     def close(self) -> None:
         for member in self._members:
             member.close()
+        self._datasets.clear()
         f = getattr(self, "_f", None)
         if f is not None and f.id.valid:
             f.close()
