@@ -881,8 +881,10 @@ class CheckpointStore:
             except CheckpointError as exc:
                 out = [(None, ("fatal", str(exc), []), False)] * n
             except Exception as exc:  # never leave the other ranks waiting in the scatter
-                why = f"{entry.path.name}: unreadable ({type(exc).__name__}: {exc})"
-                out = [(None, ("corrupt", why, []), False)] * n
+                # Not damage the reader recognizes: stop on every rank rather than mark
+                # a checkpoint bad for what may be a bug or a passing fault.
+                why = f"reading {entry.path.name}: {type(exc).__name__}: {exc}"
+                out = [(None, ("fatal", why, []), False)] * n
         plan, found, agree = self.comm.scatter(out)
         if found is not None:
             kind, why, culprits = found

@@ -201,3 +201,22 @@ def test_a_save_fsyncs_its_file_once_with_its_final_mode_then_the_directory(stor
     partial = res.path.name + layout.PARTIAL
     assert calls == [(partial, store.file_mode), (store.directory.name, store.dir_mode)]
     assert stat.S_IMODE(res.path.stat().st_mode) == store.file_mode
+
+
+def test_an_unexpected_error_while_planning_stops_the_restore_and_marks_nothing_bad(
+    store, monkeypatch
+):
+    """Only damage the reader recognizes marks a checkpoint bad and falls back; anything
+    else (a bug, a passing fault) stops the restore with the checkpoints left as they are."""
+    from hpcckpt.store import read_plan
+
+    store.save(1, make_state(1))
+    store.save(2, make_state(2))
+
+    def broken(reader):
+        raise RuntimeError("a bug in planning")
+
+    monkeypatch.setattr(read_plan, "plans", broken)
+    with pytest.raises(CheckpointError, match="reading ckpt-0000000002.h5: RuntimeError"):
+        store.restore(make_state(0))
+    assert all(e.good_candidate for e in layout.scan(store.directory))
