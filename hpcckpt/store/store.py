@@ -132,6 +132,32 @@ class _Fatal(Exception):
     """A checkpoint that is fine but cannot be restored into this run: stop, do not fall back."""
 
 
+class _Findings:
+    """What one rank found while reading its part of a checkpoint, for the agreement
+    that follows: damage (``problem``, the file at fault in ``culprit``) or a refusal
+    (``fatal``). Used as a context manager around the read, it takes those errors."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+        self.problem: str | None = None
+        self.fatal: str | None = None
+        self.culprit: Any = None
+
+    def __enter__(self) -> _Findings:
+        return self
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> bool:
+        if isinstance(exc, CorruptCheckpoint):
+            self.problem, self.culprit = str(exc), exc.culprit
+        elif isinstance(exc, CheckpointError):
+            self.fatal = str(exc)
+        elif isinstance(exc, (OSError, ValueError)):
+            self.problem = f"{self.file}: unreadable ({type(exc).__name__}: {exc})"
+        else:
+            return False
+        return True
+
+
 class CheckpointStore:
     """A directory of checkpoints shared by the ranks of ``comm``.
 
@@ -929,35 +955,28 @@ class CheckpointStore:
             highest, lowest = seen[1 : 1 + kinds.size], -seen[1 + kinds.size :]
             if seen[0] or np.any(highest != lowest):
                 return None
-        problem = fatal = culprit = None
+        found = _Findings(Path(plan.files[-1]).name)
         tree, arrays, chain_state = None, {}, None
         if own:
-            try:
-                with read_plan.PlanReader(plan, direct_io=self._direct_io) as reader:
-                    tree = select_keys(reader.tree(), only)
-                    expected = {a.name: (a.shape, np.dtype(a.dtype), a.torch_dtype) for a in wanted}
-                    into = _read_targets(state, targets, expected)
-                    for a in wanted:
-                        arrays[a.name] = reader.array(a, into.get(a.name))
-                    fatal = check_fits(state, tree, arrays, targets)
-                    chain_state = ChainState(
-                        plan.step,
-                        plan.uid,
-                        plan.block_size,
-                        plan.nranks,
-                        {a.name: (a.dtype, a.own_shape, a.distributed) for a in plan.arrays},
-                        {a.name: reader.own_hashes(a) for a in plan.arrays},
-                        plan.chain,
-                        plan.chain_bytes,
-                        plan.state_bytes,
-                    )
-            except CorruptCheckpoint as exc:
-                problem, culprit = str(exc), exc.culprit
-            except CheckpointError as exc:
-                fatal = str(exc)
-            except (OSError, ValueError) as exc:
-                problem = f"{Path(plan.files[-1]).name}: unreadable ({type(exc).__name__}: {exc})"
-        if any(self._gather(problem, fatal, None if own else True, culprit)):
+            with found, read_plan.PlanReader(plan, direct_io=self._direct_io) as reader:
+                tree = select_keys(reader.tree(), only)
+                expected = {a.name: (a.shape, np.dtype(a.dtype), a.torch_dtype) for a in wanted}
+                into = _read_targets(state, targets, expected)
+                for a in wanted:
+                    arrays[a.name] = reader.array(a, into.get(a.name))
+                found.fatal = check_fits(state, tree, arrays, targets)
+                chain_state = ChainState(
+                    plan.step,
+                    plan.uid,
+                    plan.block_size,
+                    plan.nranks,
+                    {a.name: (a.dtype, a.own_shape, a.distributed) for a in plan.arrays},
+                    {a.name: reader.own_hashes(a) for a in plan.arrays},
+                    plan.chain,
+                    plan.chain_bytes,
+                    plan.state_bytes,
+                )
+        if any(self._gather(found.problem, found.fatal, None if own else True, found.culprit)):
             return None
         return tree, arrays, plan.nranks, chain_state
 
@@ -1007,9 +1026,9 @@ class CheckpointStore:
                 except CheckpointError as exc:
                     raise _Fatal(str(exc)) from exc
 
-            problem = fatal = None
-            tree, arrays = None, {}
-            try:
+            found = _Findings(entry.path.name)
+            tree, arrays, chain_state = None, {}, None
+            with found:
                 if saved == self.nranks:
                     tree = select_keys(reader.tree(self.rank), only)
                 else:
@@ -1040,15 +1059,9 @@ class CheckpointStore:
                         arrays[name] = reader.rows(name, lo, hi, into.get(name))
                     else:
                         arrays[name] = reader.rank_array(name, source, into.get(name))
-                fatal = check_fits(state, tree, arrays, targets)
+                found.fatal = check_fits(state, tree, arrays, targets)
                 chain_state = self._chain_state(reader)
-            except CorruptCheckpoint as exc:
-                problem, culprit = str(exc), exc.culprit
-            except CheckpointError as exc:
-                fatal = str(exc)
-            except (OSError, ValueError) as exc:
-                problem = f"{entry.path.name}: unreadable ({type(exc).__name__}: {exc})"
-            self._gather(problem, fatal, None, culprit)
+            self._gather(found.problem, found.fatal, None, found.culprit)
             return tree, arrays, saved, chain_state
         finally:
             if reader is not None:
