@@ -68,10 +68,17 @@ def assert_found(got: np.ndarray, want: np.ndarray, a: np.ndarray, step: int = S
 
 def tracked(a: np.ndarray, path: str = "a", step: int = STEP) -> WriteTracker:
     t = WriteTracker()
-    assert t.track(path, a, step) is None
-    assert t.candidate_blocks(path, a, step) is None  # not trusted before a commit
-    t.committed("base")
-    assert t.candidate_blocks(path, a, step).size == 0
+    try:
+        assert t.track(path, a, step) is None
+        assert t.candidate_blocks(path, a, step) is None  # not trusted before a commit
+        t.committed("base")
+        assert t.candidate_blocks(path, a, step).size == 0
+    except BaseException:
+        # A failed test keeps its frames (and this tracker) alive in pytest's report: an
+        # open tracker would keep its memory registered, and the next tests' arrays at
+        # those addresses would fail to register (EBUSY) for no fault of their own.
+        t.close()
+        raise
     return t
 
 
