@@ -191,12 +191,7 @@ def _extents(files: list[CheckpointReader], name: str, rank: int) -> tuple[Exten
         return ()
     elems = blocks.block_elems(info.dtype.itemsize, files[-1].block_size)
     nblk = blocks.nblocks(count, elems)
-    owner = np.zeros(nblk, dtype=np.int64)
-    where = np.zeros(nblk, dtype=np.int64)
-    for k, part in enumerate(files[1:], start=1):
-        blks, starts = part.delta_blocks(name, rank)
-        owner[blks] = k
-        where[blks] = starts
+    owner, where = files[-1].block_owners(name, rank, nblk)
     item = info.dtype.itemsize
     out: list[Extent] = []
     for k, part in enumerate(files):

@@ -574,6 +574,17 @@ class CheckpointReader:
         """Where each (rank, array) row lies in ``meta/block_hashes``, rank-major."""
         return self._hash_offsets
 
+    def block_owners(self, name: str, rank: int, nblocks: int) -> tuple[np.ndarray, np.ndarray]:
+        """For each of rank ``rank``'s blocks of ``name``: the file of the chain holding its
+        newest copy (0 the base) and, in a delta, its element start there."""
+        owner = np.zeros(nblocks, dtype=np.int64)
+        where = np.zeros(nblocks, dtype=np.int64)
+        for k, part in enumerate(self.chain[1:], start=1):
+            blks, starts = part.delta_blocks(name, rank)
+            owner[blks] = k
+            where[blks] = starts
+        return owner, where
+
     def _raw_offset(self, name: str, rank: int) -> int | None:
         """Byte offset of rank ``rank``'s elements of a full file's array, when they can
         be read as raw bytes (contiguous, unfiltered, stored as the array's dtype)."""
@@ -607,12 +618,7 @@ class CheckpointReader:
         if count == 0:
             return out
         chain = self.chain
-        owner = np.zeros(want.size, dtype=np.int64)  # which file of the chain holds the block
-        where = np.zeros(want.size, dtype=np.int64)
-        for k, part in enumerate(chain[1:], start=1):
-            blks, starts = part.delta_blocks(name, rank)
-            owner[blks] = k
-            where[blks] = starts
+        owner, where = self.block_owners(name, rank, want.size)
         got = None
         try:
             raw = None if np.any(owner) else chain[0]._raw_offset(name, rank)
