@@ -55,6 +55,7 @@ from hpcckpt.store.reader import (
     FORMAT_VERSION,
     FULL,
     INCREMENTAL,
+    LIBVER,
     dataset_name,
     delta_name,
     index_name,
@@ -144,11 +145,11 @@ def plan_layouts(
 
     Runs on every rank on the same gathered specs, so every rank raises alike.
     """
-    first = {s.path: s for s in per_rank[0]}
-    for rank, specs in enumerate(per_rank):
-        names = {s.path for s in specs}
-        if names != set(first):
-            diff = sorted(names ^ set(first))
+    by_path = [{s.path: s for s in specs} for specs in per_rank]
+    first = by_path[0]
+    for rank, specs in enumerate(by_path):
+        if specs.keys() != first.keys():
+            diff = sorted(specs.keys() ^ first.keys())
             raise CheckpointError(
                 f"ranks hold different arrays: rank 0 and rank {rank} differ in {diff}; "
                 "every rank must save the same array names"
@@ -161,7 +162,7 @@ def plan_layouts(
         )
     layouts = []
     for path in sorted(first):
-        specs = [next(s for s in rank_specs if s.path == path) for rank_specs in per_rank]
+        specs = [rank_specs[path] for rank_specs in by_path]
         dtypes = {s.dtype for s in specs}
         kinds = {s.torch_dtype or "numpy" for s in specs}
         if len(kinds) != 1:
@@ -455,7 +456,7 @@ def _create(
     bases: dict[str, Any] = {}
     if prepare is not None:
         prepare(state_bytes)
-    with h5py.File(path, "w", **options) as f:
+    with h5py.File(path, "w", libver=LIBVER, **options) as f:
         meta = f.create_group("meta")
         meta.attrs["format"] = FORMAT
         meta.attrs["format_version"] = version

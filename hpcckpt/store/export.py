@@ -30,7 +30,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from hpcckpt.store.reader import CheckpointReader
+from hpcckpt.store.reader import LIBVER, CheckpointReader
 from hpcckpt.store.state_tree import scalar_leaves
 
 EXPORT_FORMAT = "hpcckpt-export"
@@ -59,7 +59,7 @@ def export_checkpoint(source: str | os.PathLike[str], out: str | os.PathLike[str
 
 
 def _write(source: str | os.PathLike[str], tmp: Path) -> None:
-    with CheckpointReader(source) as r, h5py.File(tmp, "w") as f:
+    with CheckpointReader(source) as r, h5py.File(tmp, "w", libver=LIBVER) as f:
         f.attrs["format"] = EXPORT_FORMAT
         f.attrs["export_version"] = EXPORT_VERSION
         f.attrs["source"] = Path(source).name

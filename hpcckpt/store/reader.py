@@ -37,6 +37,10 @@ from hpcckpt.store.state_tree import ARRAY_KINDS, array_paths
 
 FORMAT = "hpcckpt"
 FORMAT_VERSION = 3
+#: HDF5 object formats files are written in: from 1.8's, whose attributes may exceed
+#: 64 KiB (per-rank tables of thousands of ranks, thousands of array paths), up to
+#: 1.10's, so that an HDF5 1.10 library still reads every file.
+LIBVER = ("v108", "v110")
 #: Kinds of checkpoint files (format version 2): a full one, or the changed blocks only.
 FULL, INCREMENTAL = "full", "incremental"
 #: More ranks than this in a file is taken as damage, not as a real run.
