@@ -98,6 +98,13 @@ class ArrayInfo:
         )
 
 
+def _attrs(obj: h5py.HLObject) -> dict[str, Any]:
+    """An object's attributes as read from the file: listed once, each read once (a
+    lookup by name costs a search of the object's attributes, ``.get`` two)."""
+    attrs = obj.attrs
+    return {k: attrs[k] for k in attrs}
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
@@ -204,7 +211,7 @@ class CheckpointReader:
         meta = self._f.get("meta")
         if not isinstance(meta, h5py.Group):
             raise self._corrupt("not an hpcckpt checkpoint (no /meta group)")
-        self.attrs: dict[str, Any] = {k: _plain(meta.attrs[k]) for k in meta.attrs}
+        self.attrs: dict[str, Any] = {k: _plain(v) for k, v in _attrs(meta).items()}
         if self.attrs.get("format") != FORMAT:
             raise self._corrupt("not an hpcckpt checkpoint (meta.attrs['format'])")
         version = _int(self.attrs.get("format_version"), "format_version", 1, 1 << 30)
@@ -387,31 +394,32 @@ class CheckpointReader:
         incremental = self.kind == INCREMENTAL
         d = self._dataset(delta_name(name) if incremental else dataset_name(name))
         what = f"array {name!r}"
+        attrs = _attrs(d)
         if d.dtype.kind not in ARRAY_KINDS or d.dtype.fields is not None:
             raise self._corrupt(f"{what} has dtype {d.dtype}, not a numeric or bool dtype")
         shape = tuple(d.shape)
         if incremental:  # the deltas are 1-D; the array's global shape is an attribute
-            dims = json.loads(_plain(d.attrs.get("shape", "null")))
+            dims = json.loads(_plain(attrs.get("shape", "null")))
             if not isinstance(dims, list) or d.ndim != 1:
                 raise self._corrupt(f"{what}: delta dataset without a 'shape' list")
             shape = tuple(_int(x, f"{what}: shape") for x in dims)
-        layout = _plain(d.attrs.get("layout"))
+        layout = _plain(attrs.get("layout"))
         if (
             layout not in ("rows", "flat")
             or len(shape) < 1
             or (layout == "flat" and len(shape) != 1)
         ):
             raise self._corrupt(f"{what}: layout {layout!r} does not fit shape {shape}")
-        offs = self._offsets(d.attrs.get("rank_offsets"), n, shape[0], what)
-        shapes = json.loads(_plain(d.attrs.get("rank_shapes", "null")))
+        offs = self._offsets(attrs.get("rank_offsets"), n, shape[0], what)
+        shapes = json.loads(_plain(attrs.get("rank_shapes", "null")))
         if not isinstance(shapes, list) or len(shapes) != n:
             raise self._corrupt(f"{what}: rank_shapes must list {n} shapes")
         rank_shapes = self._rank_shapes(shapes, offs, shape, layout, what)
-        distributed = bool(_plain(d.attrs.get("distributed", False)))
+        distributed = bool(_plain(attrs.get("distributed", False)))
         if distributed and layout != "rows":
             raise self._corrupt(f"{what} is marked distributed but its layout is {layout}")
-        torch_dtype = _plain(d.attrs.get("torch_dtype", ""))
-        replicated = bool(_plain(d.attrs.get("replicated", False)))
+        torch_dtype = _plain(attrs.get("torch_dtype", ""))
+        replicated = bool(_plain(attrs.get("replicated", False)))
         if not isinstance(torch_dtype, str) or (torch_dtype and not torch_dtype.isidentifier()):
             raise self._corrupt(f"{what}: torch_dtype {torch_dtype!r:.40} is not a dtype name")
         if replicated and (distributed or any(offs[r + 1] > offs[r] for r in range(1, n))):
