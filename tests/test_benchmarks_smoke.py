@@ -245,3 +245,16 @@ def test_bench_incremental_compares_kernel_tracking_and_hashing(tmp_path: Path) 
     assert dirty["kernel"]["bytes_hashed"] < dirty["hashes"]["bytes_hashed"] == 4 << 20
     assert set(dirty["kernel"]["phases"]) >= {"hashes", "_write_data"}
     assert dirty["write_floor"] > 0 and doc["rows"][0]["write_floor"] > 0
+
+
+def test_bench_arrays_prints_both_parts(tmp_path: Path) -> None:
+    out = tmp_path / "arrays.json"
+    argv = [str(BENCH / "bench_arrays.py"), "--arrays", "4,40", "--reps", "1"]
+    argv += ["--rank0", "3,50", "--rank0-arrays", "2"]
+    proc = _run([*argv, "--dir", str(tmp_path / "scratch"), "--json", str(out)])
+    assert "| 40 |" in proc.stdout and "| 50 | 2 |" in proc.stdout, proc.stdout
+    doc = json.loads(out.read_text())
+    assert set(doc["results"]) == {"4", "40"}
+    assert all(r["save"] > 0 and r["npz_load"] > 0 for rs in doc["results"].values() for r in rs)
+    assert [(r["nranks"], r["narrays"]) for r in doc["rank0"]] == [(3, 2), (50, 2)]
+    assert all(t > 0 for r in doc["rank0"] for t in r["seconds"].values())

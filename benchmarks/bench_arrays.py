@@ -1,0 +1,249 @@
+"""Many arrays and many ranks: what each array and each rank costs a save and a restore.
+
+    .venv/bin/python benchmarks/bench_arrays.py [--arrays 30,300,3000] [--ranks 2]
+        [--reps 3] [--rank0 64,1000,10000] [--rank0-arrays 3,30] [--dir DIR] [--json OUT]
+
+Two parts:
+
+- **Arrays per rank** (one ``mpirun -n RANKS --oversubscribe`` per count): every rank
+  holds ``COUNT`` float32 arrays, as a model's parameters and optimizer state are (one
+  in three of 1024 elements, the rest of 64). Each repetition times, between barriers
+  and by the slowest rank, ``save`` (``CheckpointStore.save``, full, one store for
+  every step, as in a run), ``restore`` (a new store's restore, checksums verified),
+  ``npz_save`` (every rank ``np.savez`` of its arrays to its own file + ``fsync``) and
+  ``npz_load`` (every rank ``np.load`` of all of them). The table gives medians, the
+  ratios to ``npz`` and the milliseconds per array of the slowest rank.
+- **Rank 0 at P ranks** (one process, no MPI): the O(P) share of a save and a restore
+  that only rank 0 does, for P writing ranks that cannot run here. It hands rank 0's
+  file creation what the gather of P ranks would give it (each rank ``--rank0-arrays``
+  float64[4, 8] arrays and a 200-byte state tree), then opens and validates the file
+  with the reader, plans every rank's read and pickles the plans as the restore's
+  scatter does. Medians of ``--reps``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+METHODS = ["save", "restore", "npz_save", "npz_load"]
+
+
+def state_of(count: int, rank: int) -> dict:
+    import numpy as np
+
+    rng = np.random.default_rng(rank)
+    return {f"layer{i}": rng.random(64 if i % 3 else 1024).astype(np.float32) for i in range(count)}
+
+
+def worker(args: argparse.Namespace) -> None:
+    import numpy as np
+    from mpi4py import MPI
+
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(HERE))
+    import _util
+
+    from hpcckpt.store.store import CheckpointStore
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    root = Path(args.dir)
+    state = state_of(args.count, rank)
+    ck = root / "ck"
+    store = CheckpointStore(ck, comm, incremental=False)
+    records: list[dict] = []
+
+    def run(rep: int, record: bool) -> None:
+        own = root / f"npz{rep}.{rank}.npz"
+        out = {k: np.empty_like(v) for k, v in state.items()}
+
+        def npz_save() -> None:
+            with open(own, "wb") as fh:
+                np.savez(fh, **state)
+                fh.flush()
+                os.fsync(fh.fileno())
+
+        def npz_load() -> None:
+            with np.load(own) as z:
+                for k in out:
+                    out[k][...] = z[k]
+
+        steps = {
+            "save": lambda: store.save(rep + 1, state),
+            "restore": lambda: CheckpointStore(ck, comm).restore(out),
+            "npz_save": npz_save,
+            "npz_load": npz_load,
+        }
+        pairs = _util.rotate([("save", "restore"), ("npz_save", "npz_load")], rep)
+        got = {m: _util.timed(comm, steps[m]) for pair in pairs for m in pair}
+        if not all(np.array_equal(out[k], state[k]) for k in state):
+            raise SystemExit(f"rank {rank}: a restore gave other values than were saved")
+        if record and rank == 0:
+            records.append({"rep": rep, **got})
+        store.prune(keep_last=1)
+        own.unlink(missing_ok=True)
+        comm.Barrier()
+
+    run(-1, record=False)
+    for rep in range(args.reps):
+        run(rep, record=True)
+    if rank == 0:
+        Path(args.out).write_text(json.dumps(records))
+
+
+def rank0(nranks: int, narrays: int, reps: int, scratch: Path) -> dict[str, float]:
+    """Rank 0's seconds (medians) to create, validate and plan a file of ``nranks``."""
+    sys.path.insert(0, str(ROOT))
+    import numpy as np
+
+    from hpcckpt.store import blocks, checkpoint_file, read_plan
+    from hpcckpt.store.reader import CheckpointReader
+    from hpcckpt.store.state_tree import ArraySpec
+
+    bs = blocks.DEFAULT_BLOCK_SIZE
+    arrays = {f"a{i}": np.zeros((4, 8)) for i in range(narrays)}
+    specs = [ArraySpec(p, a.dtype.str, a.shape) for p, a in arrays.items()]
+    counts = {}
+    for p, a in arrays.items():
+        nb = blocks.nblocks(a.size, blocks.block_elems(a.itemsize, bs))
+        counts[p] = (nb, nb, a.size)
+    gathered = [(specs, 200, False, counts, False)] * nranks
+    times: dict[str, list[float]] = {"create": [], "validate": [], "plans": [], "pickle": []}
+    for rep in range(reps):
+        path = scratch / f"rank0-{nranks}-{narrays}-{rep}.h5"
+        t0 = time.perf_counter()
+        checkpoint_file._create(
+            path,
+            gathered,
+            1,
+            nranks,
+            {"reason": "interval"},
+            {"a0"},
+            None,
+            bs,
+            None,
+            blocks.ChainPolicy(),
+            None,
+            (),
+        )
+        t1 = time.perf_counter()
+        with CheckpointReader(path) as reader:
+            t2 = time.perf_counter()
+            plans = read_plan.plans(reader)
+            t3 = time.perf_counter()
+        assert plans is not None and len(plans) == nranks
+        for plan in plans:  # the scatter pickles each rank's item on its own
+            pickle.dumps(plan)
+        t4 = time.perf_counter()
+        for key, dt in zip(times, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+            times[key].append(dt)
+        path.unlink()
+    return {key: statistics.median(ts) for key, ts in times.items()}
+
+
+def summarize(results: dict, ranks: int) -> str:
+    lines = [
+        f"arrays per rank, {ranks} ranks:",
+        "| arrays | save s | npz_save s | save / npz_save | save ms per array "
+        "| restore s | npz_load s | restore / npz_load | restore ms per array |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for count, recs in results.items():
+        med = {m: statistics.median(r[m] for r in recs) for m in METHODS}
+        n = int(count)
+        lines.append(
+            f"| {n} | {med['save']:.4f} | {med['npz_save']:.4f} | "
+            f"{statistics.median(r['save'] / r['npz_save'] for r in recs):.2f} | "
+            f"{1e3 * med['save'] / n:.3f} | {med['restore']:.4f} | {med['npz_load']:.4f} | "
+            f"{statistics.median(r['restore'] / r['npz_load'] for r in recs):.2f} | "
+            f"{1e3 * med['restore'] / n:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def summarize_rank0(rows: list[dict]) -> str:
+    lines = [
+        "rank 0 alone, for P writing ranks (one process):",
+        "| P | arrays | create ms | validate ms | plans ms | pickle ms | total us per rank |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        t = r["seconds"]
+        total = sum(t.values())
+        lines.append(
+            f"| {r['nranks']} | {r['narrays']} | {1e3 * t['create']:.1f} | "
+            f"{1e3 * t['validate']:.1f} | {1e3 * t['plans']:.1f} | {1e3 * t['pickle']:.1f} | "
+            f"{1e6 * total / r['nranks']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--count", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--arrays", default="30,300,3000", help="arrays per rank, comma-separated")
+    ap.add_argument("--ranks", type=int, default=2, help="ranks of the arrays-per-rank part")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--rank0", default="64,1000,10000", help="P of the rank-0 part ('' skips)")
+    ap.add_argument("--rank0-arrays", default="3,30", help="arrays per rank in the rank-0 part")
+    ap.add_argument("--dir", default="/tmp/hpcckpt-bench-arrays")
+    ap.add_argument("--json", help="write the raw records and the tables here")
+    args = ap.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        sys.exit("mpirun not found: install Open MPI (make setup does)")
+    results: dict[str, list[dict]] = {}
+    for count in [int(x) for x in args.arrays.split(",") if x]:
+        scratch = Path(args.dir) / f"a{count}"
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir(parents=True)
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
+            out = tmp.name
+        argv = [mpirun, "-n", str(args.ranks), "--oversubscribe", sys.executable, "-m", "mpi4py"]
+        argv += [__file__, "--worker", "--out", out, "--dir", str(scratch)]
+        argv += ["--count", str(count), "--reps", str(args.reps)]
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            sys.exit(f"{count} arrays on {args.ranks} ranks failed:\n{proc.stderr[-3000:]}")
+        results[str(count)] = json.loads(Path(out).read_text())
+        os.unlink(out)
+        shutil.rmtree(scratch, ignore_errors=True)
+    rows = []
+    scratch = Path(args.dir) / "rank0"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    for nranks in [int(x) for x in args.rank0.split(",") if x]:
+        for narrays in [int(x) for x in args.rank0_arrays.split(",") if x]:
+            seconds = rank0(nranks, narrays, args.reps, scratch)
+            rows.append({"nranks": nranks, "narrays": narrays, "seconds": seconds})
+    shutil.rmtree(scratch, ignore_errors=True)
+    print(f"median of {args.reps}")
+    if results:
+        print(summarize(results, args.ranks))
+    if rows:
+        print(summarize_rank0(rows))
+    if args.json:
+        doc = {"args": vars(args), "results": results, "rank0": rows}
+        Path(args.json).write_text(json.dumps(doc))
+
+
+if __name__ == "__main__":
+    main()
