@@ -220,3 +220,17 @@ def test_an_unexpected_error_while_planning_stops_the_restore_and_marks_nothing_
     with pytest.raises(CheckpointError, match="reading ckpt-0000000002.h5: RuntimeError"):
         store.restore(make_state(0))
     assert all(e.good_candidate for e in layout.scan(store.directory))
+
+
+@pytest.mark.parametrize("count", [90, 350])
+def test_a_model_sized_state_of_many_arrays_restores(tmp_path, count):
+    """90 (or 350) arrays named like a model's layers, one in three of 1024 float32 and
+    the rest of 64: their attribute strings fill an HDF5 global heap collection to within
+    8 bytes of its end. Restore used to take that sound file for damaged and mark it bad."""
+    state = {f"layer{i}": np.full(64 if i % 3 else 1024, i, np.float32) for i in range(count)}
+    CheckpointStore(tmp_path, MPI.COMM_SELF).save(1, state)
+    out = {k: np.empty_like(v) for k, v in state.items()}
+    result = CheckpointStore(tmp_path, MPI.COMM_SELF).restore(out)
+    assert result is not None and result.step == 1
+    assert all(np.array_equal(out[k], state[k]) for k in state)
+    assert not list(tmp_path.glob("*.bad"))
