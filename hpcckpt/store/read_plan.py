@@ -11,8 +11,8 @@ rank takes has passed its block hash, its hashes their checksum, its tree its ch
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -31,9 +31,9 @@ from hpcckpt.store.reader import (
 Extent = tuple[int, int, int, int]
 
 
-@dataclass(frozen=True)
-class ArrayPlan:
-    """One array as this rank reads it."""
+class ArrayPlan(NamedTuple):
+    """One array as this rank reads it (a tuple: rank 0 makes p x arrays of them per
+    restore and pickles them for the scatter, both several times faster than a dataclass)."""
 
     name: str
     dtype: str  # numpy dtype string
@@ -50,8 +50,7 @@ class ArrayPlan:
     extents: tuple[Extent, ...]
 
 
-@dataclass(frozen=True)
-class RankPlan:
+class RankPlan(NamedTuple):
     """Everything one rank reads of one checkpoint, as rank 0 validated it."""
 
     rank: int
