@@ -145,8 +145,15 @@ def inspect_command(directory: Path, step: int | None, as_json: bool) -> None:
 @_DIR
 @click.argument("step", type=int, required=False)
 @click.option("--all", "check_all", is_flag=True, help="Verify every committed checkpoint.")
+@click.option(
+    "--clear-mark",
+    is_flag=True,
+    help="Remove the bad mark of a checkpoint that now checks good in every byte.",
+)
 @_JSON
-def verify_command(directory: Path, step: int | None, check_all: bool, as_json: bool) -> None:
+def verify_command(
+    directory: Path, step: int | None, check_all: bool, clear_mark: bool, as_json: bool
+) -> None:
     """Check every byte of a checkpoint in DIR against its checksums.
 
     \b
@@ -158,10 +165,19 @@ def verify_command(directory: Path, step: int | None, check_all: bool, as_json: 
     be present, unmarked, and every block read from them must match its hash.
     Exit status 0 only when everything checked is good, 1 otherwise.
 
+    A restore that finds a checkpoint corrupt marks it bad (DIR/ckpt-*.h5.bad) and
+    never reads it again. If that was a false alarm (hpcckpt 0.1.0 took some sound
+    files of many arrays for damaged: see the CHANGELOG), --clear-mark removes the mark of
+    every checkpoint checked whose only problem is the mark: every byte matched its
+    checksum. A damaged checkpoint keeps its mark. With --all, checkpoints are
+    checked oldest first, so the base of an incremental chain is cleared before
+    the deltas built on it.
+
     \b
     Examples:
       hpcckpt verify ckpt            # the one a restart would use first
       hpcckpt verify ckpt --all --json
+      hpcckpt verify ckpt --all --clear-mark
     """
     from hpcckpt.cli.progress import progress
     from hpcckpt.store import catalog, layout
@@ -175,7 +191,10 @@ def verify_command(directory: Path, step: int | None, check_all: bool, as_json: 
             paths = [catalog.find(directory, step)]
         except FileNotFoundError as exc:
             raise click.ClickException(str(exc)) from None
-    reports = [catalog.verify(p) for p in progress(paths, "verifying", length=len(paths))]
+    reports = [
+        catalog.verify(p, clear_mark=clear_mark)
+        for p in progress(paths, "verifying", length=len(paths))
+    ]
     ok = bool(reports) and all(r["good"] for r in reports)
     if as_json:
         _emit({"good": ok, "checkpoints": reports})
@@ -185,6 +204,8 @@ def verify_command(directory: Path, step: int | None, check_all: bool, as_json: 
         for r in reports:
             built = f" (incremental on {', '.join(r['chain'])})" if r["chain"] else ""
             click.echo(f"step {r['step']}: {'good' if r['good'] else 'BAD'}{built}")
+            if r["cleared_mark"] is not None:
+                click.echo(f"  bad mark removed: every byte checks (it said: {r['cleared_mark']})")
             for problem in r["problems"]:
                 click.echo(f"  {problem}")
     sys.exit(0 if ok else 1)

@@ -171,11 +171,13 @@ def describe(path: str | os.PathLike[str]) -> dict[str, Any]:
         }
 
 
-def verify(path: str | os.PathLike[str]) -> dict[str, Any]:
+def verify(path: str | os.PathLike[str], *, clear_mark: bool = False) -> dict[str, Any]:
     """Read every rank's tree and arrays of one checkpoint and check every checksum.
 
     For an incremental checkpoint, every block it is made of is read from the file of
-    its chain that holds it and checked: a bad base or delta makes it bad.
+    its chain that holds it and checked: a bad base or delta makes it bad. With
+    ``clear_mark``, a checkpoint whose only problem is its bad mark (every byte checks)
+    loses the mark, so restore takes it again: the way back from a false alarm.
     """
     path = Path(path)
     marked = layout.read_bad(path) if path.with_name(path.name + layout.BAD).exists() else None
@@ -189,6 +191,10 @@ def verify(path: str | os.PathLike[str]) -> dict[str, Any]:
             problems = r.verify()
     except CheckpointError as exc:
         problems = [str(exc)]
+    cleared = None
+    if marked is not None and clear_mark and not problems:
+        layout.clear_bad(path)
+        cleared, marked = marked, None
     if marked is not None:
         problems.append(f"marked bad ({marked})")
     return {
@@ -199,4 +205,5 @@ def verify(path: str | os.PathLike[str]) -> dict[str, Any]:
         "chain": chain,  # the base and deltas an incremental checkpoint is built on
         "good": not problems,
         "problems": problems,
+        "cleared_mark": cleared,  # the reason of the bad mark removed, or None
     }

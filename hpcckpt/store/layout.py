@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpcckpt.store.durability import fsync_path
 from hpcckpt.store.safety import write_private
 
 PREFIX = "ckpt-"
@@ -98,6 +99,13 @@ def mark_bad(path: Path, reason: str) -> None:
     tmp = sidecar.with_name(sidecar.name + ".tmp")
     write_private(tmp, json.dumps({"reason": reason, "time": time.time()}) + "\n")  # no links
     os.replace(tmp, sidecar)
+
+
+def clear_bad(path: Path) -> None:
+    """Remove a checkpoint's bad mark (durably: restore must not find it again after a
+    crash); only for a checkpoint that has just verified in every byte."""
+    path.with_name(path.name + BAD).unlink()
+    fsync_path(path.parent)
 
 
 def read_bad(path: Path) -> str | None:

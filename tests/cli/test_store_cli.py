@@ -131,6 +131,33 @@ def test_verify_counts_marked_checkpoints_as_bad(ckdir):
     assert r.exit_code == 1 and "earlier failure" in r.output
 
 
+def test_verify_clear_mark_readmits_only_what_checks(ckdir):
+    """A false alarm (a sound file marked bad) is cleared after every byte checked, and
+    restore takes that checkpoint again; a damaged one keeps its mark."""
+    good, damaged = ckdir / layout.checkpoint_name(30), ckdir / layout.checkpoint_name(20)
+    layout.mark_bad(good, "HDF5 global heap at 2048 is damaged (object header)")
+    layout.mark_bad(damaged, "earlier failure")
+    flip(damaged)
+    r = invoke(verify_command, ckdir, "--all", "--clear-mark", "--json")
+    assert r.exit_code == 1  # step 20 is still bad
+    report = {c["step"]: c for c in json.loads(r.output)["checkpoints"]}
+    assert report[30]["good"] and "global heap" in report[30]["cleared_mark"]
+    assert not report[20]["good"] and report[20]["cleared_mark"] is None
+    assert layout.read_bad(damaged) == "earlier failure" and layout.read_bad(good) is None
+    assert not good.with_name(good.name + layout.BAD).exists()
+    restored = CheckpointStore(ckdir, MPI.COMM_SELF).restore({})
+    assert restored is not None and restored.step == 30
+    r = invoke(verify_command, ckdir, "30", "--clear-mark")
+    assert r.exit_code == 0 and "bad mark removed" not in r.output  # nothing left to clear
+
+
+def test_verify_clear_mark_says_so(ckdir):
+    layout.mark_bad(ckdir / layout.checkpoint_name(30), "a false alarm")
+    r = invoke(verify_command, ckdir, "30", "--clear-mark")
+    assert r.exit_code == 0
+    assert "bad mark removed: every byte checks (it said: a false alarm)" in r.output
+
+
 def test_prune_dry_run_then_real(ckdir):
     r = invoke(prune_command, ckdir, "--keep-last", "1", "--dry-run", "--json")
     assert json.loads(r.output)["deleted"] == [layout.checkpoint_name(s) for s in (10, 20)]
