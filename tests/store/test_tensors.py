@@ -207,3 +207,34 @@ def test_a_cold_restore_reads_a_large_tensor_past_the_page_cache_exactly(
     assert torch.equal(state["h"], h)
     if filesystem.detect(tmp_path).name in filesystem.DIRECT_IO_NAMES:
         assert len(read_past) == 1 and read_past[0] > w.numel() * 4 - 3 * direct_io.ALIGN
+
+
+def test_a_deep_model_with_adamw_state_restores_bit_exactly(tmp_path):
+    """48 blocks of Linear + LayerNorm (192 parameters, 576 optimizer tensors after a
+    step): the file's many attribute strings fill an HDF5 global heap collection to its
+    end, which restore used to take for damage (it marked the checkpoint bad)."""
+
+    def make() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        model = torch.nn.Sequential(
+            *[
+                torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.LayerNorm(16))
+                for _ in range(48)
+            ]
+        )
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    torch.manual_seed(0)
+    model, opt = make()
+    model(torch.randn(4, 16)).sum().backward()
+    opt.step()
+    CheckpointStore(tmp_path, MPI.COMM_SELF).save(1, {"model": model, "optim": opt})
+    fresh, fresh_opt = make()  # other weights, and no optimizer state before a step
+    result = CheckpointStore(tmp_path, MPI.COMM_SELF).restore({"model": fresh, "optim": fresh_opt})
+    assert result is not None and result.step == 1 and not list(tmp_path.glob("*.bad"))
+    for a, b in zip(model.state_dict().values(), fresh.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    saved, got = opt.state_dict()["state"], fresh_opt.state_dict()["state"]
+    assert len(got) == len(saved) == 192
+    for k in saved:
+        for name in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(saved[k][name], got[k][name])
