@@ -456,64 +456,70 @@ def _create(
     bases: dict[str, Any] = {}
     if prepare is not None:
         prepare(state_bytes)
+    attrs: dict[str, Any] = {
+        "format": FORMAT,
+        "format_version": version,
+        "step": step,
+        "nranks": size,
+        "time": time.time(),
+        "checksum": integrity.ALGORITHM,
+        "hpcckpt_version": __version__,
+        "arrays": json.dumps([lay.path for lay in layouts]),
+        "kind": kind,
+        "uid": uid,
+        "block_size": block_size,
+        "state_bytes": state_bytes,
+        "data_bytes": data_bytes,
+        "total_blocks": total_blocks,
+        "dirty_blocks": dirty_blocks,
+    }
+    if incremental:
+        assert parent is not None
+        for key, (ref_name, ref_step, ref_uid) in (
+            ("parent", parent.chain[-1]),
+            ("base", parent.chain[0]),
+        ):
+            attrs[key] = ref_name
+            attrs[f"{key}_step"] = ref_step
+            attrs[f"{key}_uid"] = ref_uid
+        attrs["chain"] = json.dumps([list(ref) for ref in parent.chain])
+        attrs["chain_length"] = len(parent.chain)
+        attrs["chain_bytes"] = parent.chain_bytes + delta_bytes
+    attrs.update(extra_meta or {})
     with h5py.File(path, "w", libver=LIBVER, **options) as f:
         meta = f.create_group("meta")
-        meta.attrs["format"] = FORMAT
-        meta.attrs["format_version"] = version
-        meta.attrs["step"] = step
-        meta.attrs["nranks"] = size
-        meta.attrs["time"] = time.time()
-        meta.attrs["checksum"] = integrity.ALGORITHM
-        meta.attrs["hpcckpt_version"] = __version__
-        meta.attrs["arrays"] = json.dumps([lay.path for lay in layouts])
-        meta.attrs["kind"] = kind
-        meta.attrs["uid"] = uid
-        meta.attrs["block_size"] = block_size
-        meta.attrs["state_bytes"] = state_bytes
-        meta.attrs["data_bytes"] = data_bytes
-        meta.attrs["total_blocks"] = total_blocks
-        meta.attrs["dirty_blocks"] = dirty_blocks
-        if incremental:
-            assert parent is not None
-            for key, (ref_name, ref_step, ref_uid) in (
-                ("parent", parent.chain[-1]),
-                ("base", parent.chain[0]),
-            ):
-                meta.attrs[key] = ref_name
-                meta.attrs[f"{key}_step"] = ref_step
-                meta.attrs[f"{key}_uid"] = ref_uid
-            meta.attrs["chain"] = json.dumps([list(ref) for ref in parent.chain])
-            meta.attrs["chain_length"] = len(parent.chain)
-            meta.attrs["chain_bytes"] = parent.chain_bytes + delta_bytes
-        for key, value in (extra_meta or {}).items():
-            meta.attrs[key] = value
+        set_attrs(meta, attrs)
         rt = _allocated(meta, "rank_tree", (int(tree_offsets[-1]),), np.uint8)
-        rt.attrs["offsets"] = tree_offsets
+        set_attrs(rt, {"offsets": tree_offsets})
         cs = _allocated(meta, "checksums", (size, len(layouts) + 1), np.uint64)
         bh = _allocated(meta, "block_hashes", (total_blocks,), np.uint64)
-        bh.attrs["offsets"] = hash_offsets
+        set_attrs(bh, {"offsets": hash_offsets})
         bases["rank_tree"], bases["checksums"] = _where(rt), _where(cs)
         bases["block_hashes"] = _where(bh)
         for lay in layouts:
             if incremental:
                 elems = sum(g[3][lay.path][2] for g in gathered)
                 d = _allocated(f, delta_name(lay.path), (elems,), lay.dtype)
-                d.attrs["shape"] = json.dumps([int(x) for x in lay.global_shape])
-                d.attrs["block_elems"] = blocks.block_elems(lay.dtype.itemsize, block_size)
+                described: dict[str, Any] = {
+                    "shape": json.dumps([int(x) for x in lay.global_shape]),
+                    "block_elems": blocks.block_elems(lay.dtype.itemsize, block_size),
+                }
                 rows = sum(g[3][lay.path][1] for g in gathered)
                 ix = _allocated(f, index_name(lay.path), (rows, 3), np.int64)
                 bases[lay.path] = {"data": _where(d), "index": _where(ix)}
             else:
                 d = _allocated(f, dataset_name(lay.path), lay.global_shape, lay.dtype)
+                described = {}
                 bases[lay.path] = {"data": _where(d)}
-            d.attrs["layout"] = lay.layout
-            d.attrs["rank_offsets"] = np.asarray(lay.offsets, dtype=np.int64)
-            d.attrs["rank_shapes"] = json.dumps([list(s) for s in lay.shapes])
-            d.attrs["distributed"] = lay.distributed
+            described["layout"] = lay.layout
+            described["rank_offsets"] = np.asarray(lay.offsets, dtype=np.int64)
+            described["rank_shapes"] = json.dumps([list(s) for s in lay.shapes])
+            described["distributed"] = lay.distributed
             if lay.torch_dtype:
-                d.attrs["torch_dtype"] = lay.torch_dtype
+                described["torch_dtype"] = lay.torch_dtype
             if lay.replicated:
-                d.attrs["replicated"] = True
+                described["replicated"] = True
+            set_attrs(d, described)
     return {
         "names": [lay.path for lay in layouts],
         "layouts": {lay.path: lay.layout for lay in layouts},
@@ -527,6 +533,32 @@ def _create(
         "dirty_blocks": dirty_blocks,
         "total_blocks": total_blocks,
     }
+
+
+_STR = h5py.h5t.py_create(h5py.string_dtype(), logical=True)
+
+
+def set_attrs(obj: h5py.HLObject, attrs: dict[str, Any]) -> None:
+    """Create the attributes of a new object with HDF5's own calls: the types h5py's
+    ``obj.attrs[k] = v`` gives (UTF-8 variable-length strings, bool as h5py's enum), at
+    about half its cost (h5py creates each under a temporary name and renames it),
+    which a save pays per array. Other kinds of value go through h5py itself."""
+    for key, value in attrs.items():
+        if isinstance(value, str):
+            data, tid = np.array(value, dtype=h5py.string_dtype()), _STR
+        elif isinstance(value, (bool, int, float, np.generic, np.ndarray)):
+            data = np.asarray(value)
+            if data.dtype.kind not in "biuf":
+                obj.attrs[key] = value
+                continue
+            tid = h5py.h5t.py_create(data.dtype)
+        else:
+            obj.attrs[key] = value
+            continue
+        space = h5py.h5s.create(h5py.h5s.SCALAR) if data.ndim == 0 else None
+        if space is None:
+            space = h5py.h5s.create_simple(data.shape)
+        h5py.h5a.create(obj.id, key.encode(), tid, space).write(data)
 
 
 def _allocated(group: h5py.Group, name: str, shape: tuple[int, ...], dtype: Any) -> h5py.Dataset:

@@ -70,3 +70,37 @@ def test_thousands_of_array_paths_fit(tmp_path):
     create_for(path, 1, 9000)
     with CheckpointReader(path) as r:
         assert len(r.arrays) == 9000 and r.arrays["a8999"].rank_shapes == ((ROWS, COLS),)
+
+
+def test_set_attrs_writes_what_h5py_writes(tmp_path):
+    """Every kind of attribute value a checkpoint holds: the same HDF5 type, shape and
+    value as h5py's ``attrs[k] = v``, so that no reader can tell them apart."""
+    import h5py
+
+    values = {
+        "text": "rows",
+        "unicode": "état/ü",
+        "json": "[[4, 8], [0, 8]]",
+        "int": 7,
+        "big": 1 << 62,
+        "float": 0.25,
+        "bool": True,
+        "np_bool": np.bool_(False),
+        "np_int": np.int64(-3),
+        "offsets": np.array([0, 4, 8], dtype=np.int64),
+        "empty": np.array([], dtype=np.int64),
+        "u8": np.array([1, 2], dtype=np.uint8),
+    }
+    with h5py.File(tmp_path / "a.h5", "w", libver=("v108", "v110")) as f:
+        ours, theirs = f.create_group("ours"), f.create_group("theirs")
+        checkpoint_file.set_attrs(ours, values)
+        for key, value in values.items():
+            theirs.attrs[key] = value
+    with h5py.File(tmp_path / "a.h5", "r") as f:
+        ours, theirs = f["ours"], f["theirs"]
+        assert sorted(ours.attrs) == sorted(values)
+        for key in values:
+            a, b = h5py.h5a.open(ours.id, key.encode()), h5py.h5a.open(theirs.id, key.encode())
+            assert a.get_type() == b.get_type(), key
+            assert a.shape == b.shape, key
+            assert np.array_equal(np.asarray(ours.attrs[key]), np.asarray(theirs.attrs[key])), key
