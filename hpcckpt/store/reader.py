@@ -98,11 +98,17 @@ class ArrayInfo:
         )
 
 
-def _attrs(obj: h5py.HLObject) -> dict[str, Any]:
-    """An object's attributes as read from the file: listed once, each read once (a
-    lookup by name costs a search of the object's attributes, ``.get`` two)."""
+#: The attributes of an array's dataset the reader uses; others are never read.
+_ARRAY_ATTRS = frozenset(
+    ["shape", "layout", "rank_offsets", "rank_shapes", "distributed", "torch_dtype", "replicated"]
+)
+
+
+def _attrs(obj: h5py.HLObject, names: frozenset[str] | None = None) -> dict[str, Any]:
+    """An object's attributes (those in ``names`` when given) as read from the file:
+    listed once, each read once (a lookup by name searches them, ``.get`` twice)."""
     attrs = obj.attrs
-    return {k: attrs[k] for k in attrs}
+    return {k: attrs[k] for k in attrs if names is None or k in names}
 
 
 def _plain(value: Any) -> Any:
@@ -394,7 +400,7 @@ class CheckpointReader:
         incremental = self.kind == INCREMENTAL
         d = self._dataset(delta_name(name) if incremental else dataset_name(name))
         what = f"array {name!r}"
-        attrs = _attrs(d)
+        attrs = _attrs(d, _ARRAY_ATTRS)
         if d.dtype.kind not in ARRAY_KINDS or d.dtype.fields is not None:
             raise self._corrupt(f"{what} has dtype {d.dtype}, not a numeric or bool dtype")
         shape = tuple(d.shape)
