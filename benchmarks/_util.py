@@ -6,9 +6,14 @@ that ``run.py`` (no MPI) can import the module too.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -164,3 +169,34 @@ def floor_load(comm, path: Path, out) -> None:
         os.preadv(fd, [out], offset + comm.rank * out.nbytes)
     finally:
         os.close(fd)
+
+
+def run_worker(
+    script: str | os.PathLike[str],
+    nranks: int,
+    scratch: Path,
+    args: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    what: str = "",
+) -> Any:
+    """Run ``script --worker --out OUT --dir SCRATCH ARGS`` on ``nranks`` oversubscribed
+    ranks in a fresh, then removed, ``scratch``; the JSON the worker wrote to OUT. Exits
+    with the worker's stderr if it fails (``what`` names the run, else the rank count).
+    ``env``: variables added to this process's environment."""
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        sys.exit("mpirun not found: install Open MPI (make setup does)")
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    out = scratch / "worker.json"
+    full_env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    full_env.update(env or {})
+    argv = [mpirun, "-n", str(nranks), "--oversubscribe", sys.executable, "-m", "mpi4py"]
+    argv += [str(script), "--worker", "--out", str(out), "--dir", str(scratch), *args]
+    proc = subprocess.run(argv, env=full_env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        sys.exit(f"{what or f'{nranks} ranks'} failed:\n{proc.stderr[-3000:]}")
+    result = json.loads(out.read_text())
+    shutil.rmtree(scratch, ignore_errors=True)
+    return result

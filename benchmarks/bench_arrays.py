@@ -29,9 +29,7 @@ import os
 import pickle
 import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -206,26 +204,18 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    mpirun = shutil.which("mpirun")
-    if mpirun is None:
-        sys.exit("mpirun not found: install Open MPI (make setup does)")
+    sys.path.insert(0, str(HERE))
+    import _util
+
     results: dict[str, list[dict]] = {}
     for count in [int(x) for x in args.arrays.split(",") if x]:
-        scratch = Path(args.dir) / f"a{count}"
-        shutil.rmtree(scratch, ignore_errors=True)
-        scratch.mkdir(parents=True)
-        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
-            out = tmp.name
-        argv = [mpirun, "-n", str(args.ranks), "--oversubscribe", sys.executable, "-m", "mpi4py"]
-        argv += [__file__, "--worker", "--out", out, "--dir", str(scratch)]
-        argv += ["--count", str(count), "--reps", str(args.reps)]
-        proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            sys.exit(f"{count} arrays on {args.ranks} ranks failed:\n{proc.stderr[-3000:]}")
-        results[str(count)] = json.loads(Path(out).read_text())
-        os.unlink(out)
-        shutil.rmtree(scratch, ignore_errors=True)
+        results[str(count)] = _util.run_worker(
+            __file__,
+            args.ranks,
+            Path(args.dir) / f"a{count}",
+            ["--count", str(count), "--reps", str(args.reps)],
+            what=f"{count} arrays on {args.ranks} ranks",
+        )
     rows = []
     scratch = Path(args.dir) / "rank0"
     shutil.rmtree(scratch, ignore_errors=True)

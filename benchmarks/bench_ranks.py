@@ -36,11 +36,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -153,29 +150,21 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    mpirun = shutil.which("mpirun")
-    if mpirun is None:
-        sys.exit("mpirun not found: install Open MPI (make setup does)")
+    sys.path.insert(0, str(HERE))
+    import _util
+
     results: dict[str, list[dict]] = {}
     for p in [int(x) for x in args.ranks.split(",")]:
         for io in args.io.split(","):
-            scratch = Path(args.dir) / f"p{p}-{io}"
-            shutil.rmtree(scratch, ignore_errors=True)
-            scratch.mkdir(parents=True)
-            env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-            env["OMPI_MCA_io"] = io
-            with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
-                out = tmp.name
-            argv = [mpirun, "-n", str(p), "--oversubscribe", sys.executable, "-m", "mpi4py"]
-            argv += [__file__, "--worker", "--out", out, "--dir", str(scratch)]
-            argv += ["--kib", str(args.kib), "--reps", str(args.reps)]
             t0 = time.perf_counter()
-            proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
-            if proc.returncode != 0:
-                sys.exit(f"{p} ranks ({io}) failed:\n{proc.stderr[-3000:]}")
-            results[f"{p}/{io}"] = json.loads(Path(out).read_text())
-            os.unlink(out)
-            shutil.rmtree(scratch, ignore_errors=True)
+            results[f"{p}/{io}"] = _util.run_worker(
+                __file__,
+                p,
+                Path(args.dir) / f"p{p}-{io}",
+                ["--kib", str(args.kib), "--reps", str(args.reps)],
+                env={"OMPI_MCA_io": io},
+                what=f"{p} ranks ({io})",
+            )
             print(f"{p} ranks, {io}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     table = summarize(results)
     print(f"{args.kib} KiB per rank, median of {args.reps} (min-max of the ratios)")

@@ -555,8 +555,9 @@ def set_attrs(obj: h5py.HLObject, attrs: dict[str, Any]) -> None:
         else:
             obj.attrs[key] = value
             continue
-        space = h5py.h5s.create(h5py.h5s.SCALAR) if data.ndim == 0 else None
-        if space is None:
+        if data.ndim == 0:
+            space = h5py.h5s.create(h5py.h5s.SCALAR)
+        else:
             space = h5py.h5s.create_simple(data.shape)
         h5py.h5a.create(obj.id, key.encode(), tid, space).write(data)
 
