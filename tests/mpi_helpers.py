@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -52,6 +53,23 @@ def mpirun(
     return subprocess.run(
         mpirun_cmd(n, args), env=mpi_env(env), capture_output=True, text=True, timeout=timeout
     )
+
+
+def rank_reports(stdout: str, n: int) -> list[dict]:
+    """The JSON objects the ranks printed, sorted by ``rank``; there must be ``n``.
+
+    Ranks print at the same moment and mpirun may join their lines ("{...}{...}"), so
+    each line is decoded object by object rather than as one document.
+    """
+    decoder = json.JSONDecoder()
+    reports = []
+    for line in stdout.splitlines():
+        at = 0
+        while line.startswith("{", at):
+            report, at = decoder.raw_decode(line, at)
+            reports.append(report)
+    assert len(reports) == n, f"expected {n} rank reports, got {len(reports)}:\n{stdout}"
+    return sorted(reports, key=lambda rep: rep["rank"])
 
 
 def start_mpirun(

@@ -3,14 +3,13 @@ views sharing their pages) are saved exactly as hashing every block saves them."
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from hpcckpt.store import layout
 from hpcckpt.store.reader import CheckpointReader
-from tests.mpi_helpers import mpirun
+from tests.mpi_helpers import mpirun, rank_reports
 
 pytestmark = pytest.mark.mpi
 
@@ -21,9 +20,7 @@ STEPS = 10
 def run(n: int, d: Path, detection: str) -> list[dict]:
     r = mpirun(n, [APP, d, detection, STEPS])
     assert r.returncode == 0, r.stderr
-    reports = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
-    assert len(reports) == n, r.stdout + r.stderr
-    return reports
+    return rank_reports(r.stdout, n)
 
 
 @pytest.mark.parametrize("n", [2, 3])

@@ -4,7 +4,6 @@ the middle of a delta, restart on another rank count through deltas."""
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,7 @@ from hpcckpt.store import catalog, layout
 from hpcckpt.store.reader import CheckpointReader
 from hpcckpt.store.resharding import even_split
 from hpcckpt.store.store import CheckpointStore
-from tests.mpi_helpers import mpirun
+from tests.mpi_helpers import mpirun, rank_reports
 
 pytestmark = pytest.mark.mpi
 
@@ -32,9 +31,7 @@ def run(n: int, *args, ok: bool = True) -> list[dict]:
     else:
         assert r.returncode != 0, "the killed rank must fail the run"
         return []
-    reports = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
-    assert len(reports) == n, r.stdout + r.stderr
-    return sorted(reports, key=lambda rep: rep["rank"])
+    return rank_reports(r.stdout, n)
 
 
 def check_every_checkpoint(d: Path, n: int, steps, with_p: bool = True) -> None:

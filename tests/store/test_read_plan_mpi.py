@@ -6,14 +6,13 @@ rank fall back."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from hpcckpt.store import layout, read_plan
 from hpcckpt.store.reader import CheckpointReader
-from tests.mpi_helpers import ROOT, mpirun
+from tests.mpi_helpers import ROOT, mpirun, rank_reports
 
 pytestmark = [pytest.mark.mpi]
 
@@ -23,9 +22,7 @@ APP = ROOT / "tests" / "store" / "apps" / "plan_app.py"
 def run(n: int, *args: object) -> list[dict]:
     proc = mpirun(n, [APP, *args], timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    reports = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
-    assert len(reports) == n, proc.stdout
-    return reports
+    return rank_reports(proc.stdout, n)
 
 
 @pytest.fixture(scope="module", params=[2, 3])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -16,7 +15,7 @@ from hpcckpt.store.errors import CheckpointError
 from hpcckpt.store.reader import CheckpointReader
 from hpcckpt.store.store import CheckpointStore
 from tests.mpi_counting import strace_counts
-from tests.mpi_helpers import mpi_env, mpirun, mpirun_cmd
+from tests.mpi_helpers import mpi_env, mpirun, mpirun_cmd, rank_reports
 
 pytestmark = pytest.mark.mpi
 
@@ -31,9 +30,7 @@ def global_u(rows: int) -> np.ndarray:
 def run(n: int, *args) -> list[dict]:
     r = mpirun(n, [APP, *args])
     assert r.returncode == 0, r.stderr
-    reports = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
-    assert len(reports) == n, r.stdout
-    return sorted(reports, key=lambda rep: rep["rank"])
+    return rank_reports(r.stdout, n)
 
 
 @pytest.fixture(scope="module")
@@ -156,12 +153,7 @@ def counted(n: int, directory: Path, *extra: str) -> tuple[list[dict], dict]:
     argv = [strace, "-f", "-o", str(log), *mpirun_cmd(n, [COUNTS_APP, directory, *extra])]
     r = subprocess.run(argv, env=mpi_env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    reports = sorted(
-        (json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")),
-        key=lambda rep: rep["rank"],
-    )
-    assert len(reports) == n, r.stdout
-    return reports, strace_counts(log)
+    return rank_reports(r.stdout, n), strace_counts(log)
 
 
 def cost_problems(runs: dict[int, tuple[list[dict], dict]]) -> list[str]:
@@ -213,6 +205,5 @@ def test_a_state_of_thousands_of_arrays_on_three_ranks(tmp_path):
     object format)."""
     r = mpirun(3, [Path(__file__).parent / "apps" / "many_arrays_app.py", tmp_path / "ck", 3000])
     assert r.returncode == 0, r.stderr[-3000:]
-    reports = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
-    assert sorted(rep["rank"] for rep in reports) == [0, 1, 2]
+    reports = rank_reports(r.stdout, 3)
     assert all(rep["step"] == 1 and rep["same"] for rep in reports), reports
