@@ -1,7 +1,8 @@
 """Many arrays and many ranks: what each array and each rank costs a save and a restore.
 
     .venv/bin/python benchmarks/bench_arrays.py [--arrays 30,300,3000] [--ranks 2]
-        [--reps 3] [--rank0 64,1000,10000] [--rank0-arrays 3,30] [--dir DIR] [--json OUT]
+        [--reps 3] [--chain] [--rank0 64,1000,10000] [--rank0-arrays 3,30] [--dir DIR]
+        [--json OUT]
 
 Two parts:
 
@@ -13,6 +14,11 @@ Two parts:
   ``npz_save`` (every rank ``np.savez`` of its arrays to its own file + ``fsync``) and
   ``npz_load`` (every rank ``np.load`` of all of them). The table gives medians, the
   ratios to ``npz`` and the milliseconds per array of the slowest rank.
+- **Saves of 1 % changed** (``--chain``, in the same workers): a full save, then 3
+  saves each changing one element of every 100th array, then a new store's restore,
+  twice: with ``min_delta_saving=0`` (every save a delta: a 4-file chain) and with the
+  default policy (which writes these saves full). ``delta_save``/``policy_save`` are
+  the median of the 3 saves, ``delta_restore``/``policy_restore`` the restore.
 - **Rank 0 at P ranks** (one process, no MPI): the O(P) share of a save and a restore
   that only rank 0 does, for P writing ranks that cannot run here. It hands rank 0's
   file creation what the gather of P ranks would give it (each rank ``--rank0-arrays``
@@ -36,6 +42,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 METHODS = ["save", "restore", "npz_save", "npz_load"]
+CHAIN = ["delta_save", "delta_restore", "policy_save", "policy_restore"]
 
 
 def state_of(count: int, rank: int) -> dict:
@@ -88,11 +95,42 @@ def worker(args: argparse.Namespace) -> None:
         got = {m: _util.timed(comm, steps[m]) for pair in pairs for m in pair}
         if not all(np.array_equal(out[k], state[k]) for k in state):
             raise SystemExit(f"rank {rank}: a restore gave other values than were saved")
+        if args.chain:
+            for name, saving in _util.rotate([("delta", 0), ("policy", None)], rep):
+                got.update(chain(name, saving, rep))
         if record and rank == 0:
             records.append({"rep": rep, **got})
         store.prune(keep_last=1)
         own.unlink(missing_ok=True)
         comm.Barrier()
+
+    def chain(name: str, saving: int | None, rep: int) -> dict:
+        """A full save, 3 saves of 1 % changed, a restore; seconds and kinds."""
+        d = root / f"{name}{rep}"
+        kw = {} if saving is None else {"min_delta_saving": saving}
+        chained = CheckpointStore(d, comm, **kw)
+        chained.save(1, state)
+        saves, kinds = [], []
+        for step in (2, 3, 4):
+            for i in range(step % 100, len(state), 100):
+                state[f"layer{i}"][0] += 1.0
+
+            def save(step: int = step) -> None:
+                kinds.append(chained.save(step, state).kind)
+
+            saves.append(_util.timed(comm, save))
+        out = {k: np.empty_like(v) for k, v in state.items()}
+        restore = _util.timed(comm, lambda: CheckpointStore(d, comm).restore(out))
+        if not all(np.array_equal(out[k], state[k]) for k in state):
+            raise SystemExit(f"rank {rank}: the {name} chain restored other values")
+        comm.Barrier()
+        if rank == 0:
+            shutil.rmtree(d)
+        return {
+            f"{name}_save": statistics.median(saves),
+            f"{name}_restore": restore,
+            f"{name}_kinds": kinds,
+        }
 
     run(-1, record=False)
     for rep in range(args.reps):
@@ -171,6 +209,22 @@ def summarize(results: dict, ranks: int) -> str:
     return "\n".join(lines)
 
 
+def summarize_chain(results: dict, ranks: int) -> str:
+    lines = [
+        f"saves of 1 % changed, {ranks} ranks (every save a delta / the default policy):",
+        "| arrays | kinds | save s | restore s of the chain | default kinds | save s | restore s |",
+        "|---:|---|---:|---:|---|---:|---:|",
+    ]
+    for count, recs in results.items():
+        med = {m: statistics.median(r[m] for r in recs) for m in CHAIN}
+        kinds = [",".join(k[0] for k in recs[0][f"{n}_kinds"]) for n in ("delta", "policy")]
+        lines.append(
+            f"| {count} | {kinds[0]} | {med['delta_save']:.4f} | {med['delta_restore']:.4f} "
+            f"| {kinds[1]} | {med['policy_save']:.4f} | {med['policy_restore']:.4f} |"
+        )
+    return "\n".join(lines)
+
+
 def summarize_rank0(rows: list[dict]) -> str:
     lines = [
         "rank 0 alone, for P writing ranks (one process):",
@@ -198,6 +252,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--rank0", default="64,1000,10000", help="P of the rank-0 part ('' skips)")
     ap.add_argument("--rank0-arrays", default="3,30", help="arrays per rank in the rank-0 part")
+    ap.add_argument("--chain", action="store_true", help="also time saves of 1 %% changed")
     ap.add_argument("--dir", default="/tmp/hpcckpt-bench-arrays")
     ap.add_argument("--json", help="write the raw records and the tables here")
     args = ap.parse_args()
@@ -213,7 +268,7 @@ def main() -> None:
             __file__,
             args.ranks,
             Path(args.dir) / f"a{count}",
-            ["--count", str(count), "--reps", str(args.reps)],
+            ["--count", str(count), "--reps", str(args.reps)] + ["--chain"] * args.chain,
             what=f"{count} arrays on {args.ranks} ranks",
         )
     rows = []
@@ -228,6 +283,8 @@ def main() -> None:
     print(f"median of {args.reps}")
     if results:
         print(summarize(results, args.ranks))
+        if args.chain:
+            print(summarize_chain(results, args.ranks))
     if rows:
         print(summarize_rank0(rows))
     if args.json:

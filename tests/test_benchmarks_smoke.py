@@ -249,12 +249,16 @@ def test_bench_incremental_compares_kernel_tracking_and_hashing(tmp_path: Path) 
 
 def test_bench_arrays_prints_both_parts(tmp_path: Path) -> None:
     out = tmp_path / "arrays.json"
-    argv = [str(BENCH / "bench_arrays.py"), "--arrays", "4,40", "--reps", "1"]
+    argv = [str(BENCH / "bench_arrays.py"), "--arrays", "4,40", "--reps", "1", "--chain"]
     argv += ["--rank0", "3,50", "--rank0-arrays", "2"]
     proc = _run([*argv, "--dir", str(tmp_path / "scratch"), "--json", str(out)])
     assert "| 40 |" in proc.stdout and "| 50 | 2 |" in proc.stdout, proc.stdout
     doc = json.loads(out.read_text())
     assert set(doc["results"]) == {"4", "40"}
     assert all(r["save"] > 0 and r["npz_load"] > 0 for rs in doc["results"].values() for r in rs)
+    # 40 small arrays: every save a delta when told so, full under the default policy.
+    (rec,) = doc["results"]["40"]
+    assert rec["delta_kinds"] == ["incremental"] * 3 and rec["policy_kinds"] == ["full"] * 3
+    assert "saves of 1 % changed" in proc.stdout, proc.stdout
     assert [(r["nranks"], r["narrays"]) for r in doc["rank0"]] == [(3, 2), (50, 2)]
     assert all(t > 0 for r in doc["rank0"] for t in r["seconds"].values())

@@ -124,8 +124,10 @@ class Checkpointer:
     ``block_size`` bytes (default 1 MiB) changed since the previous checkpoint are
     written; a full checkpoint follows ``max_chain`` incremental ones (8) or once the
     incrementals since the last full one pass ``max_chain_fraction`` (0.5) of its
-    bytes. Retention keeps whatever a kept checkpoint is built on. ``change_detection``
-    says how a synchronous save finds the changed blocks: ``"kernel"`` (the pages
+    bytes, and a save is full when a delta would leave out fewer than
+    ``min_delta_saving`` bytes (64 KiB) per array and rank. Retention keeps whatever a
+    kept checkpoint is built on. ``change_detection`` says how a synchronous save finds
+    the changed blocks: ``"kernel"`` (the pages
     written since the last save, as the kernel saw them; ValueError naming the reason
     where it cannot), ``"hashes"`` (hash every block), ``"auto"`` (the kernel's where it
     can, else hashes). See docs/format.md, "Incremental checkpoints".
@@ -208,6 +210,7 @@ class Checkpointer:
         block_size: int | None = None,
         max_chain: int = 8,
         max_chain_fraction: float = 0.5,
+        min_delta_saving: int | None = None,
         change_detection: str = "auto",
         validate: str | Validator | None = "finite",
         async_save: bool = False,
@@ -281,6 +284,7 @@ class Checkpointer:
             change_detection=change_detection,
             replicated=replicated,
             **({} if block_size is None else {"block_size": block_size}),
+            **({} if min_delta_saving is None else {"min_delta_saving": min_delta_saving}),
         )
         cache = cache if cache is not None else (os.environ.get(CACHE_ENV) or None)
         self.cache = (
@@ -760,9 +764,16 @@ class Checkpointer:
                 else "hashes"
             )
             blocked = f" ({found}, {result.bytes_hashed / 2**20:.1f} MiB hashed)"
+        if result.kind == "incremental":
+            kind = f"incremental ({100 * result.dirty_fraction:.1f} % of blocks)"
+        elif result.full_reason and self.store.chain_policy.incremental:
+            kind = f"full ({result.full_reason})"
+        else:
+            kind = "full"
         log.info(
-            "checkpoint step %d: %.1f MiB in %.2f s (%.0f MB/s)%s, %s; %s",
+            "checkpoint step %d: %s, %.1f MiB in %.2f s (%.0f MB/s)%s, %s; %s",
             step,
+            kind,
             mib,
             result.seconds,
             rate,
@@ -793,6 +804,7 @@ class Checkpointer:
             seconds=round(result.seconds, 6),
             bytes=result.bytes_written,
             save_kind=result.kind,  # "full" or "incremental"
+            full_reason=result.full_reason,
             dirty=round(result.dirty_fraction, 6),
             reason=reason,
             path=result.path.name,

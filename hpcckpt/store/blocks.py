@@ -11,6 +11,7 @@ Measure the hash throughput per block size with ``python -m hpcckpt.store.blocks
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -23,6 +24,10 @@ import xxhash
 #: docs/format.md, "Incremental checkpoints"), and 1 MiB keeps the per-block work (one
 #: write call per run of dirty blocks, 24 bytes of index) negligible at any dirty fraction.
 DEFAULT_BLOCK_SIZE = 1 << 20
+#: A delta must leave out this many bytes per array and rank (ChainPolicy.min_delta_saving):
+#: what 0.5 GB/s writes in the 0.13 ms that a delta's second dataset per array costs to
+#: create and validate (measured here, docs/performance.md).
+DEFAULT_MIN_DELTA_SAVING = 64 << 10
 #: Smallest block allowed; block sizes are multiples of 16 (the largest itemsize).
 MIN_BLOCK_SIZE = 4096
 
@@ -125,14 +130,19 @@ class ChainPolicy:
 
     ``incremental``: write only the changed blocks when a previous checkpoint of the
     same layout is known. A full checkpoint is written instead when the chain already
-    holds ``max_chain`` incremental checkpoints, or when the bytes written by the
+    holds ``max_chain`` incremental checkpoints, when the bytes written by the
     chain's incrementals (this one included) would pass ``max_chain_fraction`` of a
-    full checkpoint: then most blocks change and a full one costs about the same.
+    full checkpoint (then most blocks change and a full one costs about the same), or
+    when the delta would leave out fewer than ``min_delta_saving`` bytes per array and
+    rank: each array of a delta costs two HDF5 datasets instead of one, and a restore
+    reads every file of the chain, which for a state of many small arrays costs more
+    than writing them whole.
     """
 
     incremental: bool = True
     max_chain: int = 8
     max_chain_fraction: float = 0.5
+    min_delta_saving: int = DEFAULT_MIN_DELTA_SAVING
 
     def __post_init__(self) -> None:
         if int(self.max_chain) != self.max_chain or self.max_chain < 1:
@@ -140,11 +150,53 @@ class ChainPolicy:
         if not 0 < self.max_chain_fraction:
             value = self.max_chain_fraction
             raise ValueError(f"max_chain_fraction must be positive, not {value!r}")
+        value = self.min_delta_saving
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
+            raise ValueError(
+                f"min_delta_saving must be a byte count >= 0 (0: any saving), not {value!r}"
+            )
 
     def full_by_count(self, parent: ChainState | None) -> bool:
         """Whether the save after ``parent`` is a full one whatever changed: incremental
         saves are off, there is no parent, or its chain is as long as allowed."""
         return not self.incremental or parent is None or len(parent.chain) > self.max_chain
+
+    def why_full(
+        self,
+        parent: ChainState | None,
+        fits: bool,
+        delta_bytes: int,
+        state_bytes: int,
+        arrays: int,
+        ranks: int,
+    ) -> str | None:
+        """Why this save is full rather than a delta of ``parent`` (None: a delta).
+
+        ``fits``: every rank's arrays match ``parent`` and its chain is intact;
+        ``delta_bytes``: the delta's array bytes over all ranks; ``state_bytes``: a full
+        checkpoint's; ``arrays``, ``ranks``: the datasets and ranks of the file.
+        """
+        if not self.incremental:
+            return "incremental saves are off"
+        if parent is None:
+            return "no checkpoint of this run to build on"
+        if not fits:
+            return "the arrays, ranks or block size differ from the last checkpoint's"
+        if len(parent.chain) > self.max_chain:
+            return f"the chain already holds max_chain={self.max_chain} incremental checkpoints"
+        if parent.chain_bytes + delta_bytes > self.max_chain_fraction * state_bytes:
+            return (
+                f"the chain's deltas would pass max_chain_fraction={self.max_chain_fraction}"
+                " of a full checkpoint"
+            )
+        saved = state_bytes - delta_bytes
+        if saved < self.min_delta_saving * arrays * ranks:
+            per = saved // max(1, arrays * ranks)
+            return (
+                f"a delta would leave out {per:,} bytes per array and rank, less than "
+                f"min_delta_saving={self.min_delta_saving:,}"
+            )
+        return None
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,8 @@ class Written:
     all_bytes: int = 0  # array data and trees, over all ranks
     #: With ``hash_while_writing``: the block hashes still to compute as the extents go.
     hashing: DeferredHashes | None = None
+    #: A full file: why not a delta (:meth:`ChainPolicy.why_full`).
+    full_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -405,6 +407,7 @@ def write_file(
         tuple(extents),
         int(plan["data_bytes"]) + int(plan["tree_bytes"]),
         hashing,
+        plan["full_reason"],
     )
 
 
@@ -433,12 +436,9 @@ def _create(
         int(np.prod(lay.global_shape, dtype=np.int64)) * lay.dtype.itemsize for lay in layouts
     )
     delta_bytes = sum(g[3][lay.path][2] * lay.dtype.itemsize for g in gathered for lay in layouts)
-    incremental = (
-        parent is not None
-        and all(g[2] for g in gathered)
-        and not policy.full_by_count(parent)
-        and parent.chain_bytes + delta_bytes <= policy.max_chain_fraction * state_bytes
-    )
+    fits = all(g[2] for g in gathered)
+    why_full = policy.why_full(parent, fits, delta_bytes, state_bytes, len(layouts), size)
+    incremental = why_full is None
     kind = INCREMENTAL if incremental else FULL
     # The block hash table: rank-major segments, one per (rank, array).
     nblk = [g[3][lay.path][0] for g in gathered for lay in layouts]
@@ -524,6 +524,7 @@ def _create(
         "names": [lay.path for lay in layouts],
         "layouts": {lay.path: lay.layout for lay in layouts},
         "kind": kind,
+        "full_reason": why_full,
         "uid": uid,
         "bases": bases,
         "state_bytes": state_bytes,

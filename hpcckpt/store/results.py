@@ -38,6 +38,8 @@ class SaveResult:
     scan_seconds: float = 0.0
     #: The self-audit found a change the kernel did not report: why (tracking is now off).
     tracking_audit: str | None = None
+    #: A full checkpoint: why it is not a delta of the last one (ChainPolicy.why_full).
+    full_reason: str | None = None
 
     @property
     def dirty_fraction(self) -> float:

@@ -171,7 +171,9 @@ class CheckpointStore:
     ``incremental`` (default True) writes only the blocks of ``block_size`` bytes
     that changed since the previous checkpoint; a full checkpoint is written after
     ``max_chain`` incremental ones, or once the incrementals since the last full one
-    would hold more than ``max_chain_fraction`` of a full one's bytes
+    would hold more than ``max_chain_fraction`` of a full one's bytes, and a save is full
+    when a delta would leave out fewer than ``min_delta_saving`` bytes (64 KiB) per
+    array and rank, as with states of many small arrays
     (:class:`hpcckpt.store.blocks.ChainPolicy`, docs/format.md).
 
     ``change_detection``: how a synchronous save finds the changed blocks: "kernel"
@@ -195,6 +197,7 @@ class CheckpointStore:
         block_size: int = blocks.DEFAULT_BLOCK_SIZE,
         max_chain: int = 8,
         max_chain_fraction: float = 0.5,
+        min_delta_saving: int = blocks.DEFAULT_MIN_DELTA_SAVING,
         change_detection: str = "auto",
         replicated: Iterable[str] = (),
         redundancy: str | None = None,
@@ -219,7 +222,9 @@ class CheckpointStore:
         #: The newest node-local checkpoint this run sealed (None: none yet).
         self.local_step: int | None = None
         self.block_size = blocks.check_block_size(block_size)
-        self.chain_policy = ChainPolicy(bool(incremental), max_chain, max_chain_fraction)
+        self.chain_policy = ChainPolicy(
+            bool(incremental), max_chain, max_chain_fraction, min_delta_saving
+        )
         #: How synchronous saves find changed blocks (:mod:`.change_detection`).
         self.changes = ChangeDetector(change_detection)
         #: This rank's hashes of the last committed or restored checkpoint (None: next is full).
@@ -388,6 +393,7 @@ class CheckpointStore:
             bytes_hashed=int(hashed),
             scan_seconds=scan,
             tracking_audit=audit,
+            full_reason=written.full_reason,
         )
 
     def _path_chooser(self) -> write_path.WritePathChooser:
@@ -661,6 +667,7 @@ class CheckpointStore:
             peak_rss=int(peak),
             staging=pending.staging,
             staging_bytes=int(held),
+            full_reason=w.full_reason,
         )
 
     def _create(

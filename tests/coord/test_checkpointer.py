@@ -114,3 +114,35 @@ def test_change_detection_is_chosen_logged_and_recorded(tmp_path, capfd, caplog)
         assert saved[1]["pages_written"] >= 1 and "tracking_audit" not in saved[1]
     finally:
         ck.close()
+
+
+def test_each_save_says_its_kind_and_why_a_full_one_is_not_a_delta(tmp_path, capfd, caplog):
+    from hpcckpt.rundir.events import read_events
+
+    ck = Checkpointer(tmp_path / "ck", comm=MPI.COMM_SELF, every_steps=1, keep_last=None)
+    try:
+        state = {f"bias{i}": np.full(16, float(i)) for i in range(200)}  # small arrays
+        state["w"] = np.arange(1 << 20, dtype=np.float64)  # 8 MiB: 8 blocks
+        ck.save(1, state)
+        state["w"][7] = -1.0
+        state["bias3"][0] = -1.0
+        ck.save(2, state)  # 201 arrays: the 7 MiB left out are under 201 x 64 KiB
+        state = {"w": state["w"]}
+        ck.save(3, state)  # other arrays than step 2's: full
+        state["w"][9] = -2.0
+        ck.save(4, state)
+        logged = capfd.readouterr().err + caplog.text
+        saved = [e for e in read_events(tmp_path / "ck") if e.get("event") == "checkpoint"]
+        assert [e["save_kind"] for e in saved] == ["full", "full", "full", "incremental"]
+        reasons = [e["full_reason"] for e in saved]
+        assert reasons[0] == "no checkpoint of this run to build on"
+        assert (
+            reasons[1].startswith("a delta would leave out ")
+            and "min_delta_saving=65,536" in (reasons[1])
+        )
+        assert reasons[2] == "the arrays, ranks or block size differ from the last checkpoint's"
+        assert reasons[3] is None
+        assert f"checkpoint step 2: full ({reasons[1]}), " in logged
+        assert "checkpoint step 4: incremental (12.5 % of blocks), " in logged
+    finally:
+        ck.close()

@@ -243,7 +243,7 @@ def chain_state(step: int) -> dict:
 def test_a_damaged_delta_in_the_middle_of_a_chain(tmp_path, how, reliability_log):
     """0 full <- 1 <- 2 <- 3 incremental: damage 2; restore takes 1; 3 and 2 are kept."""
     d = tmp_path / "ck"
-    store = CheckpointStore(d, MPI.COMM_SELF, incremental=True, block_size=4096)
+    store = CheckpointStore(d, MPI.COMM_SELF, block_size=4096, min_delta_saving=0)
     for step in range(4):
         store.save(step, chain_state(step))
     middle = d / layout.checkpoint_name(2)

@@ -22,6 +22,9 @@ N = 512 * 40 + 100  # 41 blocks, the last one short
 
 
 def make_store(d, **kw):
+    """Small blocks, and deltas whatever they save: these states are small (the rule
+    that makes small deltas full has its own tests)."""
+    kw.setdefault("min_delta_saving", 0)
     return CheckpointStore(d, MPI.COMM_SELF, block_size=BLOCK, **kw)
 
 
@@ -318,3 +321,24 @@ def test_a_version_1_file_is_still_read(tmp_path):
     assert store.restore(state).step == 4 and np.array_equal(state["u"], u)
     assert store.save(5, state).kind == "full"  # no block hashes to compare with
     assert store.save(6, state).kind == "incremental"
+
+
+def test_a_delta_that_leaves_out_too_little_per_array_is_written_full(tmp_path):
+    """Many small arrays (a model's biases and norms): a delta would cost a second
+    dataset per array and a longer chain to restore for a few KiB left out, so the
+    default policy writes them whole; one large array with the same change is a delta."""
+    store = CheckpointStore(tmp_path / "small", MPI.COMM_SELF)  # the default policy
+    small = {f"layer{i}": np.full(512, float(i)) for i in range(200)}  # 4 KiB each
+    assert store.save(1, small).kind == "full"
+    small["layer7"][3] = -1.0
+    assert store.save(2, small).kind == "full"
+    out = {k: np.zeros(512) for k in small}
+    assert CheckpointStore(tmp_path / "small", MPI.COMM_SELF).restore(out).step == 2
+    assert all(np.array_equal(out[k], small[k]) for k in small)
+
+    store = CheckpointStore(tmp_path / "large", MPI.COMM_SELF)
+    large = {"u": np.arange(1 << 20, dtype=np.float64)}  # 8 MiB: 8 blocks
+    store.save(1, large)
+    large["u"][3] = -1.0
+    res = store.save(2, large)
+    assert res.kind == "incremental" and res.dirty_blocks == 1

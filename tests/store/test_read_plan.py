@@ -18,7 +18,10 @@ BLOCK = 4096
 
 
 def store_at(tmp_path, **kw) -> CheckpointStore:
-    return CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, block_size=BLOCK, **kw)
+    """Small blocks, and deltas however little they save (these states are small)."""
+    return CheckpointStore(
+        tmp_path / "ck", MPI.COMM_SELF, block_size=BLOCK, min_delta_saving=0, **kw
+    )
 
 
 def plan_of(store: CheckpointStore, step: int) -> read_plan.RankPlan:

@@ -140,6 +140,7 @@ def main() -> None:
         every_steps=args.every,
         distributed=["u"],
         block_size=args.block,
+        min_delta_saving=0,  # a small state: deltas however little they leave out
         keep_last=args.keep_last or None,
         on_save_error=args.on_save_error,
         **kwargs,

@@ -100,6 +100,7 @@ def main() -> int:
         every_steps=args.every,
         keep_last=None,
         block_size=4096,
+        min_delta_saving=0,  # a small model: deltas however little they leave out
         replicated=[] if args.no_replicated else ["model", "optim", "sched"],
         **kwargs,
     )

@@ -51,6 +51,7 @@ if incremental:
         "incremental": True,
         "block_size": 4096,
         "max_chain_fraction": 100.0,
+        "min_delta_saving": 0,
         "max_chain": max_chain,
     }
 if mode.startswith("async"):

@@ -48,7 +48,13 @@ def main() -> None:
     rank, size = comm.Get_rank(), comm.Get_size()
     mode, directory = sys.argv[1], sys.argv[2]
     store = CheckpointStore(
-        directory, comm, distributed=["u"], block_size=BLOCK, max_chain=8, max_chain_fraction=0.9
+        directory,
+        comm,
+        distributed=["u"],
+        block_size=BLOCK,
+        max_chain=8,
+        max_chain_fraction=0.9,
+        min_delta_saving=0,  # a small state: deltas however little they leave out
     )
     lo, hi = even_split(ROWS, size, rank)
 

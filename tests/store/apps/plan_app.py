@@ -66,7 +66,9 @@ def counting_reader(*args, **kwargs):
 store_module.CheckpointReader = counting_reader
 
 if mode == "save":
-    store = CheckpointStore(directory, comm, distributed=["u"], replicated=["w"], block_size=4096)
+    store = CheckpointStore(
+        directory, comm, distributed=["u"], replicated=["w"], block_size=4096, min_delta_saving=0
+    )
     kinds = [store.save(step, values(step)).kind for step in (1, 2, 3)]
     report(kinds=kinds)
 elif mode == "restore":

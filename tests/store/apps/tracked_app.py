@@ -28,7 +28,9 @@ def main() -> None:
     directory, detection, steps = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    store = CheckpointStore(directory, comm, block_size=BLOCK, change_detection=detection)
+    store = CheckpointStore(
+        directory, comm, block_size=BLOCK, change_detection=detection, min_delta_saving=0
+    )
     u = np.random.default_rng(rank).random(N)
     state = {"u": u, "v": u[N // 2 :], "step": 0}
     report = []
