@@ -179,9 +179,15 @@ class ChainPolicy:
         if not self.incremental:
             return "incremental saves are off"
         if parent is None:
-            return "no checkpoint of this run to build on"
+            return (
+                "no checkpoint of this run to build on (the first save, a restore on another"
+                " rank count, or a file of the last chain missing or marked bad)"
+            )
         if not fits:
-            return "the arrays, ranks or block size differ from the last checkpoint's"
+            return (
+                "the arrays, ranks or block size differ from the last checkpoint's, or this"
+                " step's file name is one its chain needs"
+            )
         if len(parent.chain) > self.max_chain:
             return f"the chain already holds max_chain={self.max_chain} incremental checkpoints"
         if parent.chain_bytes + delta_bytes > self.max_chain_fraction * state_bytes:
