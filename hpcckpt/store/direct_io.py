@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import mmap
 import os
 import queue
 import threading
@@ -186,15 +187,30 @@ def read_hashed(
 
 
 def _cached(fd: int, offset: int, length: int) -> bool:
-    """Whether the middle of the extent is in the page cache (then a buffered read is
-    faster than the device): a read that must not wait for the device succeeds."""
-    flag = getattr(os, "RWF_NOWAIT", 0)
-    if not flag:
-        return False
+    """Whether the middle page of the extent is in the page cache (then a buffered read
+    is faster than the device)."""
+    page = mmap.PAGESIZE
+    return resident_pages(fd, (offset + length // 2) // page * page, 1) > 0
+
+
+def resident_pages(fd: int, offset: int, length: int) -> int:
+    """How many pages of ``length`` bytes from ``offset`` (a multiple of the page size)
+    are in the page cache; 0 where it cannot tell. Asked with ``mincore``, which reads
+    nothing: a ``RWF_NOWAIT`` read starts reading the page it asks for, and on a fast
+    device it sometimes finds it there (seen here: 2 in 300 probes of dropped pages)."""
+    mincore = libc.function("mincore")
+    if mincore is None or length <= 0:
+        return 0
+    npages = (length + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    vec = (ctypes.c_ubyte * npages)()
     try:
-        return os.preadv(fd, [bytearray(1)], offset + length // 2, flag) > 0
-    except OSError:  # EAGAIN: not cached; EOPNOTSUPP: this file system cannot tell
-        return False
+        with mmap.mmap(fd, length, access=mmap.ACCESS_COPY, offset=offset) as mapped:
+            start = ctypes.c_char.from_buffer(mapped)
+            rc = mincore(ctypes.c_void_p(ctypes.addressof(start)), ctypes.c_size_t(length), vec)
+            del start  # the mapping cannot close while a ctypes object points into it
+    except (OSError, ValueError, BufferError):  # no mmap here, or past the end
+        return 0
+    return sum(v & 1 for v in vec) if rc == 0 else 0
 
 
 def _open_direct(path: str | os.PathLike[str]) -> int:

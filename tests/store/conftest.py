@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import time
 
 import pytest
 
@@ -22,13 +23,20 @@ def trackers_released():
 
 
 def drop_from_cache(path) -> None:
-    """Write the file back and drop it from the page cache (as after a restart)."""
+    """Write the file back and drop it from the page cache (as after a restart), and
+    check that it is gone: the kernel may keep pages it is still writing back."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        for _ in range(50):
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            left = direct_io.resident_pages(fd, 0, os.fstat(fd).st_size)
+            if left == 0:
+                return
+            time.sleep(0.02)
     finally:
         os.close(fd)
+    pytest.fail(f"{left} pages of {path} stay in the page cache after fsync + FADV_DONTNEED")
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import mmap
 import os
 
 import numpy as np
@@ -341,3 +342,24 @@ def test_a_streamed_write_raises_a_failed_write(tmp_path, small, direct):
         finally:
             stream.finish()
     assert info.value.errno in (errno.EFBIG, errno.EINVAL)
+
+
+def test_the_cache_check_reads_nothing_and_never_sees_a_dropped_page(tmp_path, uncached):
+    """``mincore`` tells what is cached without reading: a ``RWF_NOWAIT`` probe started
+    reading the page it asked about and saw it cached in about 1 of 150 dropped files."""
+    path = tmp_path / "f"
+    path.write_bytes(data(100 * KiB, 13).tobytes())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        pages = -(-100 * KiB // mmap.PAGESIZE)
+        assert direct_io.resident_pages(fd, 0, 100 * KiB) == pages  # just written: cached
+        seen = 0
+        for _ in range(300):
+            uncached(path)
+            seen += direct_io._cached(fd, 0, 100 * KiB)
+            assert direct_io.resident_pages(fd, 0, 100 * KiB) == 0  # the check read nothing
+        assert seen == 0
+        os.pread(fd, 100 * KiB, 0)
+        assert direct_io._cached(fd, 0, 100 * KiB)
+    finally:
+        os.close(fd)
