@@ -159,7 +159,19 @@ class ChainPolicy:
     def full_by_count(self, parent: ChainState | None) -> bool:
         """Whether the save after ``parent`` is a full one whatever changed: incremental
         saves are off, there is no parent, or its chain is as long as allowed."""
-        return not self.incremental or parent is None or len(parent.chain) > self.max_chain
+        return self._why_full_by_count(parent) is not None
+
+    def _why_full_by_count(self, parent: ChainState | None) -> str | None:
+        if not self.incremental:
+            return "incremental saves are off"
+        if parent is None:
+            return (
+                "no checkpoint of this run to build on (the first save, a restore on another"
+                " rank count, or a file of the last chain missing or marked bad)"
+            )
+        if len(parent.chain) > self.max_chain:
+            return f"the chain already holds max_chain={self.max_chain} incremental checkpoints"
+        return None
 
     def why_full(
         self,
@@ -176,20 +188,15 @@ class ChainPolicy:
         ``delta_bytes``: the delta's array bytes over all ranks; ``state_bytes``: a full
         checkpoint's; ``arrays``, ``ranks``: the datasets and ranks of the file.
         """
-        if not self.incremental:
-            return "incremental saves are off"
-        if parent is None:
-            return (
-                "no checkpoint of this run to build on (the first save, a restore on another"
-                " rank count, or a file of the last chain missing or marked bad)"
-            )
+        by_count = self._why_full_by_count(parent)
+        if by_count is not None:
+            return by_count
+        assert parent is not None  # else _why_full_by_count named it
         if not fits:
             return (
                 "the arrays, ranks or block size differ from the last checkpoint's, or this"
                 " step's file name is one its chain needs"
             )
-        if len(parent.chain) > self.max_chain:
-            return f"the chain already holds max_chain={self.max_chain} incremental checkpoints"
         if parent.chain_bytes + delta_bytes > self.max_chain_fraction * state_bytes:
             return (
                 f"the chain's deltas would pass max_chain_fraction={self.max_chain_fraction}"
