@@ -12,11 +12,12 @@ by :mod:`hpcckpt.store.reader`:
   least one dimension and the same trailing shape, the dataset is the ranks'
   arrays stacked along axis 0 (``layout="rows"``; a domain-decomposed field is then
   the global field). Otherwise the ranks' C-order elements are concatenated
-  (``layout="flat"``). Attribute ``rank_offsets`` (nranks + 1 integers) gives each
-  rank's range along axis 0; ``rank_shapes`` (JSON) each rank's shape;
-  ``distributed`` whether the application declared it split along axis 0.
+  (``layout="flat"``).
 - ``/meta``: attributes ``format``, ``format_version``, ``step``, ``nranks``,
-  ``time``, ``checksum``, ``arrays`` (JSON list of array paths, the checksum columns);
+  ``time``, ``checksum``, ``arrays`` (JSON list of array paths, the checksum columns),
+  ``array_info`` (JSON: per array, its layout, each rank's range along axis 0
+  ``rank_offsets`` and shape ``rank_shapes``, whether it is ``distributed``...: one
+  attribute for all arrays, since HDF5 costs about as much per attribute as per dataset);
   dataset ``rank_tree`` (uint8: every rank's JSON state tree, concatenated,
   ``offsets`` attribute); dataset ``checksums`` (uint64, nranks x (arrays + 1):
   xxh3-64 of each rank's block hashes of each array, last column of its tree);
@@ -60,7 +61,7 @@ from hpcckpt.store.reader import (
     delta_name,
     index_name,
 )
-from hpcckpt.store.state_tree import V3_TAGS, ArraySpec, tensor_dtypes, uses_tags
+from hpcckpt.store.state_tree import ArraySpec, tensor_dtypes
 
 __all__ = [
     "FORMAT",
@@ -303,8 +304,7 @@ def write_file(
     comm.Exscan(np.asarray(mine_counts, dtype=np.int64), before, op=MPI.SUM)
     if rank == 0:
         before[:] = 0  # Exscan leaves rank 0's buffer undefined
-    v3 = bool(replicated) or uses_tags(tree, V3_TAGS)
-    gathered = comm.gather((specs, len(tree_bytes), dirty is not None, counts, v3), root=0)
+    gathered = comm.gather((specs, len(tree_bytes), dirty is not None, counts), root=0)
 
     plan: dict[str, Any] | str | None = None
     failure: BaseException | None = None
@@ -429,8 +429,6 @@ def _create(
     """Rank 0: decide the layout from every rank's specs and counts, create the file
     with all metadata and allocated, empty datasets; what every rank needs to write."""
     layouts = plan_layouts([g[0] for g in gathered], distributed, replicated)
-    # Version 3 only when the file needs it, so that older readers still read the rest.
-    version = FORMAT_VERSION if any(g[4] for g in gathered) else 2
     tree_offsets = np.concatenate([[0], np.cumsum([g[1] for g in gathered])]).astype(np.int64)
     state_bytes = sum(
         int(np.prod(lay.global_shape, dtype=np.int64)) * lay.dtype.itemsize for lay in layouts
@@ -458,13 +456,16 @@ def _create(
         prepare(state_bytes)
     attrs: dict[str, Any] = {
         "format": FORMAT,
-        "format_version": version,
+        "format_version": FORMAT_VERSION,
         "step": step,
         "nranks": size,
         "time": time.time(),
         "checksum": integrity.ALGORITHM,
         "hpcckpt_version": __version__,
         "arrays": json.dumps([lay.path for lay in layouts]),
+        "array_info": json.dumps(
+            [_described(lay, incremental, block_size) for lay in layouts], separators=(",", ":")
+        ),
         "kind": kind,
         "uid": uid,
         "block_size": block_size,
@@ -500,26 +501,12 @@ def _create(
             if incremental:
                 elems = sum(g[3][lay.path][2] for g in gathered)
                 d = _allocated(f, delta_name(lay.path), (elems,), lay.dtype)
-                described: dict[str, Any] = {
-                    "shape": json.dumps([int(x) for x in lay.global_shape]),
-                    "block_elems": blocks.block_elems(lay.dtype.itemsize, block_size),
-                }
                 rows = sum(g[3][lay.path][1] for g in gathered)
                 ix = _allocated(f, index_name(lay.path), (rows, 3), np.int64)
                 bases[lay.path] = {"data": _where(d), "index": _where(ix)}
             else:
                 d = _allocated(f, dataset_name(lay.path), lay.global_shape, lay.dtype)
-                described = {}
                 bases[lay.path] = {"data": _where(d)}
-            described["layout"] = lay.layout
-            described["rank_offsets"] = np.asarray(lay.offsets, dtype=np.int64)
-            described["rank_shapes"] = json.dumps([list(s) for s in lay.shapes])
-            described["distributed"] = lay.distributed
-            if lay.torch_dtype:
-                described["torch_dtype"] = lay.torch_dtype
-            if lay.replicated:
-                described["replicated"] = True
-            set_attrs(d, described)
     return {
         "names": [lay.path for lay in layouts],
         "layouts": {lay.path: lay.layout for lay in layouts},
@@ -534,6 +521,25 @@ def _create(
         "dirty_blocks": dirty_blocks,
         "total_blocks": total_blocks,
     }
+
+
+def _described(lay: ArrayLayout, incremental: bool, block_size: int) -> dict[str, Any]:
+    """One array's entry of ``meta.attrs['array_info']``: how the ranks' parts lie in its
+    dataset (in a delta, also the array's global shape and elements per block)."""
+    described: dict[str, Any] = {
+        "layout": lay.layout,
+        "rank_offsets": [int(x) for x in lay.offsets],
+        "rank_shapes": [[int(x) for x in s] for s in lay.shapes],
+        "distributed": bool(lay.distributed),
+    }
+    if incremental:
+        described["shape"] = [int(x) for x in lay.global_shape]
+        described["block_elems"] = blocks.block_elems(lay.dtype.itemsize, block_size)
+    if lay.torch_dtype:
+        described["torch_dtype"] = lay.torch_dtype
+    if lay.replicated:
+        described["replicated"] = True
+    return described
 
 
 _STR = h5py.h5t.py_create(h5py.string_dtype(), logical=True)

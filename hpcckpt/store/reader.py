@@ -15,6 +15,11 @@ is present, not marked bad and the very file it was written against (by uid), an
 :meth:`CheckpointReader.rank_array` assembles a rank's array from the newest copy of
 each block in the chain, verifying every block against its hash.
 
+Format version 4 describes every array (its layout, the ranks' offsets and shapes) in
+one JSON attribute of ``/meta``, ``array_info``, where versions 1-3 put 4-6 attributes on
+each array's dataset: HDF5 costs about as much per attribute as per dataset, and a model
+holds thousands of arrays. Both are read.
+
 Over 500 lines on purpose: verifying and reading a checkpoint (per-rank slices,
 resharding, checksums) is one path a restore follows end to end.
 """
@@ -36,7 +41,7 @@ from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
 from hpcckpt.store.state_tree import ARRAY_KINDS, array_paths
 
 FORMAT = "hpcckpt"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 #: HDF5 object formats files are written in: from 1.8's, whose attributes may exceed
 #: 64 KiB (per-rank tables of thousands of ranks, thousands of array paths), up to
 #: 1.10's, so that an HDF5 1.10 library still reads every file.
@@ -98,7 +103,8 @@ class ArrayInfo:
         )
 
 
-#: The attributes of an array's dataset the reader uses; others are never read.
+#: The attributes of an array's dataset the reader uses (format versions 1-3; version 4
+#: keeps them in ``meta.attrs['array_info']``); others are never read.
 _ARRAY_ATTRS = frozenset(
     ["shape", "layout", "rank_offsets", "rank_shapes", "distributed", "torch_dtype", "replicated"]
 )
@@ -158,6 +164,7 @@ class CheckpointReader:
         self._members: list[CheckpointReader] = []
         self._starts: dict[str, int | None] = {}  # raw_start of each dataset asked about
         self._datasets: dict[str, h5py.Dataset] = {}  # the datasets checked by _dataset
+        self._ids: dict[str, h5py.h5d.DatasetID] = {}  # every dataset of the file, opened
         self._fd = -1  # one descriptor for our own reads: the heap check, the array bytes
         safety.check_regular_file(self.path)  # no links, FIFOs or devices
         try:
@@ -195,9 +202,10 @@ class CheckpointReader:
         d = self._datasets.get(name)
         if d is not None:
             return d
-        d = self._f.get(name)
-        if not isinstance(d, h5py.Dataset):
+        dsid = self._ids.get(name)
+        if dsid is None:
             raise self._corrupt(f"dataset {name!r} is missing")
+        d = h5py.Dataset(dsid)
         if d.id.get_create_plist().get_nfilters() != 0:
             raise self._corrupt(f"dataset {name!r} uses HDF5 filters; hpcckpt never writes them")
         if any(n < 0 for n in d.shape):
@@ -213,11 +221,13 @@ class CheckpointReader:
         return d
 
     def _validate(self) -> None:
-        safety.check_global_heaps(self._f, self.path, self._file_size, self._fd)  # HDF5 hangs
+        # HDF5 hangs on a damaged heap; the check opens every dataset, kept for _dataset.
+        self._ids = safety.check_global_heaps(self._f, self.path, self._file_size, self._fd)
         meta = self._f.get("meta")
         if not isinstance(meta, h5py.Group):
             raise self._corrupt("not an hpcckpt checkpoint (no /meta group)")
         self.attrs: dict[str, Any] = {k: _plain(v) for k, v in _attrs(meta).items()}
+        described = self.attrs.pop("array_info", None)
         if self.attrs.get("format") != FORMAT:
             raise self._corrupt("not an hpcckpt checkpoint (meta.attrs['format'])")
         version = _int(self.attrs.get("format_version"), "format_version", 1, 1 << 30)
@@ -261,9 +271,10 @@ class CheckpointReader:
             if not self.uid:
                 raise self._corrupt("meta.attrs['uid'] is missing")
             self.block_size = _int(self.attrs.get("block_size"), "block_size", 16, 1 << 40)
+        descriptions = self._descriptions(described, names, version)
         self.arrays: dict[str, ArrayInfo] = {}
         for column, name in enumerate(names):
-            self.arrays[name] = self._array_info(name, column, n)
+            self.arrays[name] = self._array_info(name, column, n, descriptions)
         self._delta: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         if version >= 2:
             self._hash_table(n, names)
@@ -299,7 +310,7 @@ class CheckpointReader:
     def _delta_index(self, name: str, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(blocks, starts, rank pointers) of an array's changed blocks, validated."""
         info = self.arrays[name]
-        extent = self._f[delta_name(name)].shape[0]
+        extent = self._dataset(delta_name(name)).shape[0]
         idx = self._dataset(index_name(name))
         if idx.dtype.kind not in "iu" or idx.ndim != 2 or idx.shape[1] != 3:
             raise self._corrupt(
@@ -396,20 +407,50 @@ class CheckpointReader:
             )
         return tuple(offs.tolist())
 
-    def _array_info(self, name: str, column: int, n: int) -> ArrayInfo:
+    def _descriptions(self, raw: Any, names: list[str], version: int) -> list[dict] | None:
+        """Format version 4: ``meta.attrs['array_info']``, one description per array of
+        ``names`` (in that order); None for older files, which describe each on its dataset."""
+        if version < 4:
+            return None
+        try:
+            described = json.loads(raw) if isinstance(raw, str) else None
+        except ValueError:
+            described = None
+        if (
+            not isinstance(described, list)
+            or len(described) != len(names)
+            or not all(isinstance(x, dict) for x in described)
+        ):
+            raise self._corrupt(
+                f"meta.attrs['array_info'] is not a JSON list of {len(names)} array "
+                "descriptions, one per entry of meta.attrs['arrays']"
+            )
+        return described
+
+    def _array_info(
+        self, name: str, column: int, n: int, descriptions: list[dict] | None
+    ) -> ArrayInfo:
         incremental = self.kind == INCREMENTAL
         d = self._dataset(delta_name(name) if incremental else dataset_name(name))
         what = f"array {name!r}"
-        attrs = _attrs(d, _ARRAY_ATTRS)
+        if descriptions is None:  # format versions 1-3: attributes of the dataset, JSON text
+            attrs = {k: _plain(v) for k, v in _attrs(d, _ARRAY_ATTRS).items()}
+            for key in ("shape", "rank_shapes"):
+                try:
+                    attrs[key] = json.loads(attrs[key]) if key in attrs else None
+                except (TypeError, ValueError):
+                    attrs[key] = None
+        else:
+            attrs = descriptions[column]
         if d.dtype.kind not in ARRAY_KINDS or d.dtype.fields is not None:
             raise self._corrupt(f"{what} has dtype {d.dtype}, not a numeric or bool dtype")
         shape = tuple(d.shape)
-        if incremental:  # the deltas are 1-D; the array's global shape is an attribute
-            dims = json.loads(_plain(attrs.get("shape", "null")))
+        if incremental:  # the deltas are 1-D; the array's global shape is described
+            dims = attrs.get("shape")
             if not isinstance(dims, list) or d.ndim != 1:
                 raise self._corrupt(f"{what}: delta dataset without a 'shape' list")
             shape = tuple(_int(x, f"{what}: shape") for x in dims)
-        layout = _plain(attrs.get("layout"))
+        layout = attrs.get("layout")
         if (
             layout not in ("rows", "flat")
             or len(shape) < 1
@@ -417,15 +458,15 @@ class CheckpointReader:
         ):
             raise self._corrupt(f"{what}: layout {layout!r} does not fit shape {shape}")
         offs = self._offsets(attrs.get("rank_offsets"), n, shape[0], what)
-        shapes = json.loads(_plain(attrs.get("rank_shapes", "null")))
+        shapes = attrs.get("rank_shapes")
         if not isinstance(shapes, list) or len(shapes) != n:
             raise self._corrupt(f"{what}: rank_shapes must list {n} shapes")
         rank_shapes = self._rank_shapes(shapes, offs, shape, layout, what)
-        distributed = bool(_plain(attrs.get("distributed", False)))
+        distributed = bool(attrs.get("distributed", False))
         if distributed and layout != "rows":
             raise self._corrupt(f"{what} is marked distributed but its layout is {layout}")
-        torch_dtype = _plain(attrs.get("torch_dtype", ""))
-        replicated = bool(_plain(attrs.get("replicated", False)))
+        torch_dtype = attrs.get("torch_dtype", "")
+        replicated = bool(attrs.get("replicated", False))
         if not isinstance(torch_dtype, str) or (torch_dtype and not torch_dtype.isidentifier()):
             raise self._corrupt(f"{what}: torch_dtype {torch_dtype!r:.40} is not a dtype name")
         if replicated and (distributed or any(offs[r + 1] > offs[r] for r in range(1, n))):
@@ -484,7 +525,7 @@ class CheckpointReader:
     def tree_bytes(self, rank: int) -> bytes:
         """Rank ``rank``'s JSON state tree, checksum verified."""
         lo, hi = self._tree_offsets[rank], self._tree_offsets[rank + 1]
-        raw = self._f["meta/rank_tree"][lo:hi].tobytes() if hi > lo else b""
+        raw = self._dataset("meta/rank_tree")[lo:hi].tobytes() if hi > lo else b""
         if integrity.checksum(raw) != int(self.checksums[rank, -1]):
             raise self._corrupt(f"rank {rank}'s state tree fails its checksum")
         return raw
@@ -712,6 +753,7 @@ class CheckpointReader:
         for member in self._members:
             member.close()
         self._datasets.clear()
+        self._ids = {}
         f = getattr(self, "_f", None)
         if f is not None and f.id.valid:
             f.close()

@@ -26,9 +26,6 @@ from hpcckpt.store.errors import CheckpointError
 
 TAG = "$t"
 
-#: Nodes that format version 2 readers do not know: a file holding one is version 3.
-V3_TAGS = frozenset({"tensor", "kdict", "stateful"})
-
 #: dtype kinds stored as arrays: bool, signed, unsigned, float, complex.
 ARRAY_KINDS = "biufc"
 
@@ -229,17 +226,6 @@ def tensor_dtypes(tree: Any) -> dict[str, str]:
         else:
             stack.extend(sub for _, sub in children(node))
     return out
-
-
-def uses_tags(tree: Any, tags: frozenset[str]) -> bool:
-    """Whether any node of ``tree`` has one of ``tags``."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict) and node.get(TAG) in tags:
-            return True
-        stack.extend(sub for _, sub in children(node))
-    return False
 
 
 def subtree(tree: Any, path: str) -> Any:

@@ -21,6 +21,7 @@ from hpcckpt.store import integrity, layout
 from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
 from hpcckpt.store.reader import CheckpointReader
 from hpcckpt.store.store import CheckpointStore
+from tests.format_helpers import redescribe
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hpcckpt"
 NAME = layout.checkpoint_name(5)
@@ -68,15 +69,9 @@ def _retree(f: h5py.File, tree) -> None:
 
 CRAFTED = {
     "huge nranks": lambda f: f["meta"].attrs.__setitem__("nranks", 1 << 40),
-    "negative rank shape": lambda f: f["state/u"].attrs.__setitem__(
-        "rank_shapes", json.dumps([[-3, 4]])
-    ),
-    "huge rank shape": lambda f: f["state/u"].attrs.__setitem__(
-        "rank_shapes", json.dumps([[1 << 50, 4]])
-    ),
-    "offsets out of range": lambda f: f["state/u"].attrs.__setitem__(
-        "rank_offsets", np.array([0, 1 << 40], dtype=np.int64)
-    ),
+    "negative rank shape": lambda f: redescribe(f, "u", rank_shapes=[[-3, 4]]),
+    "huge rank shape": lambda f: redescribe(f, "u", rank_shapes=[[1 << 50, 4]]),
+    "offsets out of range": lambda f: redescribe(f, "u", rank_offsets=[0, 1 << 40]),
     "array name with ..": lambda f: f["meta"].attrs.__setitem__("arrays", '["../../etc/passwd"]'),
     "array name with NUL": lambda f: f["meta"].attrs.__setitem__("arrays", '["u\\u0000x"]'),
     "array name with /": lambda f: f["meta"].attrs.__setitem__("arrays", '["/meta/checksums"]'),

@@ -16,6 +16,7 @@ from hpcckpt.store.export import export_checkpoint
 from hpcckpt.store.reader import CheckpointReader
 from hpcckpt.store.retention import candidates
 from hpcckpt.store.store import CheckpointStore
+from tests.format_helpers import as_version_3
 
 BLOCK = 4096  # 512 float64 per block
 N = 512 * 40 + 100  # 41 blocks, the last one short
@@ -117,7 +118,7 @@ def test_the_meta_records_parent_base_and_chain(tmp_path):
     save_chain(store, [10, 20, 30])
     with h5py.File(path(store, 30), "r") as f:
         m = f["meta"].attrs
-        assert m["format_version"] == 2 and m["kind"] == "incremental"
+        assert m["format_version"] == 4 and m["kind"] == "incremental"
         assert m["parent"] == layout.checkpoint_name(20) and m["parent_step"] == 20
         assert m["base"] == layout.checkpoint_name(10) and m["base_step"] == 10
         assert [c[:2] for c in json.loads(m["chain"])] == [
@@ -321,6 +322,28 @@ def test_a_version_1_file_is_still_read(tmp_path):
     assert store.restore(state).step == 4 and np.array_equal(state["u"], u)
     assert store.save(5, state).kind == "full"  # no block hashes to compare with
     assert store.save(6, state).kind == "incremental"
+
+
+def test_a_chain_written_by_format_3_restores_and_grows_in_format_4(tmp_path):
+    """Files of an older hpcckpt (each array described by its dataset's attributes) are
+    read as before, and a newer delta on top of them is read with them."""
+    store = make_store(tmp_path / "ck")
+    held, kinds = save_chain(store, [1, 2, 3])
+    assert [kinds[s] for s in (1, 2, 3)] == ["full", "incremental", "incremental"]
+    for step in (1, 2, 3):
+        with h5py.File(path(store, step), "r+") as f:
+            as_version_3(f)
+    state = {"u": np.zeros(N), "w": np.zeros(7, dtype=np.int16)}
+    store = make_store(tmp_path / "ck")
+    assert store.restore(state).step == 3 and state["u"].tobytes() == held[3].tobytes()
+    with CheckpointReader(path(store, 3)) as r:
+        assert [p.format_version for p in r.chain] == [3, 3, 3] and not r.verify()
+    state["u"][5] += 1.0
+    assert store.save(4, state).kind == "incremental"
+    with CheckpointReader(path(store, 4)) as r:
+        assert [p.format_version for p in r.chain] == [3, 3, 3, 4] and not r.verify()
+        assert r.rank_array("u", 0).tobytes() == state["u"].tobytes()
+        assert r.arrays["w"].rank_shapes == ((7,),) and r.arrays["u"].layout == "rows"
 
 
 def test_a_delta_that_leaves_out_too_little_per_array_is_written_full(tmp_path):

@@ -16,6 +16,7 @@ from pathlib import Path
 import h5py
 import pytest
 
+from tests.format_helpers import described
 from tests.mpi_helpers import ROOT, mpirun
 
 pytestmark = [pytest.mark.mpi]
@@ -65,23 +66,23 @@ def test_stop_and_resume_is_bit_identical(tmp_path, straight, n, mode):
 def test_replicated_arrays_are_stored_once_from_rank_0(straight, tmp_path):
     run(2, tmp_path / "d", tmp_path / "r.json", "--steps", "4")
     with h5py.File(tmp_path / "d" / "ckpt-0000000003.h5", "r") as f:
-        assert f["meta"].attrs["format_version"] == 3
-        w = f["state/model/0.weight"]
-        assert w.shape == (32, 8) and bool(w.attrs["replicated"])
-        assert list(w.attrs["rank_offsets"]) == [0, 32, 32]
-        assert json.loads(w.attrs["rank_shapes"]) == [[32, 8], [0, 8]]
-        assert w.attrs["torch_dtype"] == "float32"
+        assert f["meta"].attrs["format_version"] == 4
+        w, info = f["state/model/0.weight"], described(f, "model/0.weight")
+        assert w.shape == (32, 8) and info["replicated"] is True
+        assert info["rank_offsets"] == [0, 32, 32]
+        assert info["rank_shapes"] == [[32, 8], [0, 8]]
+        assert info["torch_dtype"] == "float32"
         step = f["state/optim/state/0/step"]  # AdamW's 0-d step tensor, made by the first step
         assert step[...].tolist() == [4.0]
-        assert list(f["state/rng/torch"].attrs["rank_offsets"]) == [0, 5056, 10112]  # per rank
+        assert described(f, "rng/torch")["rank_offsets"] == [0, 5056, 10112]  # per rank
 
 
 def test_unreplicated_saves_every_rank_copy(tmp_path):
     run(2, tmp_path / "d", tmp_path / "r.json", "--steps", "4", "--no-replicated")
     with h5py.File(tmp_path / "d" / "ckpt-0000000003.h5", "r") as f:
-        assert f["meta"].attrs["format_version"] == 3  # tensor nodes
+        assert f["meta"].attrs["format_version"] == 4
         w = f["state/model/0.weight"]
-        assert w.shape == (64, 8) and "replicated" not in w.attrs
+        assert w.shape == (64, 8) and "replicated" not in described(f, "model/0.weight")
 
 
 def test_a_replicated_value_that_differs_is_refused_naming_it(tmp_path):

@@ -17,6 +17,7 @@ from mpi4py import MPI
 from hpcckpt.store import tensors
 from hpcckpt.store.state_tree import decode_into, encode
 from hpcckpt.store.store import CheckpointError, CheckpointStore
+from tests.format_helpers import described
 
 DTYPES = [
     torch.float32,
@@ -120,9 +121,9 @@ def test_plain_h5py_reads_tensors_and_names_their_dtype(store, tmp_path):
     store.save(1, {"w": torch.arange(6, dtype=torch.int32).reshape(2, 3), "bf": bf})
     with h5py.File(tmp_path / "ck" / "ckpt-0000000001.h5", "r") as f:
         assert f["state/w"][...].tolist() == [[0, 1, 2], [3, 4, 5]]
-        assert f["state/w"].attrs["torch_dtype"] == "int32"
+        assert described(f, "w")["torch_dtype"] == "int32"
         raw = f["state/bf"]
-        assert raw.dtype == np.uint16 and raw.attrs["torch_dtype"] == "bfloat16"
+        assert raw.dtype == np.uint16 and described(f, "bf")["torch_dtype"] == "bfloat16"
         # bfloat16 is the upper half of a float32: shift the bits back
         as_f32 = (raw[...].astype(np.uint32) << 16).view(np.float32)
         assert as_f32.tolist() == [1.0, -2.5, 3.140625]
@@ -156,7 +157,7 @@ def test_complex32_round_trips_as_two_float16s(store, tmp_path):
     value = torch.tensor([1 + 2j, -0.5 + 0.25j], dtype=torch.complex64).to(torch.complex32)
     store.save(1, {"c": value})
     with h5py.File(tmp_path / "ck" / "ckpt-0000000001.h5", "r") as f:
-        assert f["state/c"].attrs["torch_dtype"] == "complex32"
+        assert described(f, "c")["torch_dtype"] == "complex32"
         assert f["state/c"][...].view(np.float16).tolist() == [1.0, 2.0, -0.5, 0.25]
     state: dict = {}
     store.restore(state)
