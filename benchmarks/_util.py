@@ -140,7 +140,7 @@ def floor_save(comm, path: Path, data) -> None:
     offset = None
     if comm.rank == 0:
         with h5py.File(partial, "w") as f:
-            offset = _allocated(f, "u", (data.nbytes * comm.size,), "u1").id.get_offset()
+            offset = _allocated(f, "u", (data.nbytes * comm.size,), "u1").get_offset()
     offset = comm.bcast(offset)
     fd = os.open(partial, os.O_WRONLY)
     try:

@@ -491,10 +491,10 @@ def _create(
         meta = f.create_group("meta")
         set_attrs(meta, attrs)
         rt = _allocated(meta, "rank_tree", (int(tree_offsets[-1]),), np.uint8)
-        set_attrs(rt, {"offsets": tree_offsets})
+        set_attrs(h5py.Dataset(rt), {"offsets": tree_offsets})
         cs = _allocated(meta, "checksums", (size, len(layouts) + 1), np.uint64)
         bh = _allocated(meta, "block_hashes", (total_blocks,), np.uint64)
-        set_attrs(bh, {"offsets": hash_offsets})
+        set_attrs(h5py.Dataset(bh), {"offsets": hash_offsets})
         bases["rank_tree"], bases["checksums"] = _where(rt), _where(cs)
         bases["block_hashes"] = _where(bh)
         for lay in layouts:
@@ -569,17 +569,39 @@ def set_attrs(obj: h5py.HLObject, attrs: dict[str, Any]) -> None:
         h5py.h5a.create(obj.id, key.encode(), tid, space).write(data)
 
 
-def _allocated(group: h5py.Group, name: str, shape: tuple[int, ...], dtype: Any) -> h5py.Dataset:
+def _allocated(group: h5py.Group, name: str, shape: tuple[int, ...], dtype: Any) -> Any:
     """A contiguous dataset whose storage is allocated now and never filled: its bytes
-    have a file offset from the start, and only the ranks' own writes fill them."""
+    have a file offset from the start, and only the ranks' own writes fill them.
+
+    Made with HDF5's own calls (an ``h5py.h5d.DatasetID``) and the properties h5py's
+    ``create_dataset`` would give it, at about half its cost, which a save pays per array.
+    """
+    space = h5py.h5s.create_simple(tuple(int(n) for n in shape))
+    tid = h5py.h5t.py_create(np.dtype(dtype), logical=True)
+    return h5py.h5d.create(group.id, name.encode(), tid, space, dcpl=_DCPL, lcpl=_LCPL)
+
+
+def _dataset_create_plist() -> Any:
     dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
     dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
-    return group.create_dataset(name, shape=shape, dtype=dtype, fill_time="never", dcpl=dcpl)
+    dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+    dcpl.set_obj_track_times(False)
+    return dcpl
 
 
-def _where(d: h5py.Dataset) -> int:
+def _link_create_plist() -> Any:
+    lcpl = h5py.h5p.create(h5py.h5p.LINK_CREATE)
+    lcpl.set_create_intermediate_group(True)
+    lcpl.set_char_encoding(h5py.h5t.CSET_UTF8)
+    return lcpl
+
+
+_DCPL, _LCPL = _dataset_create_plist(), _link_create_plist()
+
+
+def _where(d: Any) -> int:
     """Byte offset of a dataset's data in its file (0 for one with no bytes: never used)."""
-    offset = d.id.get_offset()
+    offset = d.get_offset()
     return 0 if offset is None else int(offset)
 
 
