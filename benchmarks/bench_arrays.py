@@ -155,7 +155,7 @@ def rank0(nranks: int, narrays: int, reps: int, scratch: Path) -> dict[str, floa
     for p, a in arrays.items():
         nb = blocks.nblocks(a.size, blocks.block_elems(a.itemsize, bs))
         counts[p] = (nb, nb, a.size)
-    gathered = [(specs, 200, False, counts, False)] * nranks
+    gathered = [(specs, 200, False, counts)] * nranks
     times: dict[str, list[float]] = {"create": [], "validate": [], "plans": [], "pickle": []}
     for rep in range(reps):
         path = scratch / f"rank0-{nranks}-{narrays}-{rep}.h5"

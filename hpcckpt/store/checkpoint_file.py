@@ -528,12 +528,12 @@ def _described(lay: ArrayLayout, incremental: bool, block_size: int) -> dict[str
     dataset (in a delta, also the array's global shape and elements per block)."""
     described: dict[str, Any] = {
         "layout": lay.layout,
-        "rank_offsets": [int(x) for x in lay.offsets],
-        "rank_shapes": [[int(x) for x in s] for s in lay.shapes],
+        "rank_offsets": lay.offsets,  # Python ints (plan_layouts), as JSON takes them
+        "rank_shapes": lay.shapes,
         "distributed": bool(lay.distributed),
     }
     if incremental:
-        described["shape"] = [int(x) for x in lay.global_shape]
+        described["shape"] = lay.global_shape
         described["block_elems"] = blocks.block_elems(lay.dtype.itemsize, block_size)
     if lay.torch_dtype:
         described["torch_dtype"] = lay.torch_dtype

@@ -492,7 +492,8 @@ class CheckpointReader:
         writes; rank 0 checks p of them per restore), else rank by rank, naming the first."""
         ndims = {len(s) if isinstance(s, list) else -1 for s in shapes}
         flat = [x for s in shapes for x in s] if len(ndims) == 1 and min(ndims) > 0 else None
-        if flat is not None and all(type(x) is int and 0 <= x <= _MAX_DIM for x in flat):
+        plain = flat is not None and set(map(type, flat)) <= {int}  # bool is not int here
+        if plain and (not flat or (min(flat) >= 0 and max(flat) <= _MAX_DIM)):
             dims = np.array(flat, dtype=np.int64).reshape(len(shapes), -1)
             extents = np.diff(np.asarray(offs, dtype=np.int64))
             if layout == "rows":

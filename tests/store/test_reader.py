@@ -74,6 +74,8 @@ CRAFTED = {
     "offsets_not_integers": (lambda f: redescribe(f, "u", rank_offsets=[0.0, 100.0]), "offsets"),
     "offsets_too_big_for_int64": (lambda f: redescribe(f, "u", rank_offsets=[0, 2**70]), "offsets"),
     "shapes_not_a_list": (lambda f: redescribe(f, "u", rank_shapes="[[100]]"), "rank_shapes"),
+    "shape_a_bool": (lambda f: redescribe(f, "u", rank_shapes=[[True]]), "not an integer"),
+    "shape_a_float": (lambda f: redescribe(f, "u", rank_shapes=[[100.0]]), "not an integer"),
 }
 
 
