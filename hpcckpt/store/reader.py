@@ -163,8 +163,9 @@ class CheckpointReader:
         self.direct_io = direct_io
         self._members: list[CheckpointReader] = []
         self._starts: dict[str, int | None] = {}  # raw_start of each dataset asked about
-        self._datasets: dict[str, h5py.Dataset] = {}  # the datasets checked by _dataset
         self._ids: dict[str, h5py.h5d.DatasetID] = {}  # every dataset of the file, opened
+        self._valid: dict[str, h5py.h5d.DatasetID] = {}  # those checked by _checked
+        self._datasets: dict[str, h5py.Dataset] = {}  # h5py's objects of checked ones
         self._fd = -1  # one descriptor for our own reads: the heap check, the array bytes
         safety.check_regular_file(self.path)  # no links, FIFOs or devices
         try:
@@ -196,28 +197,36 @@ class CheckpointReader:
     def _corrupt(self, why: str) -> CorruptCheckpoint:
         return CorruptCheckpoint(f"{self.path.name}: {why}", culprit=self.path)
 
-    def _dataset(self, name: str) -> h5py.Dataset:
-        """A dataset whose stored bytes match its shape and fit in the file (no filters);
-        each checked once per open file."""
-        d = self._datasets.get(name)
-        if d is not None:
-            return d
+    def _checked(self, name: str) -> h5py.h5d.DatasetID:
+        """A dataset whose stored bytes match its shape and fit in the file (no filters),
+        as HDF5's low-level object (validation asks this of every array: h5py's object
+        would cost twice as much); each checked once per open file."""
+        dsid = self._valid.get(name)
+        if dsid is not None:
+            return dsid
         dsid = self._ids.get(name)
         if dsid is None:
             raise self._corrupt(f"dataset {name!r} is missing")
-        d = h5py.Dataset(dsid)
-        if d.id.get_create_plist().get_nfilters() != 0:
+        if dsid.get_create_plist().get_nfilters() != 0:
             raise self._corrupt(f"dataset {name!r} uses HDF5 filters; hpcckpt never writes them")
-        if any(n < 0 for n in d.shape):
-            raise self._corrupt(f"dataset {name!r} has a negative extent {d.shape}")
-        nbytes = int(np.prod(d.shape, dtype=object)) * d.dtype.itemsize
-        stored = d.id.get_storage_size()
+        shape, dtype = dsid.shape, dsid.dtype
+        if any(n < 0 for n in shape):
+            raise self._corrupt(f"dataset {name!r} has a negative extent {shape}")
+        nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        stored = dsid.get_storage_size()
         if nbytes > self._file_size or (nbytes and stored < nbytes):
             raise self._corrupt(
-                f"dataset {name!r} claims {nbytes} bytes ({d.dtype}{list(d.shape)}) but the "
+                f"dataset {name!r} claims {nbytes} bytes ({dtype}{list(shape)}) but the "
                 f"file stores {stored} of them in a {self._file_size}-byte file"
             )
-        self._datasets[name] = d
+        self._valid[name] = dsid
+        return dsid
+
+    def _dataset(self, name: str) -> h5py.Dataset:
+        """A :meth:`_checked` dataset as h5py's object, to read from."""
+        d = self._datasets.get(name)
+        if d is None:
+            d = self._datasets[name] = h5py.Dataset(self._checked(name))
         return d
 
     def _validate(self) -> None:
@@ -431,10 +440,10 @@ class CheckpointReader:
         self, name: str, column: int, n: int, descriptions: list[dict] | None
     ) -> ArrayInfo:
         incremental = self.kind == INCREMENTAL
-        d = self._dataset(delta_name(name) if incremental else dataset_name(name))
+        d = self._checked(delta_name(name) if incremental else dataset_name(name))
         what = f"array {name!r}"
         if descriptions is None:  # format versions 1-3: attributes of the dataset, JSON text
-            attrs = {k: _plain(v) for k, v in _attrs(d, _ARRAY_ATTRS).items()}
+            attrs = {k: _plain(v) for k, v in _attrs(h5py.Dataset(d), _ARRAY_ATTRS).items()}
             for key in ("shape", "rank_shapes"):
                 try:
                     attrs[key] = json.loads(attrs[key]) if key in attrs else None
@@ -447,7 +456,7 @@ class CheckpointReader:
         shape = tuple(d.shape)
         if incremental:  # the deltas are 1-D; the array's global shape is described
             dims = attrs.get("shape")
-            if not isinstance(dims, list) or d.ndim != 1:
+            if not isinstance(dims, list) or len(shape) != 1:
                 raise self._corrupt(f"{what}: delta dataset without a 'shape' list")
             shape = tuple(_int(x, f"{what}: shape") for x in dims)
         layout = attrs.get("layout")
@@ -618,9 +627,15 @@ class CheckpointReader:
         """Byte offset in the file of a dataset's data when it can be read as raw bytes of
         ``dtype`` (contiguous, unfiltered, not external, allocated); None otherwise."""
         if dataset not in self._starts:
-            d = self._dataset(dataset)
-            start = d.id.get_offset()
-            raw = start is not None and d.chunks is None and not d.external and d.dtype == dtype
+            dsid = self._checked(dataset)
+            dcpl = dsid.get_create_plist()
+            start = dsid.get_offset()
+            raw = (
+                start is not None
+                and dcpl.get_layout() == h5py.h5d.CONTIGUOUS
+                and dcpl.get_external_count() == 0
+                and dsid.dtype == dtype
+            )
             self._starts[dataset] = int(start) if raw else None
         return self._starts[dataset]
 
@@ -754,6 +769,7 @@ class CheckpointReader:
         for member in self._members:
             member.close()
         self._datasets.clear()
+        self._valid.clear()
         self._ids = {}
         f = getattr(self, "_f", None)
         if f is not None and f.id.valid:
