@@ -165,6 +165,7 @@ class CheckpointReader:
         self._starts: dict[str, int | None] = {}  # raw_start of each dataset asked about
         self._ids: dict[str, h5py.h5d.DatasetID] = {}  # every dataset of the file, opened
         self._valid: dict[str, h5py.h5d.DatasetID] = {}  # those checked by _checked
+        self._contiguous: dict[str, bool] = {}  # of those: one run of bytes, in the file
         self._datasets: dict[str, h5py.Dataset] = {}  # h5py's objects of checked ones
         self._fd = -1  # one descriptor for our own reads: the heap check, the array bytes
         safety.check_regular_file(self.path)  # no links, FIFOs or devices
@@ -207,7 +208,8 @@ class CheckpointReader:
         dsid = self._ids.get(name)
         if dsid is None:
             raise self._corrupt(f"dataset {name!r} is missing")
-        if dsid.get_create_plist().get_nfilters() != 0:
+        dcpl = dsid.get_create_plist()
+        if dcpl.get_nfilters() != 0:
             raise self._corrupt(f"dataset {name!r} uses HDF5 filters; hpcckpt never writes them")
         shape, dtype = dsid.shape, dsid.dtype
         if any(n < 0 for n in shape):
@@ -220,6 +222,9 @@ class CheckpointReader:
                 f"file stores {stored} of them in a {self._file_size}-byte file"
             )
         self._valid[name] = dsid
+        # Its bytes lie in the file as one run: what raw_start may hand out.
+        plain = dcpl.get_layout() == h5py.h5d.CONTIGUOUS and dcpl.get_external_count() == 0
+        self._contiguous[name] = plain
         return dsid
 
     def _dataset(self, name: str) -> h5py.Dataset:
@@ -628,14 +633,8 @@ class CheckpointReader:
         ``dtype`` (contiguous, unfiltered, not external, allocated); None otherwise."""
         if dataset not in self._starts:
             dsid = self._checked(dataset)
-            dcpl = dsid.get_create_plist()
             start = dsid.get_offset()
-            raw = (
-                start is not None
-                and dcpl.get_layout() == h5py.h5d.CONTIGUOUS
-                and dcpl.get_external_count() == 0
-                and dsid.dtype == dtype
-            )
+            raw = start is not None and self._contiguous[dataset] and dsid.dtype == dtype
             self._starts[dataset] = int(start) if raw else None
         return self._starts[dataset]
 
@@ -770,6 +769,7 @@ class CheckpointReader:
             member.close()
         self._datasets.clear()
         self._valid.clear()
+        self._contiguous.clear()
         self._ids = {}
         f = getattr(self, "_f", None)
         if f is not None and f.id.valid:
