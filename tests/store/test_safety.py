@@ -62,3 +62,24 @@ def test_an_object_index_twice_is_damage():
 def test_free_space_of_the_wrong_size_is_damage():
     with pytest.raises(CorruptCheckpoint, match=r"damaged \(free space\)"):
         _check_collection(collection([b"rows"], free=64), 0, "f.h5")
+
+
+def test_the_heap_check_hands_back_every_dataset_opened(tmp_path):
+    """The walk that skips the datasets' raw bytes opens each dataset once (hard links
+    only), and the reader reuses them: every one is there, by its full path."""
+    import h5py
+    import numpy as np
+
+    from hpcckpt.store.safety import check_global_heaps
+
+    path = tmp_path / "f.h5"
+    with h5py.File(path, "w") as f:
+        f["a"] = np.arange(3)
+        f["g/b/c"] = np.zeros((2, 2))
+        f.create_group("empty")
+        f["g"].attrs["text"] = "a variable-length string in a global heap"
+        f["g/soft"] = h5py.SoftLink("/a")  # a link, not a second dataset
+    with h5py.File(path, "r") as f:
+        found = check_global_heaps(f, path, path.stat().st_size)
+        assert sorted(found) == ["a", "g/b/c"]
+        assert found["g/b/c"].shape == (2, 2) and found["a"].dtype == np.arange(3).dtype
