@@ -507,7 +507,7 @@ class CheckpointReader:
         ndims = {len(s) if isinstance(s, list) else -1 for s in shapes}
         flat = [x for s in shapes for x in s] if len(ndims) == 1 and min(ndims) > 0 else None
         plain = flat is not None and set(map(type, flat)) <= {int}  # bool is not int here
-        if plain and (not flat or (min(flat) >= 0 and max(flat) <= _MAX_DIM)):
+        if plain and min(flat) >= 0 and max(flat) <= _MAX_DIM:  # flat: one entry per rank
             dims = np.array(flat, dtype=np.int64).reshape(len(shapes), -1)
             extents = np.diff(np.asarray(offs, dtype=np.int64))
             if layout == "rows":
