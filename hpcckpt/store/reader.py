@@ -162,10 +162,9 @@ class CheckpointReader:
         self.path = Path(path)
         self.direct_io = direct_io
         self._members: list[CheckpointReader] = []
-        self._starts: dict[str, int | None] = {}  # raw_start of each dataset asked about
         self._ids: dict[str, h5py.h5d.DatasetID] = {}  # every dataset of the file, opened
         self._valid: dict[str, h5py.h5d.DatasetID] = {}  # those checked by _checked
-        self._contiguous: dict[str, bool] = {}  # of those: one run of bytes, in the file
+        self._starts: dict[str, int | None] = {}  # of those: where their bytes lie as one run
         self._datasets: dict[str, h5py.Dataset] = {}  # h5py's objects of checked ones
         self._fd = -1  # one descriptor for our own reads: the heap check, the array bytes
         safety.check_regular_file(self.path)  # no links, FIFOs or devices
@@ -222,9 +221,9 @@ class CheckpointReader:
                 f"file stores {stored} of them in a {self._file_size}-byte file"
             )
         self._valid[name] = dsid
-        # Its bytes lie in the file as one run: what raw_start may hand out.
+        start = dsid.get_offset()  # None while no storage is allocated
         plain = dcpl.get_layout() == h5py.h5d.CONTIGUOUS and dcpl.get_external_count() == 0
-        self._contiguous[name] = plain
+        self._starts[name] = int(start) if plain and start is not None else None
         return dsid
 
     def _dataset(self, name: str) -> h5py.Dataset:
@@ -324,7 +323,7 @@ class CheckpointReader:
     def _delta_index(self, name: str, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(blocks, starts, rank pointers) of an array's changed blocks, validated."""
         info = self.arrays[name]
-        extent = self._dataset(delta_name(name)).shape[0]
+        extent = self._checked(delta_name(name)).shape[0]
         idx = self._dataset(index_name(name))
         if idx.dtype.kind not in "iu" or idx.ndim != 2 or idx.shape[1] != 3:
             raise self._corrupt(
@@ -631,12 +630,8 @@ class CheckpointReader:
     def raw_start(self, dataset: str, dtype: np.dtype) -> int | None:
         """Byte offset in the file of a dataset's data when it can be read as raw bytes of
         ``dtype`` (contiguous, unfiltered, not external, allocated); None otherwise."""
-        if dataset not in self._starts:
-            dsid = self._checked(dataset)
-            start = dsid.get_offset()
-            raw = start is not None and self._contiguous[dataset] and dsid.dtype == dtype
-            self._starts[dataset] = int(start) if raw else None
-        return self._starts[dataset]
+        dsid = self._checked(dataset)
+        return self._starts[dataset] if dsid.dtype == dtype else None
 
     @property
     def tree_offsets(self) -> tuple[int, ...]:
@@ -769,7 +764,7 @@ class CheckpointReader:
             member.close()
         self._datasets.clear()
         self._valid.clear()
-        self._contiguous.clear()
+        self._starts.clear()
         self._ids = {}
         f = getattr(self, "_f", None)
         if f is not None and f.id.valid:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import struct
 
+import h5py
+import numpy as np
 import pytest
 
 from hpcckpt.store.errors import CorruptCheckpoint
-from hpcckpt.store.safety import _check_collection
+from hpcckpt.store.safety import _check_collection, check_global_heaps
 
 SIZE = 4096
 
@@ -67,11 +69,6 @@ def test_free_space_of_the_wrong_size_is_damage():
 def test_the_heap_check_hands_back_every_dataset_opened(tmp_path):
     """The walk that skips the datasets' raw bytes opens each dataset once (hard links
     only), and the reader reuses them: every one is there, by its full path."""
-    import h5py
-    import numpy as np
-
-    from hpcckpt.store.safety import check_global_heaps
-
     path = tmp_path / "f.h5"
     with h5py.File(path, "w") as f:
         f["a"] = np.arange(3)
