@@ -248,8 +248,7 @@ class Bench:
         """Time the parts of a staged save from inside it: the library functions that copy
         (and hash) the state, remove the previous node-local copy and create the file are
         wrapped with timers (what they do is unchanged)."""
-        from hpcckpt.store import fast_tier, staging
-        from hpcckpt.store import store as store_module
+        from hpcckpt.store import commit, fast_tier, staging
 
         def wrap(owner, name: str, part: str) -> None:
             inner = getattr(owner, name)
@@ -266,7 +265,7 @@ class Bench:
         wrap(staging.HostBuffers, "stage", "stage")  # copy + hash into the host buffers
         wrap(fast_tier, "write_data", "stage")  # write + hash into the cache's data file
         wrap(fast_tier, "remove", "cache_remove")
-        wrap(store_module, "write_file", "create_file")  # collective create, metadata
+        wrap(commit, "write_file", "create_file")  # collective create, metadata
 
     def max(self, value: float) -> float:
         return self.comm.allreduce(value, op=self.MPI.MAX)

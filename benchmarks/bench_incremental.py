@@ -45,7 +45,7 @@ class Phases:
     def __init__(self, store: CheckpointStore) -> None:
         self.seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         for name in PHASES:
-            owner = store.changes if name == "hashes" else store
+            owner = store.saver.changes if name == "hashes" else store.saver
             setattr(owner, name, self._timed(name, getattr(owner, name)))
 
     def _timed(self, name, fn):

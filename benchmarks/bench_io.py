@@ -164,10 +164,10 @@ class Bench:
         # The writer measures direct and buffered writes on its first saves of a size
         # (hpcckpt/store/write_path.py): let it, untimed, as a long run would have.
         for k in range(write_path.PROBES):
-            store.last = None  # a full save, as the timed one
+            store.saver.remember(None)  # a full save, as the timed one
             self.prepare()
             store.save(100 + k, state)
-        groups = store.paths.groups if store.paths else {}
+        groups = store.saver.paths.groups if store.saver.paths else {}
         probes = {
             g: {
                 "direct_mb_s": [x / 1e6 for x in grp.rates[True]],
@@ -175,7 +175,7 @@ class Bench:
             }
             for g, grp in groups.items()
         }
-        store.last = None
+        store.saver.remember(None)
         self.prepare()
         saved: list = [None]
         w = timed(self.comm, lambda: saved.__setitem__(0, store.save(step, state)))
@@ -185,7 +185,7 @@ class Bench:
         r = timed(self.comm, lambda: store.restore(state))
         assert a[0] == first and a[-1] == last, "restore did not bring the data back"
         # incremental: one element changed in every 100th block (1% of the blocks dirty)
-        dirty = np.arange(0, a.size, 100 * blocks.block_elems(a.itemsize, store.block_size))
+        dirty = np.arange(0, a.size, 100 * blocks.block_elems(a.itemsize, store.saver.block_size))
         a[dirty] += 1.0
         self.prepare()
         got: list = [None]

@@ -68,3 +68,33 @@ def test_api_reference_is_up_to_date() -> None:
         "    .venv/bin/python scripts/gen_api_doc.py\n"
         "and commit the result"
     )
+
+
+def _map_entries() -> set[str]:
+    """Module paths the map's tree names: ``folder/`` lines open a folder, ``name.py`` words
+    in it are its modules (two may share a line)."""
+    lines = (DOCS / "structure.md").read_text().split("```")[1].splitlines()
+    found, folder = set(), ""
+    for line in lines:
+        head = re.match(r"^  (\w+)/", line)
+        if head:
+            folder = head.group(1) + "/"
+        elif re.match(r"^\S", line):
+            folder = ""
+        indent = len(line) - len(line.lstrip())
+        prefix = "" if indent <= 2 and not head else folder
+        for name in re.findall(r"\b([a-z_]+\.py)\b", line):
+            found.add(prefix + name)
+    return found
+
+
+def test_the_map_names_every_module() -> None:
+    """docs/structure.md's tree names every module of the package, under its folder."""
+    package = ROOT / "hpcckpt"
+    modules = {
+        str(p.relative_to(package))
+        for p in package.rglob("*.py")
+        if p.name not in ("__init__.py", "_version.py")
+    }
+    missing = sorted(modules - _map_entries())
+    assert not missing, f"docs/structure.md does not name these modules: {missing}"

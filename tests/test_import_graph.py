@@ -1,15 +1,20 @@
 """The shape of the package, checked statically: no import cycles, each folder imports only
-the folders below it (docs/architecture.md), the wrapper never loads HDF5 or MPI.
+the folders below it (docs/architecture.md), the wrapper never loads HDF5 or MPI, no
+module reaches into another's private names.
 
 Every ``import`` counts, in a function too; a function-level import of an hpcckpt module
-or of a heavy library is allowed only where :data:`LAZY` says why (start-up time).
+or of a heavy library is allowed only where :data:`LAZY` says why (start-up time). Imports
+under ``if TYPE_CHECKING:`` count for cycles and rooms (they are dependencies of the
+design, and the first step to a runtime cycle), not for what a process loads.
 """
 
 from __future__ import annotations
 
 import ast
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -103,9 +108,16 @@ def _targets(node: ast.Import | ast.ImportFrom, importer: str) -> Iterator[str]:
         yield full if full in MODULES else base
 
 
-def imports(name: str) -> Iterator[tuple[str, bool, int]]:
-    """(imported module, at function level?, line) of every import in module ``name``
-    that runs (not those under ``if TYPE_CHECKING:``)."""
+class Import(NamedTuple):
+    target: str  # the module imported, or the module a name is imported from
+    lazy: bool  # at function level
+    line: int
+    typing: bool  # under ``if TYPE_CHECKING:``: never runs
+
+
+def imports(name: str, *, typing: bool = True) -> Iterator[Import]:
+    """Every import in module ``name``; those under ``if TYPE_CHECKING:`` only with
+    ``typing`` (they are at the top, not function-level, but never run)."""
     tree = ast.parse(MODULES[name].read_text())
     top = {id(n) for n in tree.body}
     typing_only = {
@@ -115,9 +127,12 @@ def imports(name: str) -> Iterator[tuple[str, bool, int]]:
         for sub in ast.walk(node)
     }
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in typing_only:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            only = id(node) in typing_only
+            if only and not typing:
+                continue
             for target in _targets(node, name):
-                yield target, id(node) not in top, node.lineno
+                yield Import(target, id(node) not in top and not only, node.lineno, only)
 
 
 def _with_parents(target: str, importer: str = "") -> list[str]:
@@ -142,12 +157,20 @@ def lazy_allowed(importer: str, target: str) -> bool:
     )
 
 
-GRAPH = {
-    name: sorted(
-        {dep for target, _, _ in imports(name) for dep in _with_parents(target, name)} - {name}
-    )
-    for name in MODULES
-}
+def _graph(typing: bool) -> dict[str, list[str]]:
+    return {
+        name: sorted(
+            {dep for imp in imports(name, typing=typing) for dep in _with_parents(imp.target, name)}
+            - {name}
+        )
+        for name in MODULES
+    }
+
+
+#: Module -> the hpcckpt modules it imports, those under ``if TYPE_CHECKING:`` too.
+GRAPH = _graph(typing=True)
+#: The same without them: what importing a module runs.
+RUNTIME_GRAPH = _graph(typing=False)
 
 
 def test_no_import_cycle_between_hpcckpt_modules():
@@ -177,7 +200,7 @@ def test_each_room_imports_only_the_rooms_below_it():
     for name in MODULES:
         mine = room(name)
         allowed = MAY_IMPORT[mine]
-        for target, _, line in imports(name):
+        for target, _, line, _ in imports(name):
             for dep in _with_parents(target, name):
                 same_room = room(dep) == mine or (
                     mine == _folder(name) and _folder(dep) == mine  # not from a leaf
@@ -208,10 +231,11 @@ def test_store_imports_nothing_of_coord_or_job():
 
 
 def _reach(name: str) -> set[str]:
+    """The hpcckpt modules importing ``name`` runs."""
     seen: set[str] = set()
     todo = [name]
     while todo:
-        for dep in GRAPH[todo.pop()]:
+        for dep in RUNTIME_GRAPH[todo.pop()]:
             if dep not in seen:
                 seen.add(dep)
                 todo.append(dep)
@@ -225,7 +249,7 @@ def test_the_wrapper_side_never_imports_hdf5_or_mpi(light):
         if not (name == light or name.startswith(light + ".")):
             continue
         for mod in {name, *_reach(name)}:
-            for target, _, line in imports(mod):
+            for target, _, line, _ in imports(mod, typing=False):
                 if target.split(".")[0] in HEAVY:
                     bad.append(f"{name} reaches {mod}:{line} importing {target}")
     assert not bad, "\n".join(bad)
@@ -234,7 +258,7 @@ def test_the_wrapper_side_never_imports_hdf5_or_mpi(light):
 def test_function_level_imports_are_listed_with_a_reason():
     unlisted = []
     for name in MODULES:
-        for target, lazy, line in imports(name):
+        for target, lazy, line, _ in imports(name):
             heavy = target.split(".")[0] in (*HEAVY, "numpy", "matplotlib", "xxhash")
             if lazy and (target.startswith("hpcckpt") or heavy):
                 if not lazy_allowed(name, target):
@@ -268,3 +292,82 @@ def _cycle_members(graph: dict[str, list[str]]) -> set[str]:
                 seen.add(node)
                 todo.extend(graph[node])
     return members
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _dotted(node: ast.expr) -> str | None:
+    """``a.b.c`` of a chain of attributes on a name; None for anything else."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(parts)])
+
+
+def private_crossings(name: str) -> Iterator[str]:
+    """Where module ``name`` takes a private name of another hpcckpt module: ``from
+    hpcckpt.x import _y``, or ``x._y`` on a name bound to an hpcckpt module."""
+    tree = ast.parse(MODULES[name].read_text())
+    where = MODULES[name].relative_to(ROOT)
+    bound: dict[str, str] = {}  # local name -> the hpcckpt module it is
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in MODULES:
+                    if alias.asname:
+                        bound[alias.asname] = alias.name
+                    else:
+                        top = alias.name.split(".")[0]
+                        bound[top] = top
+        elif isinstance(node, ast.ImportFrom):
+            for alias, target in zip(node.names, _targets(node, name), strict=True):
+                if not target.startswith("hpcckpt") or target == name:
+                    continue
+                if target.endswith("." + alias.name):  # a module
+                    bound[alias.asname or alias.name] = target
+                elif _private(alias.name):
+                    yield f"{where}:{node.lineno} imports {alias.name} from {target}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            dotted = _dotted(node.value)
+            if dotted is None or dotted.split(".")[0] not in bound:
+                continue
+            first, *rest = dotted.split(".")
+            module = ".".join([bound[first], *rest])
+            if module in MODULES and module != name:
+                yield f"{where}:{node.lineno} uses {module}.{node.attr}"
+
+
+def test_no_module_takes_another_modules_private_names():
+    """A leading underscore means "this module only": another module that needs the
+    name needs it made public (or the code moved), not reached into."""
+    found = [crossing for name in MODULES for crossing in private_crossings(name)]
+    assert not found, "private names used across modules:\n" + "\n".join(found)
+
+
+def test_the_private_name_check_sees_both_kinds(tmp_path, monkeypatch):
+    """The check above can fail: an import of a private name and an attribute access."""
+    fake = tmp_path / "hpcckpt" / "fake.py"
+    fake.parent.mkdir()
+    fake.write_text(
+        "from hpcckpt.store.safety import _exact_mode, write_private\n"
+        "from hpcckpt.store import safety\n"
+        "import hpcckpt.store.layout as lay\n"
+        "import hpcckpt.store.reader\n"
+        "safety._exact_mode(0, 0o600); lay._x; safety.__name__; safety.modes\n"
+        "hpcckpt.store.reader._y\n"
+    )
+    monkeypatch.setitem(MODULES, "hpcckpt.fake", fake)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    found = sorted(private_crossings("hpcckpt.fake"))
+    assert found == [
+        "hpcckpt/fake.py:1 imports _exact_mode from hpcckpt.store.safety",
+        "hpcckpt/fake.py:5 uses hpcckpt.store.layout._x",
+        "hpcckpt/fake.py:5 uses hpcckpt.store.safety._exact_mode",
+        "hpcckpt/fake.py:6 uses hpcckpt.store.reader._y",
+    ]

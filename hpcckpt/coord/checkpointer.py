@@ -2,10 +2,9 @@
 
 It joins the *when* (interval, step count, stop signals) with the *where* (the
 store) over MPI. All public methods are collective: every rank of ``comm`` calls
-them in the same order with the same step.
-
-Over 500 lines on purpose: it is the one public class, and every method is a collective
-step whose order the ranks must agree on; the mechanics live in policy/, store/, rundir/.
+them in the same order with the same step. Its settings are values checked once
+(:mod:`hpcckpt.coord.options`) and what it logs and records is written by
+:mod:`hpcckpt.coord.logbook`, so each method here is the order of one collective step.
 """
 
 from __future__ import annotations
@@ -13,51 +12,27 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import socket
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from hpcckpt import slurm
-from hpcckpt.coord.levels import Levels, free_cache, restore_extra, scavenge_copy
-from hpcckpt.coord.levels import resolve as resolve_levels
+from hpcckpt.coord import logbook
+from hpcckpt.coord.endtime import JobEnd
+from hpcckpt.coord.levels import Levels
+from hpcckpt.coord.options import CheckpointerOptions, init_signature
 from hpcckpt.coord.signals import StopSignals
-from hpcckpt.coord.validate import Validator, make_validator
-from hpcckpt.coord.validate import guard as _validate_guard
-from hpcckpt.policy import (
-    CostTracker,
-    Deadline,
-    IntervalPolicy,
-    initial_cost_estimate,
-    job_mtbf,
-    make_policy,
-    multilevel,
-    parse_duration,
-    parse_end_time,
-)
-from hpcckpt.policy.durations import format_duration
+from hpcckpt.coord.validate import guard
+from hpcckpt.policy import CostTracker, Deadline, initial_cost_estimate, multilevel
 from hpcckpt.rundir import events as job_events
 from hpcckpt.rundir import status as job_status
-from hpcckpt.rundir import verbosity
-from hpcckpt.rundir.env import (
-    ATTEMPT_ENV,
-    CACHE_ENV,
-    DIR_ENV,
-    END_TIME_ENV,
-    SIGNAL_ENV,
-)
 from hpcckpt.rundir.heartbeat import HeartbeatWriter
-from hpcckpt.store import fast_tier, faults, safety, tensors
-from hpcckpt.store.filesystem import TuningOptions
+from hpcckpt.store import faults, safety, tensors
 from hpcckpt.store.lock import DirectoryLock, DirectoryLocked
-from hpcckpt.store.resharding import Split
-from hpcckpt.store.retention import check_rules
 from hpcckpt.store.staging import HostBuffers
-from hpcckpt.store.staging_budget import parse_budget
 from hpcckpt.store.state_tree import is_stateful
 from hpcckpt.store.store import (
     CheckpointError,
@@ -73,30 +48,6 @@ log = logging.getLogger("hpcckpt")
 # when every rank's background write of the pending staged save has finished.
 _SIGNAL, _TIME, _DEADLINE, _BUSY = 0, 1, 2, 3
 
-#: How often rank 0 asks Slurm again for the job's end time (it can be extended).
-END_TIME_REFRESH = 300.0
-
-
-def _configure_logging(rank: int) -> None:
-    """One stderr handler with a rank prefix: rank 0's info lines, every rank's warnings.
-
-    ``HPCCKPT_LOG_LEVEL`` (set by the wrapper's --quiet/--verbose): quiet keeps warnings
-    only; verbose shows every rank's lines and the debug details.
-    """
-    if log.handlers:
-        return
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter(f"hpcckpt[{rank}] %(message)s"))
-    log.addHandler(handler)
-    level = verbosity.level_from_env()
-    if level == verbosity.QUIET:
-        log.setLevel(logging.WARNING)
-    elif level == verbosity.VERBOSE:
-        log.setLevel(logging.DEBUG)
-    else:
-        log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
-    log.propagate = False
-
 
 class Checkpointer:
     """Coordinated checkpoints of per-rank state into one parallel HDF5 file per checkpoint.
@@ -107,11 +58,14 @@ class Checkpointer:
     i.e. after every N steps of a loop counted from 0) the schedule is fixed;
     otherwise ``policy`` ("daly", the default, or "young") sets the interval from
     the job's MTBF (``mtbf``, or ``node_mtbf`` divided by the job's node count) and
-    the checkpoint cost measured at every save, so it follows the real I/O cost.
-    A stop signal (``signal``: ``$HPCCKPT_SIGNAL`` from the wrapper, else SIGUSR1;
-    and SIGTERM) on any rank, or the
-    job's end time coming close (``end_time``, ``$HPCCKPT_END_TIME`` or Slurm's),
-    makes a checkpoint due at once; after it, ``stop_requested`` is true on every rank.
+    the checkpoint cost measured at every save (``initial_cost`` until the first is
+    measured), so it follows the real I/O cost. A stop signal (``signal``:
+    ``$HPCCKPT_SIGNAL`` from the wrapper, else SIGUSR1; and ``stop_signals``, SIGTERM) on
+    any rank, or the job's end time coming close (``end_time``, ``$HPCCKPT_END_TIME`` or
+    Slurm's; a save's expected cost times ``deadline_safety`` plus ``deadline_margin``
+    seconds before it), makes a checkpoint due at once; after it, ``stop_requested`` is
+    true on every rank. A keyword the Checkpointer does not know is a TypeError naming
+    the nearest one.
 
     Where: after each committed save the directory is pruned to the ``keep_last``
     newest good checkpoints (3 by default; None keeps all), plus one per
@@ -187,123 +141,42 @@ class Checkpointer:
         self,
         directory: str | os.PathLike[str] | None = None,
         comm: MPI.Comm | None = None,
-        *,
-        interval: float | str | None = None,
-        every_steps: int | None = None,
-        policy: str | IntervalPolicy = "daly",
-        mtbf: float | str | None = None,
-        node_mtbf: float | str | None = None,
-        initial_cost: float | str | None = None,
-        end_time: float | str | None = None,
-        deadline_safety: float = 1.5,
-        deadline_margin: float = 20.0,
-        signal: str | int | None = None,
-        stop_signals: Iterable[str | int] = ("TERM",),
-        keep_last: int | None = 3,
-        keep_every: int | None = None,
-        keep_every_seconds: float | None = None,
-        distributed: Iterable[str] | Mapping[str, Split | None] = (),
-        fs_tuning: TuningOptions | None = None,
-        on_save_error: str = "raise",
-        share_group: bool = False,
-        incremental: bool = True,
-        block_size: int | None = None,
-        max_chain: int = 8,
-        max_chain_fraction: float = 0.5,
-        min_delta_saving: int | None = None,
-        change_detection: str = "auto",
-        validate: str | Validator | None = "finite",
-        async_save: bool = False,
-        cache: str | os.PathLike[str] | None = None,
-        replicated: Iterable[str] = (),
-        staging_budget: int | str | None = None,
-        redundancy: str | None = None,
-        redundancy_set: int | None = None,
-        drain_every: int | str | None = None,
-        local_fraction: float | None = None,
-        node_name: str | None = None,
+        **keywords: Any,
     ) -> None:
-        directory = directory if directory is not None else os.environ.get(DIR_ENV)
-        if not directory:
-            raise ValueError(
-                "Checkpointer needs a directory: pass Checkpointer(directory, ...) "
-                f"or set {DIR_ENV} (the hpcckpt wrapper sets it from --ckpt-dir)"
-            )
-        if interval is not None:
-            interval = _duration("interval", interval)
-            if interval <= 0:
-                raise ValueError(f"interval must be a positive number of seconds, not {interval!r}")
-        if every_steps is not None and (int(every_steps) != every_steps or every_steps < 1):
-            raise ValueError(f"every_steps must be a positive integer, not {every_steps!r}")
+        #: The settings, checked and resolved against the environment (coord/options.py).
+        self.options = options = CheckpointerOptions.from_keywords(directory, **keywords)
+        schedule = options.schedule
+        self.policy = schedule.interval_policy(options.job.nodes)
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         self.rank = self.comm.Get_rank()
         self.nranks = self.comm.Get_size()
-        _configure_logging(self.rank)
-        self.directory = Path(directory).absolute()
-        self.every_steps = every_steps
-        self.policy = self._make_policy(policy, interval, every_steps, mtbf, node_mtbf)
+        logbook.configure_logging(self.rank, options.job.log_level)
+        self.directory = options.directory
+        self.every_steps = schedule.every_steps
         self.costs = CostTracker()
-        self._initial_cost = (
-            None if initial_cost is None else _duration("initial_cost", initial_cost)
-        )
-        self._end_time_source, end = self._find_end_time(end_time)
-        self.deadline = Deadline(end, safety=deadline_safety, margin=deadline_margin)
-        self._end_time_checked = time.monotonic()
-        check_rules(keep_last, keep_every, keep_every_seconds)
-        if on_save_error not in ("raise", "warn"):
-            raise ValueError(f"on_save_error must be 'raise' or 'warn', not {on_save_error!r}")
-        self.on_save_error = on_save_error
-        #: The poisoned-state guard run before every save (coord/validate.py).
-        self.validator = make_validator(validate)
-        self.retention = {
-            "keep_last": keep_last,
-            "keep_every": keep_every,
-            "keep_every_seconds": keep_every_seconds,
-        }
-        levels = resolve_levels(redundancy, redundancy_set, drain_every, local_fraction, cache)
-        #: The two levels: node-local saves and every how many one is drained.
-        self.levels = Levels(levels)
-        #: Every how many node-local checkpoints one is drained to the directory (None: chosen
-        #: by the two-level model from the measured costs, see :meth:`level_plan`).
-        self.drain_every = levels.drain_every
-        self.local_fraction = levels.local_fraction
-        #: This rank's node: the failure group of redundancy sets, ``%n`` in ``cache``.
-        self.node_name = node_name or slurm.node_name() or socket.gethostname()
-        self.store = CheckpointStore(
-            self.directory,
-            self.comm,
-            redundancy=levels.redundancy,
-            redundancy_set=levels.redundancy_set,
-            node=self.node_name,
-            distributed=distributed,
-            tuning=fs_tuning,
-            share_group=share_group,
-            incremental=incremental,
-            max_chain=max_chain,
-            max_chain_fraction=max_chain_fraction,
-            change_detection=change_detection,
-            replicated=replicated,
-            **({} if block_size is None else {"block_size": block_size}),
-            **({} if min_delta_saving is None else {"min_delta_saving": min_delta_saving}),
-        )
-        cache = cache if cache is not None else (os.environ.get(CACHE_ENV) or None)
-        self.cache = (
-            Path(fast_tier.node_path(os.fspath(cache), self.node_name)).absolute()
-            if cache is not None
-            else None
-        )
-        if self.cache is not None:
-            fast_tier.check_cache_dir(self.cache, self.directory)
-        #: Host memory an async save stages into (None: not async, or staged to ``cache``).
-        budget = parse_budget(staging_budget)  # docs/async-and-fast-tier.md, memory budget
-        self.buffers = HostBuffers(budget) if async_save and self.cache is None else None
-        self._pending: PendingSave | None = None
-        self._pending_reason = ""
         #: The full cost of a checkpoint (staging to commit): what a deadline save costs.
         self.durable_costs = CostTracker()
-        signal = signal if signal is not None else os.environ.get(SIGNAL_ENV, "USR1")
-        self._signals = StopSignals([signal, *stop_signals])
-        self._attempt = os.environ.get(ATTEMPT_ENV)
+        self._initial_cost: float | None = schedule.initial_cost  # type: ignore[assignment]
+        #: The poisoned-state guard run before every save (coord/validate.py).
+        self.validator = options.guard.validator
+        #: Which checkpoints each commit keeps (a RetentionOptions; replace it to change).
+        self.retention = options.retention
+        #: The two levels: node-local saves and every how many one is drained.
+        self.levels = Levels(options.levels)
+        self.store = CheckpointStore(self.directory, self.comm, options.store)
+        #: How the ranks decide together: the store's, so a failure reads the same anywhere.
+        self.agreement = self.store.agreement
+        self._end = JobEnd(options, self.agreement)  # collective: rank 0 may ask Slurm
+        #: Host memory an async save stages into (None: not async, or staged to ``cache``).
+        staging = options.staging
+        self.buffers = (
+            HostBuffers(staging.staging_budget)  # type: ignore[arg-type]
+            if staging.async_save and self.cache is None
+            else None
+        )
+        self._pending: PendingSave | None = None
+        self._pending_reason = ""
+        self._signals = StopSignals([schedule.signal, *schedule.stop_signals])
 
         self._send = np.zeros(4, dtype=np.int32)
         self._recv = np.zeros(4, dtype=np.int32)
@@ -316,21 +189,8 @@ class Checkpointer:
         self._finished = False
         self.last_save: SaveResult | None = None
 
-        error = None
         self._lock: DirectoryLock | None = None  # rank 0: one job per directory
-        if self.rank == 0:
-            try:
-                safety.make_directory(self.directory, self.store.dir_mode)
-                self._lock = DirectoryLock(
-                    self.directory, mode=self.store.file_mode, job_id=slurm.job_id()
-                ).acquire()
-            except DirectoryLocked as exc:
-                error = ("locked", str(exc))
-            except OSError as exc:
-                error = ("os", f"cannot create checkpoint directory {self.directory}: {exc}")
-        error = self.comm.bcast(error)
-        if error:
-            raise DirectoryLocked(error[1]) if error[0] == "locked" else OSError(error[1])
+        self._take_lock()
         self._heartbeat = HeartbeatWriter(self.directory, self.rank)
         self._heartbeat.beat(None, force=True)
         # Every rank has its handlers now: the wrapper may forward signals.
@@ -341,73 +201,41 @@ class Checkpointer:
             pid=os.getpid(),
             policy=self.describe_schedule(),
             end_time=self.deadline.end_time,
-            end_time_source=self._end_time_source,
+            end_time_source=self._end.source,
         )
 
+    def _take_lock(self) -> None:
+        """Rank 0 creates and locks the directory; DirectoryLocked (or OSError) on every
+        rank when it cannot."""
+
+        def lock() -> tuple[str, str] | None:
+            try:
+                safety.make_directory(self.directory, self.store.dir_mode)
+                self._lock = DirectoryLock(
+                    self.directory, mode=self.store.file_mode, job_id=self.options.job.job_id
+                ).acquire()
+            except DirectoryLocked as exc:
+                return ("locked", str(exc))
+            except OSError as exc:
+                return ("os", f"cannot create checkpoint directory {self.directory}: {exc}")
+            return None
+
+        error = self.agreement.from_root(lock)
+        if error:
+            raise DirectoryLocked(error[1]) if error[0] == "locked" else OSError(error[1])
+
     # -- when ----------------------------------------------------------------------
-    def _make_policy(
-        self,
-        policy: str | IntervalPolicy,
-        interval: float | None,
-        every_steps: int | None,
-        mtbf: float | str | None,
-        node_mtbf: float | str | None,
-    ) -> IntervalPolicy | None:
-        """The time policy, or None when only ``every_steps`` (and stop requests) apply."""
-        if interval is not None:
-            return make_policy("fixed", interval=interval)
-        if every_steps is not None:
-            return None
-        if isinstance(policy, IntervalPolicy):
-            return policy
-        if mtbf is not None:
-            m = _duration("mtbf", mtbf)
-        else:
-            kwargs = {} if node_mtbf is None else {"node_mtbf": _duration("node_mtbf", node_mtbf)}
-            m = job_mtbf(nodes=slurm.node_count(), **kwargs)
-        return make_policy(policy, mtbf=m)
-
-    def _find_end_time(self, given: float | str | None) -> tuple[str | None, float | None]:
-        """(source, Unix end time): the argument, $HPCCKPT_END_TIME, or Slurm (rank 0 asks)."""
-        if given is not None:
-            return "argument", parse_end_time(given)
-        text = os.environ.get(END_TIME_ENV)
-        if text:
-            return "environment", parse_end_time(text)
-        job = slurm.job_id()
-        if job is None:
-            return None, None
-        return "slurm", self.comm.bcast(self._ask_slurm_end_time(job) if self.rank == 0 else None)
-
-    @staticmethod
-    def _ask_slurm_end_time(job: str) -> float | None:
-        try:
-            end = slurm.end_time(job)
-        except slurm.SlurmError as exc:
-            log.warning(
-                "cannot read the job's end time from Slurm (%s): no deadline checkpoint", exc
-            )
-            return None
-        return None if end is None else end.timestamp()
-
-    def _refresh_end_time(self) -> None:
-        """Ask Slurm again, rarely (collective: called from save)."""
-        if self._end_time_source != "slurm":
-            return
-        if time.monotonic() - self._end_time_checked < END_TIME_REFRESH:
-            return
-        self._end_time_checked = time.monotonic()
-        job = slurm.job_id()
-        end = self.comm.bcast(self._ask_slurm_end_time(job) if self.rank == 0 and job else None)
-        if end is not None:
-            self.deadline = Deadline(end, safety=self.deadline.safety, margin=self.deadline.margin)
-
     def describe_schedule(self) -> str:
         """The schedule in words, for logs and events."""
         parts = [] if self.policy is None else [self.policy.describe()]
         if self.every_steps is not None:
             parts.append(f"every {self.every_steps} steps")
         return " or ".join(parts)
+
+    @property
+    def deadline(self) -> Deadline:
+        """The job's end time and when the last checkpoint must begin before it."""
+        return self._end.deadline
 
     @property
     def cost_estimate(self) -> float:
@@ -422,6 +250,11 @@ class Checkpointer:
         return self.durable_costs.get(self.cost_estimate)
 
     @property
+    def cache(self) -> Path | None:
+        """This node's directory of the node-local tier (``%n`` replaced), or None."""
+        return self.options.store.tier.path
+
+    @property
     def staged(self) -> bool:
         """Whether saves return before the checkpoint file is written (async or cache)."""
         return self.buffers is not None or self.cache is not None
@@ -431,7 +264,7 @@ class Checkpointer:
         """Seconds of work between checkpoints now (None when only steps count)."""
         if self.policy is None:
             return None
-        plan = self.level_plan() if self.drain_every is None else None
+        plan = self.level_plan()
         if plan is not None:  # two levels: the node-local interval of the model
             low = getattr(self.policy, "min_interval", 0.0)
             high = getattr(self.policy, "max_interval", plan.interval)
@@ -441,8 +274,9 @@ class Checkpointer:
     # -- helpers -----------------------------------------------------------------
     def _report(self, state: str, step: int | None = None, reason: str = "") -> None:
         if self.rank == 0:
+            attempt = self.options.job.attempt
             job_status.write_status(
-                self.directory, job_status.RunStatus(state, self._attempt, step, reason)
+                self.directory, job_status.RunStatus(state, attempt, step, reason)
             )
 
     def _event(self, kind: str, **fields: Any) -> None:
@@ -456,6 +290,11 @@ class Checkpointer:
         if self._request is not None:
             self._request.Wait()
             self._request = None
+
+    @property
+    def _redundancy(self) -> str | None:
+        """The node-local tier's redundancy scheme (None: none, or no tier)."""
+        return None if self.store.tier is None else self.store.tier.redundancy
 
     # -- public API --------------------------------------------------------------
     @property
@@ -473,30 +312,20 @@ class Checkpointer:
         """
         if self._initial_cost is None:
             nbytes = sum(a.nbytes for a in _arrays_in(state))
-            self._initial_cost = initial_cost_estimate(self.comm.allreduce(nbytes))
+            self._initial_cost = initial_cost_estimate(self.agreement.total(nbytes))
         self._heartbeat.beat(None, "restore", force=True)  # hang watch: I/O allowance
         self._complete_pending()
-        result = self.store.restore(state, cache=self.cache, only=only)
-        for step, node, name, reason in self.store.local_set_aside:
-            self._event(job_events.LOCAL_SET_ASIDE, step=step, node=node, file=name, reason=reason)
-        self.store.local_set_aside = []
+        result = self.store.restore(state, only=only)
+        set_aside = [] if self.store.tier is None else self.store.tier.take_set_aside()
         self._heartbeat.beat(None, force=True)  # back to compute
         self._drain()
         self._last_save_time = time.monotonic()
+        line, events = logbook.restored(result, set_aside, self._redundancy, self.directory)
+        log.info("%s", line)
+        for kind, fields in events:
+            self._event(kind, **fields)
         if result is None:
-            log.info("no checkpoint in %s: starting from the beginning", self.directory)
-            self._event(job_events.RESTORE, step=None)
             return None
-        for step, reason in result.skipped:
-            self._event(job_events.SKIP_BAD, step=step, reason=reason)
-        for step, reason in result.local_skipped:
-            self._event(job_events.LOCAL_SKIPPED, step=step, reason=reason)
-        where = "node-local copy " if result.source == "cache" else ""
-        how, extra = restore_extra(result, self.store.redundancy)
-        log.info("restored step %d from %s%s%s", result.step, where, result.path.name, how)
-        self._event(
-            job_events.RESTORE, step=result.step, path=result.path.name, tier=result.source, **extra
-        )
         if result.source == "cache":
             # The directory must hold the newest durable checkpoint: drain the copy
             # restored from (as it is, in the background) before the run goes on.
@@ -563,7 +392,7 @@ class Checkpointer:
         reason = stop or ("steps" if self.policy is None else "interval")
         self._event(job_events.CHECKPOINT_BEGIN, step=step, reason=reason)
         self._heartbeat.beat(step, "save", force=True)
-        _validate_guard(self, step, state, event=self._event)  # PoisonedState on every rank
+        guard(self, step, state, event=self._event)  # PoisonedState on every rank
         if self.cache is not None and not stop and self._local_only():
             return self._save_local(step, state, reason, t0)
         if self.staged and not stop:
@@ -602,15 +431,14 @@ class Checkpointer:
         self, step: int, state: dict[str, Any], reason: str, t0: float
     ) -> SaveResult | None:
         """A checkpoint on the node-local tier (and its redundancy) only; no drain."""
-        assert self.cache is not None
         try:
-            result = self.store.save_local(step, state, self.cache)
+            result = self.store.save_local(step, state)
         except CheckpointError as exc:
             if self._save_failed(step, None, reason, exc):
                 raise
             return None
         self.levels.local_saves += 1
-        blocked = self.comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+        blocked = self.agreement.slowest(time.perf_counter() - t0)[0]
         result = dataclasses.replace(result, blocked_seconds=blocked)
         self.costs.add(blocked)
         self._committed(result, reason, None)
@@ -620,25 +448,22 @@ class Checkpointer:
     def _scavenge(self) -> None:
         """The allocation is ending: drain the newest checkpoint if only the node-local
         tier holds it (collective; synchronous)."""
-        if self.cache is None or not self.store.local_newer or self.store.local_step is None:
+        tier = self.store.tier
+        if tier is None or not tier.holds_newest or tier.newest_step is None:
             return
-        step = self.store.local_step
-        mine = scavenge_copy(self.comm, self.cache, self.directory, step)
-        if mine is None:
+        step = tier.newest_step
+        if not tier.hold_for_drain(step):  # it says why
             return
-        self.store.restored_copy = mine
         self._event(job_events.CHECKPOINT_BEGIN, step=step, reason="scavenge")
         try:
-            pending = self.store.begin_save(
-                step, None, {"reason": "scavenge"}, cache=self.cache, redrain=True
-            )
+            pending = self.store.begin_save(step, None, {"reason": "scavenge"}, redrain=True)
         except CheckpointError as exc:
             self._save_failed(step, None, "scavenge", exc)
             return
         self._pending, self._pending_reason = pending, "scavenge"
         try:
             self._complete_pending()
-        except CheckpointError as exc:  # the node-local copy stays (local_newer): say so
+        except CheckpointError as exc:  # the node-local copy stays (holds_newest): say so
             log.warning("draining node-local step %d failed: %s", step, exc)
 
     def _begin_staged(
@@ -647,12 +472,7 @@ class Checkpointer:
         """Stage the state and start the background write; the commit comes later."""
         try:
             pending = self.store.begin_save(
-                step,
-                state,
-                extra_meta={"reason": reason},
-                buffers=self.buffers,
-                cache=self.cache,
-                redrain=redrain,
+                step, state, extra_meta={"reason": reason}, buffers=self.buffers, redrain=redrain
             )
         except CheckpointError as exc:
             if self._save_failed(step, None, reason, exc):
@@ -661,34 +481,22 @@ class Checkpointer:
         self._heartbeat.beat(step, force=True)
         self._pending, self._pending_reason = pending, reason
         # The cost the job pays: waiting for the previous write plus staging this one.
-        blocked = self.comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+        blocked = self.agreement.slowest(time.perf_counter() - t0)[0]
         pending.blocked = blocked  # reported again with the commit
         self.costs.add(blocked)
         self._last_save_time = time.monotonic()
+        line, fields = logbook.staged(pending, blocked, self.cache)
+        log.debug("%s", line)
+        self._event(job_events.CHECKPOINT_STAGED, **fields)
         w = pending.written
-        log.debug(
-            "checkpoint step %d staged %s in %.3f s; writing in the background",
-            step,
-            "in memory" if self.cache is None else f"in {self.cache}",
-            blocked,
-        )
-        self._event(
-            job_events.CHECKPOINT_STAGED,
-            step=step,
-            blocked_seconds=round(blocked, 6),
-            bytes=pending.bytes_total,
-            save_kind=w.kind,
-            staging="memory" if self.cache is None else "cache",
-            staging_mode=pending.staging,
-        )
         return SaveResult(
-            step,
-            pending.final,
-            pending.bytes_total,
-            blocked,
-            w.kind,
-            w.dirty_blocks,
-            w.total_blocks,
+            step=step,
+            path=pending.final,
+            bytes_written=pending.bytes_total,
+            seconds=blocked,
+            kind=w.kind,
+            dirty_blocks=w.dirty_blocks,
+            total_blocks=w.total_blocks,
             blocked_seconds=blocked,
         )
 
@@ -723,113 +531,48 @@ class Checkpointer:
         step = result.step
         self._heartbeat.beat(step, force=True)
         try:
-            self.store.prune(**self.retention)
+            self.store.prune(**dataclasses.asdict(self.retention))
         except CheckpointError as exc:  # raised on every rank alike; the save stands
             log.warning("retention failed, no checkpoint deleted: %s", exc)
         self.last_save = result
         if result.blocked_seconds is None:
             self._last_save_time = time.monotonic()
         self._last_save_step = step
-        self._refresh_end_time()
+        self._end.refresh()  # collective
         if (
             not stop
             and result.blocked_seconds is None
-            and self.comm.allreduce(self._signals.received is not None, op=MPI.LOR)
+            and self.agreement.anyone(self._signals.received is not None)
         ):
             stop = "signal"  # it came during this save: the save just committed is the stop one
-        interval = self.interval
-        mib = result.bytes_written / 2**20
-        rate = result.bytes_written / result.seconds / 1e6 if result.seconds > 0 else float("inf")
-        upcoming = (
-            "stopping"
-            if stop
-            else (
-                f"next in {format_duration(interval)}"
-                if interval is not None
-                else f"next in {self.every_steps} steps"
-            )
-        )
-        blocked = (
-            ""
-            if result.blocked_seconds is None
-            else f" in the background (blocked {result.blocked_seconds:.2f} s)"
-        )
-        if result.tier != "directory":
-            red = self.store.redundancy
-            blocked = " on the node-local tier" + (f" with {red} redundancy" if red else "")
-        if result.write_path is not None:  # synchronous: how the changes were found
-            found = (
-                f"kernel: {result.pages_written} page{'s' * (result.pages_written != 1)} written"
-                if result.change_detection == "kernel"
-                else "hashes"
-            )
-            blocked = f" ({found}, {result.bytes_hashed / 2**20:.1f} MiB hashed)"
-        if result.kind == "incremental":
-            kind = f"incremental ({100 * result.dirty_fraction:.1f} % of blocks)"
-        elif result.full_reason and self.store.chain_policy.incremental:
-            kind = f"full ({result.full_reason})"
-        else:
-            kind = "full"
-        log.info(
-            "checkpoint step %d: %s, %.1f MiB in %.2f s (%.0f MB/s)%s, %s; %s",
-            step,
-            kind,
-            mib,
-            result.seconds,
-            rate,
-            blocked,
+        record = logbook.committed(
+            result,
             reason,
-            upcoming,
+            stop=stop,
+            interval=self.interval,
+            every_steps=self.every_steps,
+            cost_estimate=self.cost_estimate,
+            redundancy=self._redundancy,
+            incremental=self.store.options.incremental.incremental,
         )
-        extra: dict[str, Any] = {}
-        if result.blocked_seconds is not None:
-            extra["blocked_seconds"] = round(result.blocked_seconds, 6)
-        if result.staging is not None:
-            extra.update(staging_mode=result.staging, staging_bytes=result.staging_bytes)
-        if result.write_path is not None:
-            extra["write_path"] = result.write_path
-            extra.update(
-                change_detection=result.change_detection,
-                pages_written=result.pages_written,
-                bytes_hashed=result.bytes_hashed,
-            )
-        if result.tracking_audit is not None:
-            extra["tracking_audit"] = result.tracking_audit
-            log.warning("write tracking is off for the rest of this run: %s", result.tracking_audit)
-        if result.tier != "directory":
-            extra["tier"] = result.tier  # a node-local checkpoint, not drained
-        self._event(
-            job_events.CHECKPOINT,
-            step=step,
-            seconds=round(result.seconds, 6),
-            bytes=result.bytes_written,
-            save_kind=result.kind,  # "full" or "incremental"
-            full_reason=result.full_reason,
-            dirty=round(result.dirty_fraction, 6),
-            reason=reason,
-            path=result.path.name,
-            next_interval=interval,
-            cost_estimate=round(self.cost_estimate, 6),
-            peak_rss=result.peak_rss,
-            **extra,
-        )
+        log.info("%s", record.line)
+        if record.warning:
+            log.warning("%s", record.warning)
+        self._event(job_events.CHECKPOINT, **record.fields)
         if result.write_decision:  # the writer measured direct against buffered writes
-            d = result.write_decision
-            log.info(
-                "writer: %s writes for %.0f MiB per rank (direct %.0f MB/s, buffered %.0f MB/s)",
-                d["path"],
-                d["size_group_bytes"] / 2**20,
-                d["direct_mb_s"],
-                d["buffered_mb_s"],
-            )
-            self._event(job_events.WRITE_PATH, step=step, **d)
+            log.info("%s", logbook.writer_line(result.write_decision))
+            self._event(job_events.WRITE_PATH, step=step, **result.write_decision)
         if stop:
-            self._stop_requested = True
-            sig = self._signals.received
-            why = f"signal {sig.name}" if stop == "signal" and sig else stop
-            self._report(job_status.STOPPED, step, why)
-            self._event(job_events.STOP, step=step, reason=stop, signal=sig.name if sig else None)
-            log.info("stop requested (%s): checkpoint of step %d committed, leaving", why, step)
+            self._honour_stop(step, stop)
+
+    def _honour_stop(self, step: int, stop: str) -> None:
+        """The stop checkpoint is committed: every rank stops; the wrapper is told why."""
+        self._stop_requested = True
+        sig = self._signals.received
+        why = logbook.stop_reason(stop, sig.name if sig else None)
+        self._report(job_status.STOPPED, step, why)
+        self._event(job_events.STOP, step=step, reason=stop, signal=sig.name if sig else None)
+        log.info("stop requested (%s): checkpoint of step %d committed, leaving", why, step)
 
     def finish(self) -> None:
         """Mark the run complete so the wrapper does not requeue it; collective.
@@ -840,7 +583,8 @@ class Checkpointer:
         self._complete_pending()
         self._scavenge()
         self.comm.Barrier()
-        if self.cache is not None and self.store.local_newer:
+        tier = self.store.tier
+        if tier is not None and tier.holds_newest:
             log.warning(
                 "rank %d keeps its node-local copy in %s: the last drain failed, so it is "
                 "newer than the newest checkpoint in %s",
@@ -848,8 +592,8 @@ class Checkpointer:
                 self.cache,
                 self.directory,
             )
-        elif self.cache is not None:  # the job is done: free the node's memory or disk
-            free_cache(self.comm, self.cache, self.store.redundancy)
+        elif tier is not None:  # the job is done: free the node's memory or disk
+            tier.free()
         self._finished = True
         self._report(job_status.FINISHED, self._last_save_step, "finish() called")
         self._event(job_events.FINISH, step=self._last_step_seen, last_step=self._last_save_step)
@@ -886,7 +630,7 @@ class Checkpointer:
         self._event(
             job_events.CHECKPOINT_FAILED, step=step, reason=reason, error=str(exc)[:2000], **fields
         )
-        if self.on_save_error == "raise":
+        if self.options.guard.on_save_error == "raise":
             return True
         log.warning("checkpoint of step %d failed; going on (on_save_error='warn'): %s", step, exc)
         self._last_save_time = time.monotonic()
@@ -903,6 +647,10 @@ class Checkpointer:
         self.close()
 
 
+# Every keyword with its default and type, from the option classes (inspect, docs/api.md).
+Checkpointer.__init__.__signature__ = init_signature()  # type: ignore[attr-defined]
+
+
 def _arrays_in(value: Any) -> list[np.ndarray]:
     """Every numpy array and tensor inside a state (to size the first cost estimate)."""
     if isinstance(value, np.ndarray):
@@ -916,11 +664,3 @@ def _arrays_in(value: Any) -> list[np.ndarray]:
     if isinstance(value, (list, tuple)):
         return [a for v in value for a in _arrays_in(v)]
     return []
-
-
-def _duration(name: str, value: float | str) -> float:
-    """Seconds from a number or a duration like "5m"; the error names the argument."""
-    try:
-        return parse_duration(value)
-    except ValueError as exc:
-        raise ValueError(f"Checkpointer({name}={value!r}): {exc}") from None

@@ -36,7 +36,6 @@ from typing import Any
 
 import numpy as np
 
-from hpcckpt.rundir.env import ATTEMPT_ENV
 from hpcckpt.store import tensors
 from hpcckpt.store.state_tree import is_stateful
 
@@ -317,19 +316,22 @@ def keep_rejected(
 
     from hpcckpt.store import layout
     from hpcckpt.store.errors import CheckpointError
+    from hpcckpt.store.options import ArrayOptions, FileOptions, IncrementalOptions, StoreOptions
     from hpcckpt.store.store import CheckpointStore
 
     log = logging.getLogger("hpcckpt")
     directory = Path(ck.directory)
     scratch = directory / f".rejected-{step}"
     final = directory / layout.rejected_name(step)
-    share_group = bool(getattr(ck.store, "file_mode", 0o600) & 0o040)
-    kwargs: dict[str, Any] = {"distributed": getattr(ck.store, "distributed", ())}
+    given = ck.store.options  # the same split of arrays and file modes, always full
     error = None
     try:
-        store = CheckpointStore(
-            scratch, ck.comm, share_group=share_group, incremental=False, **kwargs
+        options = StoreOptions(
+            arrays=ArrayOptions(distributed=given.arrays.splits),
+            files=FileOptions(share_group=given.files.share_group),
+            incremental=IncrementalOptions(incremental=False),
         )
+        store = CheckpointStore(scratch, ck.comm, options)
         saved = store.save(step, state, extra_meta={"reason": "rejected"})
     except (CheckpointError, TypeError, ValueError, OSError) as exc:
         error = exc
@@ -345,7 +347,7 @@ def keep_rejected(
                     "ranks": sorted(problems),
                     "problems": {str(r): m for r, m in problems.items()},
                     "arrays": {str(r): a for r, a in arrays.items()},
-                    "attempt": os.environ.get(ATTEMPT_ENV),
+                    "attempt": ck.options.job.attempt,
                 }
                 sidecar = final.with_name(final.name + ".json")
                 tmp = sidecar.with_name(sidecar.name + ".tmp")

@@ -14,10 +14,10 @@ from hpcckpt.report.model import (
     SEGMENT_KINDS,
     Attempt,
     Segment,
-    _segments,
-    _valid,
     number,
+    segments_of,
     split_attempts,
+    valid_event,
 )
 from hpcckpt.report.nodes import analyze_node_failures
 from hpcckpt.rundir import events as evlog
@@ -83,7 +83,7 @@ def analyze(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     - ``restores``: every restore of a checkpoint, with its tier ("directory", "cache",
       "cache (rebuilt from xor)") and the node-local checkpoints skipped before it.
     """
-    events = [dict(e) for e in events if isinstance(e, Mapping) and _valid(e)]
+    events = [dict(e) for e in events if isinstance(e, Mapping) and valid_event(e)]
     unknown = Counter(e["event"] for e in events if e["event"] not in _KNOWN)
     attempts = split_attempts(events)
     t0 = attempts[0].events[0]["time"] if attempts else None
@@ -95,7 +95,7 @@ def analyze(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     prev_known = True
     for i, att in enumerate(attempts):
         next_start = attempts[i + 1].events[0]["time"] if i + 1 < len(attempts) else None
-        segs, facts = _segments(att, next_start)
+        segs, facts = segments_of(att, next_start)
         start = facts["start"]
         wait = None
         if prev_end is not None and prev_known and start > prev_end:

@@ -64,10 +64,10 @@ def load_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     p = Path(path)
     if p.is_dir():
         p = p / evlog.EVENTS_FILE
-    return [e for e in evlog.read_log(p) if _valid(e)]
+    return [e for e in evlog.read_log(p) if valid_event(e)]
 
 
-def _valid(ev: Mapping[str, Any]) -> bool:
+def valid_event(ev: Mapping[str, Any]) -> bool:
     t = ev.get("time")
     return (
         isinstance(ev.get("event"), str)
@@ -98,7 +98,7 @@ def split_attempts(events: Iterable[Mapping[str, Any]]) -> list[Attempt]:
     by_token: dict[str, Attempt] = {}
     current: Attempt | None = None
     for raw in events:
-        if not _valid(raw):
+        if not valid_event(raw):
             continue
         ev = dict(raw)
         kind = ev["event"]
@@ -132,7 +132,7 @@ def split_attempts(events: Iterable[Mapping[str, Any]]) -> list[Attempt]:
     return attempts
 
 
-def _segments(att: Attempt, next_start: float | None) -> tuple[list[Segment], dict[str, Any]]:
+def segments_of(att: Attempt, next_start: float | None) -> tuple[list[Segment], dict[str, Any]]:
     """Cut one attempt into segments; also its outcome and facts about it.
 
     The span since the last state change is classified when the next one happens

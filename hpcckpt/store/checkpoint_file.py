@@ -6,7 +6,7 @@ MPI-IO); each rank then writes its own bytes at their offsets
 the rank count, and no rank handles another rank's data or metadata but rank 0.
 
 The layout is documented for users in docs/format.md and read back (without MPI)
-by :mod:`hpcckpt.store.reader`:
+by :mod:`hpcckpt.store.reader` (names and version: :mod:`hpcckpt.store.format`):
 
 - ``/state/<path>``: one dataset per array path. When every rank's array has at
   least one dimension and the same trailing shape, the dataset is the ranks'
@@ -51,12 +51,17 @@ from hpcckpt.store import blocks, integrity, layout
 from hpcckpt.store.blocks import ChainPolicy, ChainState
 from hpcckpt.store.direct_io import Extent
 from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
-from hpcckpt.store.reader import (
+from hpcckpt.store.format import (
+    ARRAY_INFO,
+    BLOCK_HASHES,
+    CHECKSUMS,
     FORMAT,
     FORMAT_VERSION,
     FULL,
     INCREMENTAL,
     LIBVER,
+    META,
+    RANK_TREE,
     dataset_name,
     delta_name,
     index_name,
@@ -463,7 +468,7 @@ def _create(
         "checksum": integrity.ALGORITHM,
         "hpcckpt_version": __version__,
         "arrays": json.dumps([lay.path for lay in layouts]),
-        "array_info": json.dumps(
+        ARRAY_INFO: json.dumps(
             [_described(lay, incremental, block_size) for lay in layouts], separators=(",", ":")
         ),
         "kind": kind,
@@ -488,12 +493,11 @@ def _create(
         attrs["chain_bytes"] = parent.chain_bytes + delta_bytes
     attrs.update(extra_meta or {})
     with h5py.File(path, "w", libver=LIBVER, **options) as f:
-        meta = f.create_group("meta")
-        set_attrs(meta, attrs)
-        rt = _allocated(meta, "rank_tree", (int(tree_offsets[-1]),), np.uint8)
+        set_attrs(f.create_group(META), attrs)
+        rt = _allocated(f, RANK_TREE, (int(tree_offsets[-1]),), np.uint8)
         set_attrs(h5py.Dataset(rt), {"offsets": tree_offsets})
-        cs = _allocated(meta, "checksums", (size, len(layouts) + 1), np.uint64)
-        bh = _allocated(meta, "block_hashes", (total_blocks,), np.uint64)
+        cs = _allocated(f, CHECKSUMS, (size, len(layouts) + 1), np.uint64)
+        bh = _allocated(f, BLOCK_HASHES, (total_blocks,), np.uint64)
         set_attrs(h5py.Dataset(bh), {"offsets": hash_offsets})
         bases["rank_tree"], bases["checksums"] = _where(rt), _where(cs)
         bases["block_hashes"] = _where(bh)

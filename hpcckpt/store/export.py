@@ -30,7 +30,8 @@ from typing import Any
 import h5py
 import numpy as np
 
-from hpcckpt.store.reader import LIBVER, CheckpointReader
+from hpcckpt.store.format import LIBVER
+from hpcckpt.store.reader import CheckpointReader
 from hpcckpt.store.state_tree import scalar_leaves
 
 EXPORT_FORMAT = "hpcckpt-export"

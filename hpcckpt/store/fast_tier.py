@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from hpcckpt.store import blocks, layout, safety
+from hpcckpt.store import blocks, layout, safety, tree_check
 from hpcckpt.store.direct_io import pwrite_all
 from hpcckpt.store.errors import CorruptCheckpoint
 from hpcckpt.store.state_tree import ARRAY_KINDS
@@ -246,7 +246,7 @@ def parse_manifest(path: Path, doc: Any) -> LocalCopy | None:
     try:
         if doc.get("format") != FORMAT or doc.get("format_version") != FORMAT_VERSION:
             return None
-        safety.check_tree(doc["tree"])
+        tree_check.check_tree(doc["tree"])
         arrays = {}
         for name, info in doc["arrays"].items():
             dtype = np.dtype(str(info["dtype"]))

@@ -18,13 +18,8 @@ import numpy as np
 
 from hpcckpt.store import blocks, direct_io, integrity
 from hpcckpt.store.errors import CorruptCheckpoint
-from hpcckpt.store.reader import (
-    FULL,
-    CheckpointReader,
-    dataset_name,
-    delta_name,
-    parse_tree,
-)
+from hpcckpt.store.format import BLOCK_HASHES, FULL, RANK_TREE, dataset_name, delta_name
+from hpcckpt.store.reader import CheckpointReader, parse_tree
 
 #: One file extent of an array: (file of the chain, byte offset in it, byte offset in
 #: the rank's array, bytes).
@@ -79,8 +74,8 @@ def plans(reader: CheckpointReader) -> list[RankPlan] | None:
         return None
     files = reader.chain
     n, narrays = reader.nranks, len(reader.arrays)
-    tree_start = reader.raw_start("meta/rank_tree", np.dtype(np.uint8))
-    hash_start = reader.raw_start("meta/block_hashes", np.dtype(np.uint64))
+    tree_start = reader.raw_start(RANK_TREE, np.dtype(np.uint8))
+    hash_start = reader.raw_start(BLOCK_HASHES, np.dtype(np.uint64))
     tree_offs = np.asarray(reader.tree_offsets, dtype=np.int64)
     if hash_start is None or (tree_start is None and tree_offs[-1] > 0):
         return None

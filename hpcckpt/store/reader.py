@@ -15,10 +15,9 @@ is present, not marked bad and the very file it was written against (by uid), an
 :meth:`CheckpointReader.rank_array` assembles a rank's array from the newest copy of
 each block in the chain, verifying every block against its hash.
 
-Format version 4 describes every array (its layout, the ranks' offsets and shapes) in
-one JSON attribute of ``/meta``, ``array_info``, where versions 1-3 put 4-6 attributes on
-each array's dataset: HDF5 costs about as much per attribute as per dataset, and a model
-holds thousands of arrays. Both are read.
+How arrays are described (one ``/meta`` attribute in format version 4, attributes of
+each dataset in versions 1-3) is read and checked by :mod:`.descriptions`; the format's
+names and version are :mod:`.format`'s.
 
 Over 500 lines on purpose: verifying and reading a checkpoint (per-rank slices,
 resharding, checksums) is one path a restore follows end to end.
@@ -29,110 +28,39 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
 
-from hpcckpt.store import blocks, direct_io, integrity, layout, safety
-from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
-from hpcckpt.store.state_tree import ARRAY_KINDS, array_paths
-
-FORMAT = "hpcckpt"
-FORMAT_VERSION = 4
-#: HDF5 object formats files are written in: from 1.8's, whose attributes may exceed
-#: 64 KiB (per-rank tables of thousands of ranks, thousands of array paths), up to
-#: 1.10's, so that an HDF5 1.10 library still reads every file.
-LIBVER = ("v108", "v110")
-#: Kinds of checkpoint files (format version 2): a full one, or the changed blocks only.
-FULL, INCREMENTAL = "full", "incremental"
-#: More ranks than this in a file is taken as damage, not as a real run.
-MAX_RANKS = 1 << 24
-_MAX_DIM = 1 << 62
-
-
-def dataset_name(path: str) -> str:
-    """The HDF5 dataset of an array path (``state/<escaped keys joined by '/'>``)."""
-    return "state/" + path
-
-
-def delta_name(path: str) -> str:
-    """The dataset of an array's changed blocks in an incremental file."""
-    return "delta/" + path
-
-
-def index_name(path: str) -> str:
-    """The (rank, block, start) index of an array's changed blocks in an incremental file."""
-    return "delta_index/" + path
-
-
-@dataclass(frozen=True)
-class ArrayInfo:
-    """One array of a checkpoint: its dataset and how the writing ranks' parts lie in it."""
-
-    name: str
-    column: int  # column of the checksum table
-    dtype: np.dtype
-    layout: str  # "rows": ranks' arrays stacked along axis 0; "flat": C-order elements
-    shape: tuple[int, ...]  # the dataset's shape (the global array for "rows")
-    rank_offsets: tuple[int, ...]  # nranks + 1: rank r holds [offsets[r], offsets[r+1]) of axis 0
-    rank_shapes: tuple[tuple[int, ...], ...]
-    distributed: bool  # declared distributed along axis 0 by the application
-    torch_dtype: str = ""  # a torch tensor's dtype (format version 3), "" for numpy
-    replicated: bool = False  # rank 0's copy is every rank's value (format version 3)
-
-    @property
-    def trailing(self) -> tuple[int, ...]:
-        return self.shape[1:]
-
-    def rank_bytes(self, rank: int) -> int:
-        return self.rank_elems(rank) * self.dtype.itemsize
-
-    def rank_elems(self, rank: int) -> int:
-        return int(np.prod(self.rank_shapes[rank], dtype=np.int64))
-
-    def same_layout(self, other: ArrayInfo) -> bool:
-        return (self.dtype, self.layout, self.shape, self.rank_offsets, self.rank_shapes) == (
-            other.dtype,
-            other.layout,
-            other.shape,
-            other.rank_offsets,
-            other.rank_shapes,
-        )
-
-
-#: The attributes of an array's dataset the reader uses (format versions 1-3; version 4
-#: keeps them in ``meta.attrs['array_info']``); others are never read.
-_ARRAY_ATTRS = frozenset(
-    ["shape", "layout", "rank_offsets", "rank_shapes", "distributed", "torch_dtype", "replicated"]
+from hpcckpt.store import blocks, direct_io, heap_check, integrity, layout, safety, tree_check
+from hpcckpt.store.descriptions import (
+    ArrayInfo,
+    array_info,
+    attributes,
+    descriptions,
+    integer,
+    offsets,
+    plain,
 )
-
-
-def _attrs(obj: h5py.HLObject, names: frozenset[str] | None = None) -> dict[str, Any]:
-    """An object's attributes (those in ``names`` when given) as read from the file:
-    listed once, each read once (a lookup by name searches them, ``.get`` twice)."""
-    attrs = obj.attrs
-    return {k: attrs[k] for k in attrs if names is None or k in names}
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    return value
-
-
-def _int(value: Any, what: str, lo: int = 0, hi: int = _MAX_DIM) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise CorruptCheckpoint(f"{what} is not an integer ({value!r})")
-    if not lo <= int(value) <= hi:
-        raise CorruptCheckpoint(f"{what} = {int(value)} is outside [{lo}, {hi}]")
-    return int(value)
+from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
+from hpcckpt.store.format import (
+    ARRAY_INFO,
+    BLOCK_HASHES,
+    CHECKSUMS,
+    FORMAT,
+    FORMAT_VERSION,
+    FULL,
+    INCREMENTAL,
+    MAX_RANKS,
+    META,
+    RANK_TREE,
+    dataset_name,
+    delta_name,
+    index_name,
+)
+from hpcckpt.store.state_tree import array_paths
 
 
 def parse_tree(raw: bytes, names: Iterable[str], rank: int, path: Path) -> Any:
@@ -140,7 +68,7 @@ def parse_tree(raw: bytes, names: Iterable[str], rank: int, path: Path) -> Any:
     the node types hpcckpt writes, naming exactly the arrays ``names``."""
     try:
         tree = json.loads(raw)
-        safety.check_tree(tree)
+        tree_check.check_tree(tree)
         paths = list(array_paths(tree))
     except (ValueError, RecursionError, AttributeError, TypeError, KeyError) as exc:
         why = f"{path.name}: rank {rank}'s state tree is not valid ({exc})"
@@ -187,7 +115,7 @@ class CheckpointReader:
         except CheckpointError:
             self.close()
             raise
-        except safety.DAMAGE_ERRORS as exc:  # what h5py raises on damaged metadata
+        except heap_check.DAMAGE_ERRORS as exc:  # what h5py raises on damaged metadata
             self.close()
             raise CorruptCheckpoint(
                 f"{self.path.name}: unreadable ({type(exc).__name__}: {exc})"
@@ -235,22 +163,22 @@ class CheckpointReader:
 
     def _validate(self) -> None:
         # HDF5 hangs on a damaged heap; the check opens every dataset, kept for _dataset.
-        self._ids = safety.check_global_heaps(self._f, self.path, self._file_size, self._fd)
-        meta = self._f.get("meta")
+        self._ids = heap_check.check_global_heaps(self._f, self.path, self._file_size, self._fd)
+        meta = self._f.get(META)
         if not isinstance(meta, h5py.Group):
             raise self._corrupt("not an hpcckpt checkpoint (no /meta group)")
-        self.attrs: dict[str, Any] = {k: _plain(v) for k, v in _attrs(meta).items()}
-        described = self.attrs.pop("array_info", None)
+        self.attrs: dict[str, Any] = {k: plain(v) for k, v in attributes(meta).items()}
+        described = self.attrs.pop(ARRAY_INFO, None)
         if self.attrs.get("format") != FORMAT:
             raise self._corrupt("not an hpcckpt checkpoint (meta.attrs['format'])")
-        version = _int(self.attrs.get("format_version"), "format_version", 1, 1 << 30)
+        version = integer(self.attrs.get("format_version"), "format_version", 1, 1 << 30)
         if version > FORMAT_VERSION:
             raise CheckpointError(
                 f"{self.path.name}: format version {version} is newer than this hpcckpt "
                 f"understands ({FORMAT_VERSION}); upgrade hpcckpt"
             )
-        self.step = _int(self.attrs.get("step"), "step")
-        self.nranks = n = _int(self.attrs.get("nranks"), "nranks", 1, MAX_RANKS)
+        self.step = integer(self.attrs.get("step"), "step")
+        self.nranks = n = integer(self.attrs.get("nranks"), "nranks", 1, MAX_RANKS)
         self.time = float(self.attrs.get("time", 0.0))
         names = json.loads(self.attrs.get("arrays", "null"))
         if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
@@ -258,7 +186,7 @@ class CheckpointReader:
         if len(set(names)) != len(names):
             raise self._corrupt("meta.attrs['arrays'] lists an array twice")
 
-        cs = self._dataset("meta/checksums")
+        cs = self._dataset(CHECKSUMS)
         if cs.shape != (n, len(names) + 1) or cs.dtype != np.uint64:
             raise self._corrupt(
                 f"checksum table is {cs.dtype}{list(cs.shape)}, expected uint64[{n}, "
@@ -266,10 +194,12 @@ class CheckpointReader:
             )
         self.checksums = np.asarray(cs[...], dtype=np.uint64)
 
-        rt = self._dataset("meta/rank_tree")
+        rt = self._dataset(RANK_TREE)
         if rt.ndim != 1 or rt.dtype != np.uint8:
             raise self._corrupt(f"meta/rank_tree is {rt.dtype}{list(rt.shape)}, expected uint8[n]")
-        self._tree_offsets = self._offsets(rt.attrs.get("offsets"), n, rt.shape[0], "rank_tree")
+        self._tree_offsets = offsets(
+            rt.attrs.get("offsets"), n, rt.shape[0], "rank_tree", self.path
+        )
 
         self.format_version = version
         self.kind = FULL
@@ -283,11 +213,14 @@ class CheckpointReader:
             self.uid = str(self.attrs.get("uid") or "")
             if not self.uid:
                 raise self._corrupt("meta.attrs['uid'] is missing")
-            self.block_size = _int(self.attrs.get("block_size"), "block_size", 16, 1 << 40)
-        descriptions = self._descriptions(described, names, version)
+            self.block_size = integer(self.attrs.get("block_size"), "block_size", 16, 1 << 40)
+        listed = descriptions(described, names, version, self.path)
+        incremental = self.kind == INCREMENTAL
         self.arrays: dict[str, ArrayInfo] = {}
         for column, name in enumerate(names):
-            self.arrays[name] = self._array_info(name, column, n, descriptions)
+            d = self._checked(delta_name(name) if incremental else dataset_name(name))
+            one = None if listed is None else listed[column]
+            self.arrays[name] = array_info(d, name, column, n, one, incremental, self.path)
         self._delta: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         if version >= 2:
             self._hash_table(n, names)
@@ -298,10 +231,12 @@ class CheckpointReader:
 
     def _hash_table(self, n: int, names: list[str]) -> None:
         """``meta/block_hashes``: every rank's block hashes of every array, rank-major."""
-        d = self._dataset("meta/block_hashes")
+        d = self._dataset(BLOCK_HASHES)
         if d.ndim != 1 or d.dtype != np.uint64:
             raise self._corrupt(f"meta/block_hashes is {d.dtype}{list(d.shape)}, not uint64[n]")
-        offs = self._offsets(d.attrs.get("offsets"), n * len(names), d.shape[0], "block_hashes")
+        offs = offsets(
+            d.attrs.get("offsets"), n * len(names), d.shape[0], "block_hashes", self.path
+        )
         held = np.diff(np.asarray(offs, dtype=np.int64)).reshape(n, len(names))
         for name in names:  # numpy over the ranks: O(p) work, once per restore
             info = self.arrays[name]
@@ -362,7 +297,7 @@ class CheckpointReader:
         for item in raw:
             if not (isinstance(item, list) and len(item) == 3 and isinstance(item[2], str)):
                 raise self._corrupt(f"meta.attrs['chain'] has an entry {item!r:.80}")
-            step = _int(item[1], "a step of meta.attrs['chain']")
+            step = integer(item[1], "a step of meta.attrs['chain']")
             if not isinstance(item[0], str) or layout.step_of(item[0]) != step:
                 raise self._corrupt(f"meta.attrs['chain'] names {item[0]!r} for step {step}")
             refs.append((item[0], step, item[2]))
@@ -408,138 +343,11 @@ class CheckpointReader:
         """The files this checkpoint is made of: the full base first, itself last."""
         return [*self._members, self]
 
-    def _offsets(self, raw: Any, n: int, extent: int, what: str) -> tuple[int, ...]:
-        offs = np.asarray(raw if raw is not None else [])
-        if offs.shape != (n + 1,) or offs.dtype.kind not in "iu":
-            raise self._corrupt(f"{what}: offsets must be {n + 1} integers, found {offs!r:.80}")
-        offs = offs.astype(np.int64)
-        if offs[0] != 0 or offs[-1] != extent or np.any(np.diff(offs) < 0):
-            raise self._corrupt(
-                f"{what}: offsets {offs.tolist()[:8]}... must rise from 0 to the dataset's "
-                f"extent {extent}"
-            )
-        return tuple(offs.tolist())
-
-    def _descriptions(self, raw: Any, names: list[str], version: int) -> list[dict] | None:
-        """Format version 4: ``meta.attrs['array_info']``, one description per array of
-        ``names`` (in that order); None for older files, which describe each on its dataset."""
-        if version < 4:
-            return None
-        try:
-            described = json.loads(raw) if isinstance(raw, str) else None
-        except ValueError:
-            described = None
-        if (
-            not isinstance(described, list)
-            or len(described) != len(names)
-            or not all(isinstance(x, dict) for x in described)
-        ):
-            raise self._corrupt(
-                f"meta.attrs['array_info'] is not a JSON list of {len(names)} array "
-                "descriptions, one per entry of meta.attrs['arrays']"
-            )
-        return described
-
-    def _array_info(
-        self, name: str, column: int, n: int, descriptions: list[dict] | None
-    ) -> ArrayInfo:
-        incremental = self.kind == INCREMENTAL
-        d = self._checked(delta_name(name) if incremental else dataset_name(name))
-        what = f"array {name!r}"
-        if descriptions is None:  # format versions 1-3: attributes of the dataset, JSON text
-            attrs = {k: _plain(v) for k, v in _attrs(h5py.Dataset(d), _ARRAY_ATTRS).items()}
-            for key in ("shape", "rank_shapes"):
-                try:
-                    attrs[key] = json.loads(attrs[key]) if key in attrs else None
-                except (TypeError, ValueError):
-                    attrs[key] = None
-        else:
-            attrs = descriptions[column]
-        if d.dtype.kind not in ARRAY_KINDS or d.dtype.fields is not None:
-            raise self._corrupt(f"{what} has dtype {d.dtype}, not a numeric or bool dtype")
-        shape = tuple(d.shape)
-        if incremental:  # the deltas are 1-D; the array's global shape is described
-            dims = attrs.get("shape")
-            if not isinstance(dims, list) or len(shape) != 1:
-                raise self._corrupt(f"{what}: delta dataset without a 'shape' list")
-            shape = tuple(_int(x, f"{what}: shape") for x in dims)
-        layout = attrs.get("layout")
-        if (
-            layout not in ("rows", "flat")
-            or len(shape) < 1
-            or (layout == "flat" and len(shape) != 1)
-        ):
-            raise self._corrupt(f"{what}: layout {layout!r} does not fit shape {shape}")
-        offs = self._offsets(attrs.get("rank_offsets"), n, shape[0], what)
-        shapes = attrs.get("rank_shapes")
-        if not isinstance(shapes, list) or len(shapes) != n:
-            raise self._corrupt(f"{what}: rank_shapes must list {n} shapes")
-        rank_shapes = self._rank_shapes(shapes, offs, shape, layout, what)
-        distributed = bool(attrs.get("distributed", False))
-        if distributed and layout != "rows":
-            raise self._corrupt(f"{what} is marked distributed but its layout is {layout}")
-        torch_dtype = attrs.get("torch_dtype", "")
-        replicated = bool(attrs.get("replicated", False))
-        if not isinstance(torch_dtype, str) or (torch_dtype and not torch_dtype.isidentifier()):
-            raise self._corrupt(f"{what}: torch_dtype {torch_dtype!r:.40} is not a dtype name")
-        if replicated and (distributed or any(offs[r + 1] > offs[r] for r in range(1, n))):
-            raise self._corrupt(f"{what} is marked replicated but ranks other than 0 hold data")
-        return ArrayInfo(
-            name,
-            column,
-            d.dtype,
-            layout,
-            shape,
-            offs,
-            rank_shapes,
-            distributed,
-            torch_dtype,
-            replicated,
-        )
-
-    def _rank_shapes(
-        self, shapes: list, offs: tuple[int, ...], shape: tuple[int, ...], layout: str, what: str
-    ) -> tuple[tuple[int, ...], ...]:
-        """The ranks' shapes, each matching its extent of the dataset: checked in one numpy
-        pass when every shape is a list of plain integers of one length (what hpcckpt
-        writes; rank 0 checks p of them per restore), else rank by rank, naming the first."""
-        ndims = {len(s) if isinstance(s, list) else -1 for s in shapes}
-        flat = [x for s in shapes for x in s] if len(ndims) == 1 and min(ndims) > 0 else None
-        plain = flat is not None and set(map(type, flat)) <= {int}  # bool is not int here
-        if plain and min(flat) >= 0 and max(flat) <= _MAX_DIM:  # flat: one entry per rank
-            dims = np.array(flat, dtype=np.int64).reshape(len(shapes), -1)
-            extents = np.diff(np.asarray(offs, dtype=np.int64))
-            if layout == "rows":
-                ok = dims.shape[1] == len(shape) and np.array_equal(dims[:, 0], extents)
-                ok = ok and bool(np.all(dims[:, 1:] == np.asarray(shape[1:], dtype=np.int64)))
-            else:
-                sizes = np.prod(dims.astype(object), axis=1)  # exact: no int64 overflow
-                ok = bool(np.all(sizes == extents.astype(object)))
-            if ok:
-                return tuple(map(tuple, shapes))
-        rank_shapes = []
-        for r, listed in enumerate(shapes):
-            if not isinstance(listed, list):
-                raise self._corrupt(f"{what}: rank_shapes[{r}] is not a list")
-            dims = tuple(_int(x, f"{what}: rank_shapes[{r}]") for x in listed)
-            extent = offs[r + 1] - offs[r]
-            if layout == "rows":
-                ok = len(dims) == len(shape) and dims[0] == extent and dims[1:] == shape[1:]
-            else:
-                ok = int(np.prod(dims, dtype=object)) == extent
-            if not ok:
-                raise self._corrupt(
-                    f"{what}: rank {r}'s shape {list(dims)} does not match its extent "
-                    f"[{offs[r]}, {offs[r + 1]}) of the {layout} dataset {list(shape)}"
-                )
-            rank_shapes.append(dims)
-        return tuple(rank_shapes)
-
     # -- data ----------------------------------------------------------------------------
     def tree_bytes(self, rank: int) -> bytes:
         """Rank ``rank``'s JSON state tree, checksum verified."""
         lo, hi = self._tree_offsets[rank], self._tree_offsets[rank + 1]
-        raw = self._dataset("meta/rank_tree")[lo:hi].tobytes() if hi > lo else b""
+        raw = self._dataset(RANK_TREE)[lo:hi].tobytes() if hi > lo else b""
         if integrity.checksum(raw) != int(self.checksums[rank, -1]):
             raise self._corrupt(f"rank {rank}'s state tree fails its checksum")
         return raw

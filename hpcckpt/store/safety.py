@@ -1,4 +1,4 @@
-"""Defences of the store against hostile or foreign files, full disks and loose permissions.
+"""The store's files on the file system: modes, links, leftovers and full disks.
 
 - :func:`check_regular_file`: a checkpoint is read only when it is a regular file in
   its own right: a symbolic link (which may point anywhere) or a FIFO/device (which
@@ -9,67 +9,29 @@
   ``O_EXCL | O_NOFOLLOW`` and their final mode set by ``fchmod`` (the umask does not
   widen or narrow them), so a planted link cannot redirect a write outside the
   directory.
-- :func:`check_tree`: a state tree read from a file is checked node by node before
-  anything is built from it (no unknown tags, only real numpy bit generators, no
-  dtypes with sub-arrays or objects), so a crafted tree can neither call arbitrary
-  functions nor ask for a huge allocation.
-- :func:`check_global_heaps`: the HDF5 library (1.10) can loop forever reading a
-  variable-length string attribute whose global heap collection is damaged (one
-  flipped bit in an object's size does it); the collections are parsed and checked
-  here before any attribute is read, so a damaged one is a CorruptCheckpoint, not a
-  hung restore.
-- :func:`explain_write_error`: a failed write into a full file system (MPI-IO reports
-  only "file write failed") becomes a message naming ENOSPC and the directory.
+- :func:`check_free_space` / :func:`explain_write_error`: a save that cannot fit is
+  refused before HDF5 writes, and a failed write into a full file system (MPI-IO
+  reports only "file write failed") becomes a message naming ENOSPC and the directory.
+
+A file's contents are checked elsewhere: HDF5's global heaps by :mod:`.heap_check`,
+state trees by :mod:`.tree_check`.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import contextlib
 import errno
 import logging
 import os
-import re
 import resource
 import stat
-import struct
 from pathlib import Path
-from typing import Any
-
-import h5py
-import numpy as np
 
 from hpcckpt.store.errors import CorruptCheckpoint
 
 log = logging.getLogger("hpcckpt.store")
 
 FILE_MODE, DIR_MODE = 0o600, 0o700
-#: What h5py and the reader's checks raise on a damaged file (HDF5 errors come as
-#: OSError, KeyError, ValueError or RuntimeError, depending on where they happen).
-DAMAGE_ERRORS = (OSError, KeyError, ValueError, TypeError, IndexError, RecursionError, RuntimeError)
 GROUP_FILE_MODE, GROUP_DIR_MODE = 0o640, 0o750
-
-#: The bit generators a checkpoint may name (numpy's own; never any other attribute).
-BIT_GENERATORS = frozenset({"MT19937", "PCG64", "PCG64DXSM", "Philox", "SFC64"})
-_HEX = re.compile(r"^-?[0-9a-fA-F]+$")
-_TORCH_DTYPE = re.compile(r"^[a-z][a-z0-9_]{1,31}$")
-_NODE_TAGS = frozenset(
-    {
-        "dict",
-        "tuple",
-        "bytes",
-        "int",
-        "complex",
-        "npscalar",
-        "array",
-        "generator",
-        "randomstate",
-        "tensor",
-        "kdict",
-        "stateful",
-    }
-)
 
 
 def modes(share_group: bool) -> tuple[int, int]:
@@ -155,117 +117,6 @@ def make_directory(directory: Path, mode: int = DIR_MODE) -> None:
     os.chmod(directory, mode)
 
 
-# -- HDF5 global heaps --------------------------------------------------------------------
-_GCOL = b"GCOL"
-_MAX_SCAN = 256 << 20  # bytes of metadata scanned for heap collections, at most
-
-
-def datasets(f: Any) -> dict[str, Any]:
-    """Every dataset of the open file ``f`` by path, opened with HDF5's low-level calls
-    (``h5py.h5d.DatasetID``): a third of the cost of h5py's objects, which a file of
-    thousands of arrays pays per array."""
-    names: list[bytes] = []
-
-    def visit(name: bytes, info: Any) -> None:
-        if info.type == h5py.h5o.TYPE_DATASET:
-            names.append(name)
-
-    h5py.h5o.visit(f.id, visit, info=True)
-    return {n.decode("utf-8", "surrogateescape"): h5py.h5d.open(f.id, n) for n in names}
-
-
-def _raw_ranges(found: dict[str, Any]) -> list[tuple[int, int]]:
-    """(offset, end) of every contiguous dataset's raw data: bytes that are not metadata."""
-    ranges: list[tuple[int, int]] = []
-    for dsid in found.values():
-        off = dsid.get_offset()
-        if off is not None:
-            ranges.append((off, off + dsid.get_storage_size()))
-    return sorted(ranges)
-
-
-def _check_collection(raw: bytes, at: int, name: str) -> None:
-    """Objects of the global heap collection at ``raw[at:]`` must tile it exactly.
-
-    A tail too short for an object header is free space without one (HDF5's own
-    reader takes it so): a collection filled to within 16 bytes of its end.
-    """
-    size = struct.unpack_from("<Q", raw, at + 8)[0]
-    end, q, seen = at + size, at + 16, set()
-    while q + 16 <= end:
-        index, _refs, _res, osize = struct.unpack_from("<HHIQ", raw, q)
-        if index == 0:  # the free space: the rest of the collection
-            if osize != end - q:
-                raise CorruptCheckpoint(f"{name}: HDF5 global heap at {at} is damaged (free space)")
-            return
-        if index in seen or q + 16 + (osize + 7) // 8 * 8 > end:
-            raise CorruptCheckpoint(
-                f"{name}: HDF5 global heap at {at} is damaged (object {index}, {osize} bytes)"
-            )
-        seen.add(index)
-        q += 16 + (osize + 7) // 8 * 8
-
-
-def check_global_heaps(f: Any, path: Path, file_size: int, fd: int | None = None) -> dict[str, Any]:
-    """Raise CorruptCheckpoint if a global heap collection (variable-length strings) is
-    damaged; else return the file's :func:`datasets`, which the check opens anyway.
-
-    Reads only the bytes outside the datasets' raw data (the metadata), at most
-    ``_MAX_SCAN`` of them; through ``fd`` (open on ``path``) when given.
-    """
-    gaps, pos = [], 0
-    try:
-        found = datasets(f)
-        ranges = _raw_ranges(found)
-    except (RuntimeError, OSError, KeyError, ValueError) as exc:  # a damaged group or header
-        raise CorruptCheckpoint(f"{path.name}: unreadable HDF5 structure ({exc})") from exc
-    for lo, hi in ranges:
-        if lo > pos:
-            gaps.append((pos, lo))
-        pos = max(pos, hi)
-    if pos < file_size:
-        gaps.append((pos, file_size))
-    budget = _MAX_SCAN
-    with contextlib.ExitStack() as stack:
-        if fd is None:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            stack.callback(os.close, fd)
-        for lo, hi in gaps:
-            n = min(hi - lo, budget)
-            if n <= 0:
-                break
-            budget -= n
-            raw = _pread(fd, n, lo)
-            at = raw.find(_GCOL)
-            while at >= 0:
-                header_ok = (
-                    at + 16 <= len(raw)
-                    and raw[at + 4] == 1
-                    and raw[at + 5 : at + 8] == b"\0\0\0"
-                    and 4096 <= struct.unpack_from("<Q", raw, at + 8)[0] <= file_size - lo - at
-                )
-                if header_ok:  # a collection (data that merely contains "GCOL" never gets here)
-                    if at + struct.unpack_from("<Q", raw, at + 8)[0] > len(raw):
-                        raise CorruptCheckpoint(
-                            f"{path.name}: HDF5 global heap at {lo + at} runs into raw data"
-                        )
-                    _check_collection(raw, at, path.name)
-                at = raw.find(_GCOL, at + 4)
-    return found
-
-
-def _pread(fd: int, n: int, offset: int) -> bytes:
-    """Up to ``n`` bytes at ``offset`` (fewer only at the end of the file)."""
-    parts, got = [], 0
-    while got < n:
-        part = os.pread(fd, n - got, offset + got)
-        if not part:
-            break
-        parts.append(part)
-        got += len(part)
-    return b"".join(parts)
-
-
 # -- a full disk ---------------------------------------------------------------------------
 def free_bytes(directory: Path) -> int | None:
     try:
@@ -331,121 +182,8 @@ def explain_write_error(
     return exc
 
 
-# -- state trees read from a file ----------------------------------------------------------
-def _dtype(text: Any, kinds: str, where: str) -> np.dtype:
-    if not isinstance(text, str) or len(text) > 16:
-        raise ValueError(f"{where}: dtype {text!r:.40} is not a short dtype string")
-    dtype = np.dtype(text)
-    if dtype.kind not in kinds or dtype.fields is not None or dtype.shape != ():
-        raise ValueError(f"{where}: dtype {dtype} is not allowed")
-    return dtype
-
-
-def _check_state_dict(obj: Any, where: str) -> None:
-    """A random generator's state: plain JSON, plus flat numeric arrays."""
-    if isinstance(obj, dict):
-        if obj.get("$t") == "ndarray":
-            _dtype(obj.get("dtype"), "biuf", where)
-            values = obj.get("v")
-            if not isinstance(values, list) or any(
-                not isinstance(x, (int, float)) or isinstance(x, bool) for x in values
-            ):
-                raise ValueError(f"{where}: a generator array must be a flat list of numbers")
-            return
-        for key, value in obj.items():
-            _check_state_dict(value, f"{where}/{key}")
-    elif isinstance(obj, list):
-        for value in obj:
-            _check_state_dict(value, where)
-    elif obj is not None and not isinstance(obj, (str, int, float, bool)):
-        raise ValueError(f"{where}: unexpected {type(obj).__name__} in a generator state")
-
-
-def check_tree(tree: Any, where: str = "<root>") -> None:
-    """Raise ValueError unless every node of ``tree`` is one hpcckpt writes (docs/format.md)."""
-    if tree is None or isinstance(tree, (bool, str, int, float)):
-        return
-    if isinstance(tree, list):
-        for i, item in enumerate(tree):
-            check_tree(item, f"{where}/{i}")
-        return
-    if not isinstance(tree, dict):
-        raise ValueError(f"{where}: {type(tree).__name__} is not a state tree node")
-    tag = tree.get("$t")
-    if tag not in _NODE_TAGS:
-        raise ValueError(f"{where}: unknown node type {tag!r:.40}")
-    value = tree.get("v")
-    if tag == "dict":
-        if not isinstance(value, dict):
-            raise ValueError(f"{where}: a dict node needs a dict 'v'")
-        for key, item in value.items():
-            check_tree(item, f"{where}/{key}")
-    elif tag == "tuple":
-        if not isinstance(value, list):
-            raise ValueError(f"{where}: a tuple node needs a list 'v'")
-        for i, item in enumerate(value):
-            check_tree(item, f"{where}/{i}")
-    elif tag == "kdict":
-        if not isinstance(value, list):
-            raise ValueError(f"{where}: a kdict node needs a list of [key, value] pairs")
-        for pair in value:
-            if not (
-                isinstance(pair, list)
-                and len(pair) == 2
-                and (pair[0] is None or isinstance(pair[0], (bool, int, float, str)))
-            ):
-                raise ValueError(f"{where}: a kdict entry must be [scalar key, value]")
-            check_tree(pair[1], f"{where}/{pair[0]}")
-    elif tag == "stateful":
-        if not isinstance(tree.get("type"), str):
-            raise ValueError(f"{where}: a stateful node needs its type name")
-        check_tree(value, where)
-    elif tag == "tensor":
-        if not isinstance(tree.get("path"), str) or not isinstance(tree.get("dtype"), str):
-            raise ValueError(f"{where}: a tensor node needs a path and a torch dtype name")
-        if not _TORCH_DTYPE.match(tree["dtype"]):
-            raise ValueError(f"{where}: {tree['dtype']!r:.40} is not a torch dtype name")
-    elif tag == "bytes":
-        if not isinstance(value, str):
-            raise ValueError(f"{where}: a bytes node needs base64 text")
-        try:
-            base64.b64decode(value, validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise ValueError(f"{where}: bad base64 ({exc})") from None
-    elif tag == "int":
-        if not isinstance(tree.get("hex"), str) or not _HEX.match(tree["hex"]):
-            raise ValueError(f"{where}: an int node needs hex digits")
-    elif tag == "complex":
-        if not (
-            isinstance(value, list)
-            and len(value) == 2
-            and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value)
-        ):
-            raise ValueError(f"{where}: a complex node needs [real, imag]")
-    elif tag == "npscalar":
-        dtype = _dtype(tree.get("dtype"), "biufc", where)
-        raw = tree.get("hex")
-        if not isinstance(raw, str) or len(raw) != 2 * dtype.itemsize or not _HEX.match(raw):
-            raise ValueError(f"{where}: a {dtype} scalar needs {2 * dtype.itemsize} hex digits")
-    elif tag == "array":
-        if not isinstance(tree.get("path"), str):
-            raise ValueError(f"{where}: an array node needs a path")
-    else:  # generator, randomstate
-        state = tree.get("state")
-        if not isinstance(state, dict):
-            raise ValueError(f"{where}: a {tag} node needs a state dict")
-        name = state.get("bit_generator")
-        allowed = BIT_GENERATORS if tag == "generator" else {"MT19937"}
-        if name not in allowed:
-            raise ValueError(f"{where}: bit generator {name!r:.40} is not one of {sorted(allowed)}")
-        _check_state_dict(state, where)
-
-
 __all__ = [
-    "BIT_GENERATORS",
-    "check_global_heaps",
     "check_regular_file",
-    "check_tree",
     "create_private",
     "check_free_space",
     "explain_write_error",

@@ -1,4 +1,6 @@
-"""The Checkpointer's two levels (coord/levels.py): options, the environment, the drain period."""
+"""The Checkpointer's two levels (coord/levels.py): the drain period, fixed or from the model.
+
+The options and their environment variables are tested in test_options.py."""
 
 from __future__ import annotations
 
@@ -6,7 +8,8 @@ import pytest
 from mpi4py import MPI
 
 from hpcckpt import Checkpointer
-from hpcckpt.coord import levels
+from hpcckpt.coord.levels import Levels
+from hpcckpt.coord.options import LevelOptions
 from hpcckpt.policy import multilevel
 
 
@@ -45,46 +48,8 @@ def test_bad_multilevel_options_are_named(tmp_path, monkeypatch, kwargs, message
         Checkpointer(tmp_path / "ck", comm=MPI.COMM_SELF, **kwargs)
 
 
-@pytest.mark.parametrize(
-    ("env", "expected"),
-    [
-        ({"HPCCKPT_REDUNDANCY": "xor:4"}, ("xor", 4, 1)),
-        ({"HPCCKPT_REDUNDANCY": "partner", "HPCCKPT_DRAIN_EVERY": "5"}, ("partner", 8, 5)),
-        ({"HPCCKPT_DRAIN_EVERY": "auto"}, (None, 8, None)),
-    ],
-)
-def test_the_environment_sets_the_levels_for_a_whole_job(monkeypatch, env, expected):
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    got = levels.resolve(None, None, None, None, cache="c")
-    assert (got.redundancy, got.redundancy_set, got.drain_every) == expected
-
-
-@pytest.mark.parametrize(
-    ("env", "message"),
-    [
-        ({"HPCCKPT_REDUNDANCY": "xor:four"}, "HPCCKPT_REDUNDANCY='xor:four'"),
-        ({"HPCCKPT_DRAIN_EVERY": "often"}, "HPCCKPT_DRAIN_EVERY='often'"),
-    ],
-)
-def test_a_malformed_variable_is_named(monkeypatch, env, message):
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    with pytest.raises(ValueError, match=message):
-        levels.resolve(None, None, None, None, cache="c")
-
-
-def test_arguments_win_over_the_environment(monkeypatch):
-    monkeypatch.setenv("HPCCKPT_REDUNDANCY", "xor:4")
-    monkeypatch.setenv("HPCCKPT_DRAIN_EVERY", "5")
-    got = levels.resolve("partner", 3, 2, 0.5, cache="c")
-    assert (got.redundancy, got.redundancy_set, got.drain_every, got.local_fraction) == (
-        "partner", 3, 2, 0.5,
-    )  # fmt: skip
-
-
 def test_a_fixed_drain_period_drains_every_nth_save():
-    lv = levels.Levels(levels.resolve(None, None, 3, None, cache="c"))
+    lv = Levels(LevelOptions(drain_every=3))
     assert lv.plan(3600.0, 1.0, 10.0, cached=True) is None  # fixed: no model
     pattern = []
     for _ in range(6):
@@ -92,3 +57,13 @@ def test_a_fixed_drain_period_drains_every_nth_save():
         pattern.append(local)
         lv.local_saves = lv.local_saves + 1 if local else 0
     assert pattern == [True, True, False, True, True, False]
+
+
+def test_auto_takes_the_period_from_the_model_and_needs_a_cache_and_an_mtbf():
+    lv = Levels(LevelOptions(drain_every="auto", local_fraction=0.9))
+    assert lv.plan(6 * 3600.0, 20.0, 300.0, cached=True) == multilevel.plan_levels(
+        20.0, 300.0, 6 * 3600.0, 0.9
+    )
+    assert lv.plan(6 * 3600.0, 20.0, 300.0, cached=False) is None
+    assert lv.plan(None, 20.0, 300.0, cached=True) is None
+    assert lv.local_only(None) is False  # no plan: every save drains

@@ -6,9 +6,29 @@ import gc
 import os
 import time
 
+import numpy as np
 import pytest
+from mpi4py import MPI
 
 from hpcckpt.store import direct_io
+from hpcckpt.store.store import CheckpointStore
+
+
+def small_state(k: float) -> dict:
+    """A small state whose values all depend on ``k``: 1000 float64 and a nested dict."""
+    return {"u": np.arange(1000.0) * k, "meta": {"k": k, "name": "run"}}
+
+
+@pytest.fixture
+def make_state():
+    """:func:`small_state`, for the store's tests in one process."""
+    return small_state
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A store of ``tmp_path/ck`` in one process (MPI.COMM_SELF), default options."""
+    return CheckpointStore(tmp_path / "ck", MPI.COMM_SELF)
 
 
 @pytest.fixture

@@ -165,7 +165,7 @@ def test_the_self_audit_switches_a_wrong_tracker_off(tmp_path, caplog):
     assert store.save(4, state).change_detection == "kernel"
     # Corrupt the tracker: the kernel's report of a write is consumed and forgotten.
     state["u"][300_000] = 8.0
-    tracker = store.changes.tracker
+    tracker = store.saver.changes.tracker
     assert tracker is not None
     tracker.candidate_blocks("u", state["u"], BLOCK)
     for region in tracker._regions:
@@ -174,7 +174,7 @@ def test_the_self_audit_switches_a_wrong_tracker_off(tmp_path, caplog):
     assert res.kind == "full" and res.tracking_audit is not None
     assert "'u'" in res.tracking_audit and "kernel reported no write" in res.tracking_audit
     assert "write tracking switched off" in caplog.text
-    assert store.changes.tracker is None and store.changes.off == res.tracking_audit
+    assert store.saver.changes.tracker is None and store.saver.changes.off == res.tracking_audit
     with CheckpointReader(res.path) as r:  # the full file is right whatever the tracker said
         assert r.rank_array("u", 0).tobytes() == state["u"].tobytes()
     state["u"][9] = 9.0
@@ -231,7 +231,7 @@ def test_an_array_rewritten_between_saves_is_hashed_for_a_while(tmp_path):
         with CheckpointReader(res.path) as r:
             assert r.rank_array("dense", 0).tobytes() == state["dense"].tobytes()
             assert r.rank_array("sparse", 0).tobytes() == state["sparse"].tobytes()
-        tracked = store.changes.tracker.tracked
+        tracked = store.saver.changes.tracker.tracked
         # Step 2 found "dense" all written: from then on it is not tracked (no page
         # faults for the application) until REST_SAVES saves later it is tried again.
         assert ("dense" in tracked) == (step == 2 + REST_SAVES + 1), (step, tracked)
@@ -253,7 +253,7 @@ def test_replicated_arrays_are_checked_and_hashed_not_tracked(tmp_path):
         state["u"][step * 90_000] = step
         res = store.save(step, state)
         assert (res.kind, res.change_detection, res.dirty_blocks) == ("incremental", "kernel", 2)
-        assert store.changes.tracker.tracked == {"u"}
+        assert store.saver.changes.tracker.tracked == {"u"}
         with CheckpointReader(res.path) as r:
             assert r.verify() == []
             for name in ("model", "u"):

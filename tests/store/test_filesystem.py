@@ -132,7 +132,7 @@ def test_stripe_and_alignment_reach_the_file_and_it_still_reads(tmp_path, monkey
     ran = []
     monkeypatch.setattr(fs, "apply_setstripe", lambda argv: ran.append(argv) or None)
     opts = fs.TuningOptions(kind="lustre", stripe_size=MiB)
-    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, tuning=opts)
+    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, fs_tuning=opts)
     u = np.arange(300_000.0)
     store.save(1, {"u": u, "v": np.ones(10)})
     assert ran == [["lfs", "setstripe", "-c", "1", "-S", str(MiB), str(store.directory)]]

@@ -90,7 +90,7 @@ def test_a_full_save_hashes_while_writing_what_it_wrote(tmp_path):
     with CheckpointReader(res.path) as reader:
         for name, a in (("big", big), ("strided", np.ascontiguousarray(strided))):
             assert np.array_equal(reader.block_hashes(name, 0), block_hashes(a, 1 << 20))
-    assert np.array_equal(store.last.hashes["big"], block_hashes(big, 1 << 20))
+    assert np.array_equal(store.saver.last.hashes["big"], block_hashes(big, 1 << 20))
     out = {"big": np.zeros_like(big), "strided": np.zeros_like(strided)}
     store.restore(out)  # verifies every block against the stored hashes
     assert np.array_equal(out["big"], big) and np.array_equal(out["strided"], strided)

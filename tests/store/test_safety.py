@@ -1,82 +1,113 @@
-"""The global heap check of ``hpcckpt.store.safety``: sound collections pass, damaged ones
-are named (HDF5 1.10 hangs on some damaged ones, so they must never reach it)."""
+"""``hpcckpt.store.safety`` on its own: exact modes whatever the umask, no write or delete
+through a planted link or into a directory, a full disk or file size limit named."""
 
 from __future__ import annotations
 
-import struct
+import errno
+import os
+import resource
+import stat
 
-import h5py
-import numpy as np
 import pytest
 
+from hpcckpt.store import safety
 from hpcckpt.store.errors import CorruptCheckpoint
-from hpcckpt.store.safety import _check_collection, check_global_heaps
-
-SIZE = 4096
 
 
-def collection(objects: list[bytes], *, tail: int | None = None, free: int | None = None) -> bytes:
-    """A global heap collection of SIZE bytes holding ``objects`` (indices 1, 2, ...);
-    the rest is a free-space object (index 0) of ``free`` bytes (its true size unless
-    given), or, when ``tail`` is given, the objects are padded so that only ``tail``
-    bytes (too few for an object header) are left, with no free-space object."""
-    body = b"".join(
-        struct.pack("<HHIQ", i, 0, 0, len(o)) + o + b"\0" * (-len(o) % 8)
-        for i, o in enumerate(objects, 1)
-    )
-    raw = b"GCOL" + bytes([1, 0, 0, 0]) + struct.pack("<Q", SIZE) + body
-    left = SIZE - len(raw)
-    if tail is not None:
-        pad = left - tail - 16  # one last object fills the collection up to the tail
-        raw += struct.pack("<HHIQ", len(objects) + 1, 0, 0, pad) + b"x" * pad
-        return raw + b"\0" * tail
-    raw += struct.pack("<HHIQ", 0, 0, 0, left if free is None else free)
-    return raw + b"\0" * (SIZE - len(raw))
+@pytest.fixture
+def loose_umask():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
 
 
-def test_a_collection_ending_in_free_space_is_sound():
-    _check_collection(collection([b"rows", b"[[3], [3], [3]]"]), 0, "f.h5")
+def mode_of(path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
 
 
-@pytest.mark.parametrize("tail", [0, 8])
-def test_a_collection_filled_to_within_an_object_header_is_sound(tail):
-    """HDF5 writes no free-space object when fewer than 16 bytes are left (seen in a
-    file of 3 ranks x 3,000 arrays: 8 bytes left); HDF5 reads such a collection."""
-    raw = collection([b"rows"] * 50, tail=tail)
-    assert len(raw) == SIZE
-    _check_collection(raw, 0, "f.h5")
+def test_modes_are_owner_only_or_group_readable():
+    assert safety.modes(False) == (0o600, 0o700)
+    assert safety.modes(True) == (0o640, 0o750)
 
 
-def test_an_object_running_past_the_collection_is_damage():
-    raw = bytearray(collection([b"rows", b"flat"]))
-    struct.pack_into("<Q", raw, 16 + 8, SIZE)  # object 1 claims the whole collection
-    with pytest.raises(CorruptCheckpoint, match=r"global heap at 0 is damaged \(object 1"):
-        _check_collection(bytes(raw), 0, "f.h5")
+def test_write_private_gives_the_exact_mode_and_never_writes_through_a_link(tmp_path, loose_umask):
+    outside = tmp_path / "outside"
+    outside.write_text("keep")
+    planted = tmp_path / "f"
+    planted.symlink_to(outside)
+    safety.write_private(planted, "new", 0o640)
+    assert outside.read_text() == "keep" and not planted.is_symlink()
+    assert planted.read_text() == "new" and mode_of(planted) == 0o640
+    with pytest.raises(FileExistsError):  # how a lock file is taken
+        safety.write_private(planted, "again", replace=False)
+    assert planted.read_text() == "new"
 
 
-def test_an_object_index_twice_is_damage():
-    raw = bytearray(collection([b"rows", b"flat"]))
-    struct.pack_into("<H", raw, 16 + 24, 1)  # the second object says it is object 1
-    with pytest.raises(CorruptCheckpoint, match=r"\(object 1, 4 bytes\)"):
-        _check_collection(bytes(raw), 0, "f.h5")
+def test_create_private_fails_on_any_existing_name(tmp_path, loose_umask):
+    path = tmp_path / "f"
+    safety.create_private(path)
+    assert path.read_bytes() == b"" and mode_of(path) == safety.FILE_MODE
+    with pytest.raises(FileExistsError):
+        safety.create_private(path)
 
 
-def test_free_space_of_the_wrong_size_is_damage():
-    with pytest.raises(CorruptCheckpoint, match=r"damaged \(free space\)"):
-        _check_collection(collection([b"rows"], free=64), 0, "f.h5")
+def test_remove_leftover_unlinks_files_and_links_never_directories(tmp_path):
+    target = tmp_path / "target"
+    target.write_text("keep")
+    link, plain, directory = tmp_path / "l.partial", tmp_path / "p.partial", tmp_path / "d.partial"
+    link.symlink_to(target)
+    plain.write_text("x")
+    directory.mkdir()
+    for path in (link, plain, directory, tmp_path / "missing.partial"):
+        safety.remove_leftover(path)
+    assert not os.path.lexists(link) and not plain.exists() and directory.is_dir()
+    assert target.read_text() == "keep"
 
 
-def test_the_heap_check_hands_back_every_dataset_opened(tmp_path):
-    """The walk that skips the datasets' raw bytes opens each dataset once (hard links
-    only), and the reader reuses them: every one is there, by its full path."""
-    path = tmp_path / "f.h5"
-    with h5py.File(path, "w") as f:
-        f["a"] = np.arange(3)
-        f["g/b/c"] = np.zeros((2, 2))
-        f.create_group("empty")
-        f["g"].attrs["text"] = "a variable-length string in a global heap"
-        f["g/soft"] = h5py.SoftLink("/a")  # a link, not a second dataset
-    with h5py.File(path, "r") as f:
-        found = check_global_heaps(f, path, path.stat().st_size)
-        assert sorted(found) == ["a", "g/b/c"]
-        assert found["g/b/c"].shape == (2, 2) and found["a"].dtype == np.arange(3).dtype
+def test_set_mode_does_not_follow_a_link(tmp_path):
+    target = tmp_path / "target"
+    target.write_text("x")
+    target.chmod(0o600)
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    safety.set_mode(link, 0o644)
+    assert mode_of(target) == 0o600
+    safety.set_mode(target, 0o640)
+    assert mode_of(target) == 0o640
+
+
+def test_make_directory_sets_its_mode_and_keeps_an_existing_ones(tmp_path, loose_umask):
+    new = tmp_path / "a" / "b"
+    safety.make_directory(new, 0o750)
+    assert mode_of(new) == 0o750
+    new.chmod(0o755)
+    safety.make_directory(new, 0o700)
+    assert mode_of(new) == 0o755
+
+
+def test_check_regular_file_refuses_links_and_fifos(tmp_path):
+    regular = tmp_path / "ckpt.h5"
+    regular.write_bytes(b"x")
+    safety.check_regular_file(regular)
+    link = tmp_path / "link.h5"
+    link.symlink_to(regular)
+    with pytest.raises(CorruptCheckpoint, match="symbolic link"):
+        safety.check_regular_file(link)
+    fifo = tmp_path / "fifo.h5"
+    os.mkfifo(fifo)
+    with pytest.raises(CorruptCheckpoint, match="not a regular file"):
+        safety.check_regular_file(fifo)
+    with pytest.raises(CorruptCheckpoint, match="unreadable"):
+        safety.check_regular_file(tmp_path / "missing.h5")
+
+
+def test_check_free_space_names_enospc_and_the_file_size_limit(tmp_path, monkeypatch):
+    safety.check_free_space(tmp_path, 1)
+    monkeypatch.setattr(safety, "free_bytes", lambda directory: 1000)
+    with pytest.raises(OSError, match="ENOSPC") as got:
+        safety.check_free_space(tmp_path, 1 << 20)
+    assert got.value.errno == errno.ENOSPC and str(tmp_path) in str(got.value)
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (3000, resource.RLIM_INFINITY))
+    with pytest.raises(OSError, match="ulimit -f") as got:
+        safety.check_free_space(tmp_path, 1)
+    assert got.value.errno == errno.EFBIG

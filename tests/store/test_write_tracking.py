@@ -316,7 +316,7 @@ assert libc.prctl(22, 2, ctypes.byref(P(4, prog)), 0, 0) == 0, ctypes.get_errno(
 from mpi4py import MPI
 from hpcckpt.store.store import CheckpointStore
 print(write_tracking.why_unavailable())
-assert CheckpointStore(sys.argv[1], MPI.COMM_SELF).changes.tracker is None  # auto: hashes
+assert CheckpointStore(sys.argv[1], MPI.COMM_SELF).saver.changes.tracker is None  # auto: hashes
 try:
     CheckpointStore(sys.argv[1], MPI.COMM_SELF, change_detection="kernel")
 except ValueError as exc:

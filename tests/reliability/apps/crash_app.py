@@ -15,6 +15,7 @@ then deletes a whole older chain. "async" and "cache" make the saves staged (wri
 in the background; "cache" stages in DIR-cache), "async-inc" incremental and staged.
 """
 
+import dataclasses
 import sys
 
 import numpy as np
@@ -75,7 +76,7 @@ for step in range(0 if start is None else start + 1, nsteps):
         state["u"][...] = global_u(step, nrows)[lo:hi]
     state["v"][...] = np.arange(5) * step
     state["step"], state["name"] = step, f"crash-{step}"
-    ck.retention["keep_last"] = 1 if step == prune_at else None
+    ck.retention = dataclasses.replace(ck.retention, keep_last=1 if step == prune_at else None)
     if ck.due(step):
         ck.save(step, state)
 ck.finish()

@@ -27,7 +27,7 @@ comm = MPI.COMM_WORLD
 rank = comm.Get_rank()
 forced = None if args.direct_io is None else args.direct_io == "yes"
 store = CheckpointStore(
-    args.directory, comm, incremental=False, tuning=TuningOptions(direct_io=forced)
+    args.directory, comm, incremental=False, fs_tuning=TuningOptions(direct_io=forced)
 )
 u = np.zeros(args.mib * (1 << 20) // 8)
 paths, decisions = [], []

@@ -18,7 +18,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-import hpcckpt.store.store as store_module
+import hpcckpt.store.load as load_module
 from hpcckpt.store.errors import CheckpointError
 from hpcckpt.store.resharding import even_split
 from hpcckpt.store.store import CheckpointStore
@@ -54,7 +54,7 @@ def report(**fields) -> None:
 
 
 opened = 0
-Reader = store_module.CheckpointReader
+Reader = load_module.CheckpointReader
 
 
 def counting_reader(*args, **kwargs):
@@ -63,7 +63,7 @@ def counting_reader(*args, **kwargs):
     return Reader(*args, **kwargs)
 
 
-store_module.CheckpointReader = counting_reader
+load_module.CheckpointReader = counting_reader
 
 if mode == "save":
     store = CheckpointStore(
@@ -105,5 +105,5 @@ elif mode == "restore":
         exact=exact and state["k"] == step,
         in_place=state["u"] is sentinel,
         opened=opened,
-        chain=[c[1] for c in store.last.chain] if store.last else None,
+        chain=[c[1] for c in store.saver.last.chain] if store.saver.last else None,
     )

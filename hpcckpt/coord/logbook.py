@@ -1,0 +1,209 @@
+"""What the Checkpointer writes down about a save or a restore: its log lines and the
+fields of its events, as functions of the store's result; and where its lines go.
+
+Kept apart from the Checkpointer so that its methods keep only the sequence of a save;
+tests and ``hpcckpt report`` read this text and these fields, so they change here or
+nowhere (docs/events.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpcckpt.policy.durations import format_duration
+from hpcckpt.rundir import events as job_events
+from hpcckpt.rundir import verbosity
+from hpcckpt.store.results import RestoreResult, SaveResult
+from hpcckpt.store.store import PendingSave
+
+log = logging.getLogger("hpcckpt")
+
+
+def configure_logging(rank: int, level: int) -> None:
+    """One stderr handler with a rank prefix: rank 0's info lines, every rank's warnings.
+
+    ``level`` (``HPCCKPT_LOG_LEVEL``, set by the wrapper's --quiet/--verbose): quiet keeps
+    warnings only; verbose shows every rank's lines and the debug details.
+    """
+    if log.handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(f"hpcckpt[{rank}] %(message)s"))
+    log.addHandler(handler)
+    if level == verbosity.QUIET:
+        log.setLevel(logging.WARNING)
+    elif level == verbosity.VERBOSE:
+        log.setLevel(logging.DEBUG)
+    else:
+        log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    log.propagate = False
+
+
+@dataclass(frozen=True)
+class SaveRecord:
+    """A committed save, written down: the info ``line``, the ``checkpoint`` event's
+    ``fields`` and a ``warning`` when the save turned write tracking off."""
+
+    line: str
+    fields: dict[str, Any]
+    warning: str | None = None
+
+
+def upcoming(stop: str | None, interval: float | None, every_steps: int | None) -> str:
+    """The line's tail: "stopping", "next in 5 min" or "next in N steps"."""
+    if stop:
+        return "stopping"
+    if interval is not None:
+        return f"next in {format_duration(interval)}"
+    return f"next in {every_steps} steps"
+
+
+def kind_text(result: SaveResult, incremental: bool) -> str:
+    """ "incremental (3.1 % of blocks)", "full (why not a delta)" or "full"."""
+    if result.kind == "incremental":
+        return f"incremental ({100 * result.dirty_fraction:.1f} % of blocks)"
+    if result.full_reason and incremental:
+        return f"full ({result.full_reason})"
+    return "full"
+
+
+def how_text(result: SaveResult, redundancy: str | None) -> str:
+    """How it was written: in the background, on the node-local tier, or (synchronous)
+    how the changed blocks were found; "" when none applies."""
+    if result.write_path is not None:
+        found = (
+            f"kernel: {result.pages_written} page{'s' * (result.pages_written != 1)} written"
+            if result.change_detection == "kernel"
+            else "hashes"
+        )
+        return f" ({found}, {result.bytes_hashed / 2**20:.1f} MiB hashed)"
+    if result.tier != "directory":
+        return " on the node-local tier" + (f" with {redundancy} redundancy" if redundancy else "")
+    if result.blocked_seconds is not None:
+        return f" in the background (blocked {result.blocked_seconds:.2f} s)"
+    return ""
+
+
+def committed(
+    result: SaveResult,
+    reason: str,
+    *,
+    stop: str | None,
+    interval: float | None,
+    every_steps: int | None,
+    cost_estimate: float,
+    redundancy: str | None,
+    incremental: bool,
+) -> SaveRecord:
+    """The log line and ``checkpoint`` event of a committed save. ``interval``: seconds to
+    the next save (None: ``every_steps`` count); ``redundancy``: the node-local tier's;
+    ``incremental``: whether deltas are on (a full save then says why it is full)."""
+    rate = result.bytes_written / result.seconds / 1e6 if result.seconds > 0 else float("inf")
+    line = (
+        f"checkpoint step {result.step}: {kind_text(result, incremental)}, "
+        f"{result.bytes_written / 2**20:.1f} MiB in {result.seconds:.2f} s ({rate:.0f} MB/s)"
+        f"{how_text(result, redundancy)}, {reason}; {upcoming(stop, interval, every_steps)}"
+    )
+    extra: dict[str, Any] = {}
+    if result.blocked_seconds is not None:
+        extra["blocked_seconds"] = round(result.blocked_seconds, 6)
+    if result.staging is not None:
+        extra.update(staging_mode=result.staging, staging_bytes=result.staging_bytes)
+    if result.write_path is not None:
+        extra.update(
+            write_path=result.write_path,
+            change_detection=result.change_detection,
+            pages_written=result.pages_written,
+            bytes_hashed=result.bytes_hashed,
+        )
+    warning = None
+    if result.tracking_audit is not None:
+        extra["tracking_audit"] = result.tracking_audit
+        warning = f"write tracking is off for the rest of this run: {result.tracking_audit}"
+    if result.tier != "directory":
+        extra["tier"] = result.tier  # a node-local checkpoint, not drained
+    fields = {
+        "step": result.step,
+        "seconds": round(result.seconds, 6),
+        "bytes": result.bytes_written,
+        "save_kind": result.kind,  # "full" or "incremental"
+        "full_reason": result.full_reason,
+        "dirty": round(result.dirty_fraction, 6),
+        "reason": reason,
+        "path": result.path.name,
+        "next_interval": interval,
+        "cost_estimate": round(cost_estimate, 6),
+        "peak_rss": result.peak_rss,
+        **extra,
+    }
+    return SaveRecord(line, fields, warning)
+
+
+def writer_line(decision: dict[str, Any]) -> str:
+    """The writer's choice after it measured direct against buffered writes."""
+    return (
+        f"writer: {decision['path']} writes for {decision['size_group_bytes'] / 2**20:.0f} MiB "
+        f"per rank (direct {decision['direct_mb_s']:.0f} MB/s, "
+        f"buffered {decision['buffered_mb_s']:.0f} MB/s)"
+    )
+
+
+def staged(pending: PendingSave, blocked: float, cache: Path | None) -> tuple[str, dict[str, Any]]:
+    """The debug line and ``checkpoint_staged`` event of a save staged in memory or in the
+    node-local ``cache``, whose write goes on in the background."""
+    where = "in memory" if cache is None else f"in {cache}"
+    line = (
+        f"checkpoint step {pending.step} staged {where} in {blocked:.3f} s; "
+        "writing in the background"
+    )
+    fields = {
+        "step": pending.step,
+        "blocked_seconds": round(blocked, 6),
+        "bytes": pending.bytes_total,
+        "save_kind": pending.written.kind,
+        "staging": "memory" if cache is None else "cache",
+        "staging_mode": pending.staging,
+    }
+    return line, fields
+
+
+def restored(
+    result: RestoreResult | None,
+    set_aside: list[tuple[int, str, str, str]],
+    redundancy: str | None,
+    directory: Path,
+) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
+    """The info line and the events of a restore from ``directory`` (``result`` None:
+    nothing to restore): the node-local files set aside, the checkpoints skipped, and
+    ``restore`` itself (which ranks were rebuilt and, with a redundant tier, moved)."""
+    events = [
+        (job_events.LOCAL_SET_ASIDE, {"step": step, "node": node, "file": name, "reason": why})
+        for step, node, name, why in set_aside
+    ]
+    if result is None:
+        line = f"no checkpoint in {directory}: starting from the beginning"
+        return line, [*events, (job_events.RESTORE, {"step": None})]
+    events += [(job_events.SKIP_BAD, {"step": s, "reason": why}) for s, why in result.skipped]
+    events += [
+        (job_events.LOCAL_SKIPPED, {"step": s, "reason": why}) for s, why in result.local_skipped
+    ]
+    how = ""
+    if result.rebuilt:
+        ranks = ", ".join(map(str, result.rebuilt))
+        how = f" (rank {ranks} rebuilt from {result.rebuilt_from})"
+    where = "node-local copy " if result.source == "cache" else ""
+    line = f"restored step {result.step} from {where}{result.path.name}{how}"
+    fields: dict[str, Any] = {"step": result.step, "path": result.path.name, "tier": result.source}
+    if result.source == "cache" and redundancy is not None:
+        fields.update(
+            rebuilt=list(result.rebuilt), rebuilt_from=result.rebuilt_from, moved=list(result.moved)
+        )
+    return line, [*events, (job_events.RESTORE, fields)]
+
+
+def stop_reason(stop: str, signal_name: str | None) -> str:
+    """Why the run stops, in words: "signal USR1", "deadline"..."""
+    return f"signal {signal_name}" if stop == "signal" and signal_name else stop

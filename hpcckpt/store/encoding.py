@@ -1,0 +1,82 @@
+"""A state in, agreed on by every rank: its tree and arrays for a save, and back into the
+application's objects at a restore.
+
+The save side is step 1 of the commit protocol (docs/format.md): every rank encodes its
+state, replicated values are checked equal and left to rank 0, and one reduction agrees
+that every rank could (a value that cannot be checkpointed is a TypeError on every rank,
+naming the rank and key path). The directory and the node-local tier both save through it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hpcckpt.store.agreement import Agreement
+from hpcckpt.store.errors import CheckpointError
+from hpcckpt.store.options import ArrayOptions
+from hpcckpt.store.replicated import check_and_stand_in
+from hpcckpt.store.state_tree import Targets, decode_into, encode
+
+
+@dataclass
+class Encoded:
+    """One rank's encoded state, as every rank agreed on it."""
+
+    tree: Any
+    arrays: dict[str, Any]
+    #: The bytes to store over all ranks (replicated arrays counted once).
+    state_bytes: int
+    #: Whether some rank answered yes to the question that rode on the agreement.
+    answer: bool = False
+    #: The replicated array paths, and rank 0's block hashes of them (computed by the check).
+    replicated: set[str] = field(default_factory=set)
+    known_hashes: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+class Encoder:
+    """Encodes states for saves and decodes them at restores, collectively."""
+
+    def __init__(self, agreement: Agreement, arrays: ArrayOptions, block_size: int) -> None:
+        self.agreement = agreement
+        self.replicated: tuple[str, ...] = tuple(arrays.replicated)
+        self.block_size = block_size
+
+    def encode(self, step: int, state: Any, answer: bool = False) -> Encoded:
+        """The state's tree and arrays, agreed in one reduction that also carries each
+        rank's ``answer`` to a yes/no question of the caller's (yes when any rank says
+        yes: the chain check answers on rank 0 only); TypeError on every rank if any
+        rank's state cannot be encoded."""
+        error: BaseException | None = None
+        tree, arrays = None, {}
+        try:
+            tree, arrays = encode(state)
+        except (TypeError, ValueError) as exc:
+            error = exc
+        mine = sum(a.nbytes for a in arrays.values())
+        state_bytes, said = self.agreement.agree(
+            error, f"encoding the state of step {step}", TypeError, (mine, answer)
+        )
+        encoded = Encoded(tree, arrays, state_bytes, bool(said))
+        if self.replicated:
+            before = arrays
+            encoded.arrays, encoded.known_hashes, encoded.replicated = check_and_stand_in(
+                self.agreement.comm, self.replicated, tree, arrays, self.block_size
+            )
+            # Checked equal on every rank: all but rank 0 dropped the same bytes.
+            replicated_bytes = sum(before[p].nbytes for p in encoded.replicated)
+            encoded.state_bytes -= (self.agreement.nranks - 1) * replicated_bytes
+        return encoded
+
+    def decode(
+        self, state: dict[str, Any], tree: Any, arrays: dict[str, Any], targets: Targets
+    ) -> None:
+        """Fill the application's state (``load_state_dict`` of its objects); agreed."""
+        error: BaseException | None = None
+        try:
+            decode_into(state, tree, arrays, targets)
+        except (CheckpointError, ValueError, TypeError) as exc:
+            error = exc
+        self.agreement.agree(error, "loading the restored state")
