@@ -139,6 +139,14 @@ def summarize(calls: list[tuple[str, float, float]], t0: float, t1: float, table
     return {"ms": dict(ms), "n": dict(n)}
 
 
+def full_next(store) -> None:
+    """Make the store's next save a full one (an older store kept its chain as ``last``)."""
+    if hasattr(store, "saver"):
+        store.saver.remember(None)
+    else:
+        store.last = None
+
+
 def worker(args: argparse.Namespace) -> None:
     from hpcckpt.store import write_path
     from hpcckpt.store.store import CheckpointStore
@@ -168,7 +176,7 @@ def worker(args: argparse.Namespace) -> None:
     store = CheckpointStore(d, comm)
     state = {"u": a}
     for k in range(write_path.PROBES):  # untimed, as bench_io.py
-        store.saver.remember(None)
+        full_next(store)
         drop()
         store.save(100 + k, state)
     clock = Clock()
@@ -195,7 +203,7 @@ def worker(args: argparse.Namespace) -> None:
         npsave = slowest(lambda: _npsave(raw, a))
         raw.unlink()
         out["raw"].append({"limit_write": limit_w, "limit_read": limit_r, "np_save": npsave})
-        store.saver.remember(None)  # a full save, as bench_io.py's timed one
+        full_next(store)  # a full save, as bench_io.py's timed one
         drop()
         comm.Barrier()
         clock.take()

@@ -167,6 +167,8 @@ class Checkpointer:
         #: How the ranks decide together: the store's, so a failure reads the same anywhere.
         self.agreement = self.store.agreement
         self._end = JobEnd(options, self.agreement)  # collective: rank 0 may ask Slurm
+        #: The job's end time and when the last checkpoint must begin before it.
+        self.deadline: Deadline = self._end.deadline
         #: Host memory an async save stages into (None: not async, or staged to ``cache``).
         staging = options.staging
         self.buffers = (
@@ -233,11 +235,6 @@ class Checkpointer:
         return " or ".join(parts)
 
     @property
-    def deadline(self) -> Deadline:
-        """The job's end time and when the last checkpoint must begin before it."""
-        return self._end.deadline
-
-    @property
     def cost_estimate(self) -> float:
         """Seconds one checkpoint is expected to take: measured, else the initial guess."""
         if self._initial_cost is None:
@@ -264,7 +261,7 @@ class Checkpointer:
         """Seconds of work between checkpoints now (None when only steps count)."""
         if self.policy is None:
             return None
-        plan = self.level_plan()
+        plan = self.level_plan() if self.levels.automatic else None
         if plan is not None:  # two levels: the node-local interval of the model
             low = getattr(self.policy, "min_interval", 0.0)
             high = getattr(self.policy, "max_interval", plan.interval)
@@ -538,7 +535,7 @@ class Checkpointer:
         if result.blocked_seconds is None:
             self._last_save_time = time.monotonic()
         self._last_save_step = step
-        self._end.refresh()  # collective
+        self.deadline = self._end.refresh()  # collective
         if (
             not stop
             and result.blocked_seconds is None

@@ -20,6 +20,8 @@ class Levels:
 
     def __init__(self, options: LevelOptions) -> None:
         self.options = options
+        #: Whether the drain period comes from the two-level model (``drain_every="auto"``).
+        self.automatic = options.period is None
         #: Node-local checkpoints since the last drained one.
         self.local_saves = 0
 

@@ -132,7 +132,7 @@ class TierOptions:
     @property
     def path(self) -> Path | None:
         """The node-local directory, absolute (None: no node-local tier)."""
-        return None if self.cache is None else Path(self.cache)
+        return self.cache  # type: ignore[return-value]  (made an absolute Path above)
 
 
 @dataclass(frozen=True)
