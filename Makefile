@@ -12,8 +12,13 @@ lint: setup
 	$(PY) -m ruff check hpcckpt tests examples benchmarks scripts
 	$(PY) -m ruff format --check hpcckpt tests examples benchmarks scripts
 
+# Workers of `make test`: one runs every test that does not wait on Slurm, in order; the
+# others run the Slurm end-to-end tests side by side, each on local clusters of its own
+# (tests/conftest.py). TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 4
+
 test: setup lint  ## the whole suite: unit, MPI (mpirun -n 2/3) and Slurm (local cluster) tests
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 test-fast: setup  ## only the tests that need neither MPI nor Slurm
 	$(PY) -m pytest -m "not mpi and not slurm and not slow" $(PYTEST_ARGS)
@@ -37,4 +42,4 @@ cluster-down:
 	$(VENV)/bin/hpcckpt cluster down
 
 clean:
-	rm -rf build *.egg-info .pytest_cache
+	rm -rf build dist *.egg-info .pytest_cache

@@ -31,6 +31,27 @@ METHODS = [
 ]
 
 
+def mpio_problem() -> str | None:
+    """Why h5py's ``mpio`` driver cannot run here (None: it can).
+
+    hpcckpt itself does no MPI-IO and runs on PyPI's serial h5py wheel; only the peers that
+    write through HDF5's MPI-IO driver (the ``h5py_collective`` method, the writer matrix
+    of ``experiments/``) need an h5py built against a parallel HDF5.
+    """
+    import h5py
+
+    if h5py.get_config().mpi:
+        return None
+    return (
+        f"h5py {h5py.__version__} (HDF5 {h5py.version.hdf5_version}) was built without MPI, "
+        "so its mpio driver is missing (PyPI's h5py wheel is serial; hpcckpt does not need "
+        "MPI-IO, this peer does). Fix: `make setup` builds h5py against Debian's parallel "
+        "HDF5; elsewhere HDF5_MPI=ON CC=mpicc pip install --no-build-isolation "
+        "--no-binary=h5py h5py with a parallel HDF5 loaded (docs/troubleshooting.md, "
+        '"h5py was built without MPI")'
+    )
+
+
 def parse_size(text: str) -> int:
     """Bytes from "64M", "512MiB", "2G", "4096" (binary units)."""
     t = text.strip().upper().removesuffix("IB").removesuffix("B")

@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEB_PKGS=(slurm-wlm munge openmpi-bin libopenmpi-dev libhdf5-openmpi-dev pkg-config strace)
+# lmod: tests/install/test_lmod.py loads contrib/lmod/hpcckpt.lua with it, as a site would.
+DEB_PKGS=(slurm-wlm munge openmpi-bin libopenmpi-dev libhdf5-openmpi-dev pkg-config strace lmod)
 VENV=${HPCCKPT_VENV:-.venv}
 PY=${PYTHON:-python3}
 
@@ -33,13 +34,24 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 VPY="$VENV/bin/python"
 
-if ! "$VPY" -c "import numpy, mpi4py, click, pytest, ruff, xxhash, matplotlib" 2>/dev/null; then
+if ! "$VPY" -c "import numpy, mpi4py, click, pytest, xdist, ruff, xxhash, matplotlib" 2>/dev/null; then
   log "installing Python build and runtime packages"
   "$VPY" -m pip install -q --upgrade pip
   "$VPY" -m pip install -q "numpy>=1.24" "mpi4py>=3.1" "Cython>=3" pkgconfig "setuptools>=77" wheel \
-    "click>=8" "pytest>=7" "ruff>=0.4" "xxhash>=3" "matplotlib>=3.6"
+    "click>=8" "pytest>=7" "pytest-xdist>=3.5" "ruff>=0.4" "xxhash>=3" "matplotlib>=3.6"
 fi
 
+# `python -m build` makes the sdist and the wheel (tests/install builds, installs and runs them).
+if ! "$VPY" -c "import build" 2>/dev/null; then
+  log "installing build"
+  "$VPY" -m pip install -q "build>=1"
+fi
+
+# hpcckpt itself does no MPI-IO and runs on PyPI's serial h5py wheel (a user installs it with
+# plain `pip install`; tests/install checks that wheel's HDF5 2.x). This venv builds h5py
+# against Debian's parallel HDF5 1.10 all the same, for two reasons: the h5py-collective
+# peer of the benchmarks (benchmarks/bench_io.py) writes through HDF5's MPI-IO driver, and
+# the tests then cover both HDF5 lines (files written by one restore under the other).
 if ! "$VPY" -c "import h5py, sys; sys.exit(0 if h5py.get_config().mpi else 1)" 2>/dev/null; then
   log "building h5py against Debian's parallel HDF5 (several minutes the first time; pip caches the wheel)"
   "$VPY" -m pip uninstall -q -y h5py 2>/dev/null || true

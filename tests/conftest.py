@@ -26,6 +26,13 @@ from hpcckpt.cluster import ClusterError, LocalCluster
 #                          that reconfiguring or failing nodes never disturbs jobs of the
 #                          1-node cluster (possibly used by another pytest session).
 #
+# Under `pytest -n N` (pytest-xdist, as `make test` runs) every worker has clusters of its
+# own: worker gwK adds "-wK" to the directories and 40*K to the ports, so the tests of one
+# worker see the cluster exactly as a lone session does, and no worker's jobs, node
+# failures or reconfigurations touch another's. Clusters on other ports number their jobs
+# apart (hpcckpt.cluster.config.first_job_id). Tests that need neither MPI jobs on Slurm
+# nor wait on it run on one worker, in order, as before (pytest_collection_modifyitems).
+#
 # Both fail (never skip) when Slurm cannot start. Several pytest sessions may share a
 # cluster: each holds a shared flock on <state>/users.lock; the multi-node cluster is
 # held exclusively for one test at a time. At the end of a session, the last user brings
@@ -34,8 +41,14 @@ from hpcckpt.cluster import ClusterError, LocalCluster
 # cluster a person started there with `hpcckpt cluster up` is left running.
 # =============================================================================================
 
-SLURM_TEST_DIR = Path(os.environ.get("HPCCKPT_TEST_CLUSTER_DIR", "/tmp/hpcckpt-test-cluster"))
-SLURM_TEST_PORT = int(os.environ.get("HPCCKPT_TEST_CLUSTER_PORT", "26817"))
+#: This pytest-xdist worker's number (0 without workers): its clusters' offset.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+WORKER_INDEX = int(_WORKER[2:]) if _WORKER.startswith("gw") and _WORKER[2:].isdigit() else 0
+_DIR = os.environ.get("HPCCKPT_TEST_CLUSTER_DIR", "/tmp/hpcckpt-test-cluster")
+SLURM_TEST_DIR = Path(f"{_DIR}-w{WORKER_INDEX}" if WORKER_INDEX else _DIR)
+#: Ports of a worker's clusters: +0/+1 (one node), +8/+9 (preemption), +20..+31 (tests that
+#: start their own), +1000..+1003 (several nodes); 40 apart per worker.
+SLURM_TEST_PORT = int(os.environ.get("HPCCKPT_TEST_CLUSTER_PORT", "26817")) + 40 * WORKER_INDEX
 SLURM_MULTI_DIR = Path(f"{SLURM_TEST_DIR}-multi")
 SLURM_MULTI_PORT = SLURM_TEST_PORT + 1000
 _LOCK_TIMEOUT = 600.0
@@ -198,6 +211,18 @@ def slurm_cluster_nodes(
         yield make
     finally:
         pool.release()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``pytest -n N --dist loadgroup``: every test that does not run jobs on Slurm
+    goes to one worker, in collection order, so CPU-bound tests (MPI on 2 cores) run as in
+    a lone session while the others' Slurm jobs (mostly waiting) run beside them."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        if item.get_closest_marker("slurm") is None:
+            item.add_marker(pytest.mark.xdist_group("local"))
 
 
 # =============================================================================================

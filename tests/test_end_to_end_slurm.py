@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hpcckpt.rundir.events import read_events
-from tests.mpi_helpers import EXAMPLES, ROOT, mpirun
+from tests.mpi_helpers import EXAMPLES, mpirun
 from tests.slurm_helpers import follow, sbatch
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
@@ -42,7 +42,7 @@ def test_time_limit_signal_checkpoint_requeue_resume(slurm_cluster, tmp_path):
             out,
         ],
         env,
-        cwd=str(ROOT),
+        cwd=str(tmp_path),  # any directory: the script finds heat2d.py next to itself
     )
     info = follow(job, env, timeout=600)
     text = log.read_text() if log.exists() else "(no log)"

@@ -92,6 +92,9 @@ def h5_save(path: Path, comm: MPI.Comm, a: np.ndarray, v: Variant) -> None:
     if v.alignment:
         options["alignment_threshold"], options["alignment_interval"] = v.alignment
     partial = path.with_name(path.name + ".partial")
+    problem = _util.mpio_problem()
+    if problem:
+        raise RuntimeError(problem)
     try:
         with h5py.File(partial, "w", driver="mpio", comm=comm, **options) as f:
             meta = f.create_group("meta")

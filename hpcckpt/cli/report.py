@@ -41,9 +41,14 @@ def report(directory: Path, plot: Path | None, as_json: bool) -> None:
     DIR is the checkpoint directory (or the events.jsonl file itself). Shows:
       attempts     each run of the job (wrapper start, or application start):
                    job id, restart count, duration, time waited before it,
-                   steps restored and reached, outcome
-      checkpoints  how many, why (interval, steps, signal, deadline), cost and size
-      time         useful work, checkpoints, start-up/restore, work lost to
+                   the steps restored, reached (the last step given to due(),
+                   or the stop checkpoint's; ? after a crash) and saved (the
+                   last committed checkpoint), outcome
+      checkpoints  how many, why (interval, steps, signal, deadline), the cost
+                   of a save (the store's write and commit), the bytes written
+                   per save (array data and state trees, all ranks)
+      time         useful work, checkpoints (the time in save(): the store's
+                   part and the rest around it), start-up/restore, work lost to
                    failures (after the last checkpoint of a crashed attempt),
                    waiting between attempts; the useful-work efficiency
       interval     the interval used against Young's and Daly's for the measured

@@ -8,6 +8,7 @@ them for these two commands): the wrapper adopts them when it installs its own h
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,8 @@ from hpcckpt.job import budget, config, wrapper
 from hpcckpt.policy import parse_duration
 from hpcckpt.rundir import verbosity
 from hpcckpt.rundir.env import DIR_ENV
+from hpcckpt.slurm import srun_options
+from hpcckpt.slurm.env import SlurmEnv
 from hpcckpt.slurm.runner import REQUEUE_TIMEOUT
 
 _CONTEXT = {
@@ -26,6 +29,44 @@ _CONTEXT = {
     "allow_interspersed_args": False,
     "help_option_names": ["-h", "--help"],
 }
+
+
+class _WrapperCommand(click.Command):
+    """``hpcckpt run``/``srun``: an option of the launcher given before ``--`` (click would
+    say only "No such option") is explained, with the command line to type instead."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        given = list(args)  # click consumes the list
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            if exc.possibilities and not _launchers_option(self.name, exc.option_name):
+                raise  # a misspelt option of ours: click's "Did you mean" says it best
+            raise click.UsageError(_dashes_hint(self.name, exc.option_name, given), ctx) from None
+
+
+def _launchers_option(command: str | None, option: str) -> bool:
+    """Is ``option`` (as given: ``-n``, ``--ntasks``) one of srun's, for ``hpcckpt srun``?"""
+    if command != "srun":
+        return False
+    name = option.lstrip("-")
+    if len(name) == 1:
+        return name in srun_options.SHORT
+    return srun_options.long_name(name) is not None
+
+
+def _dashes_hint(command: str | None, option: str, args: list[str]) -> str:
+    """The error for ``option`` given before ``--``, and the same command line with ``--``."""
+    at = next((i for i, word in enumerate(args) if word == option or word.startswith(option)), 0)
+    ours, rest = args[:at], args[at:]
+    if command == "srun":
+        where = "srun's options go after `--` (hpcckpt's before it)"
+    else:
+        where = "the command goes after `--`, its launcher first (hpcckpt's options before it)"
+        if rest and rest[0].startswith("-"):
+            rest = ["mpirun", *rest]
+    typed = shlex.join(["hpcckpt", str(command), *ours, "--", *rest])
+    return f"{option} is not an option of hpcckpt {command}: {where}:\n    {typed}"
 
 
 def _signal_option(_ctx: click.Context, _param: click.Parameter, value: str | None) -> Any:
@@ -284,7 +325,7 @@ def _launch(command: list[str], opts: dict[str, Any]) -> None:
     sys.exit(wrapper.run_wrapper(cfg))
 
 
-@click.command("run", context_settings=_CONTEXT)
+@click.command("run", cls=_WrapperCommand, context_settings=_CONTEXT)
 @_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(command: tuple[str, ...], **opts: Any) -> None:
@@ -304,7 +345,7 @@ def run(command: tuple[str, ...], **opts: Any) -> None:
     _launch(list(command), opts)
 
 
-@click.command("srun", context_settings=_CONTEXT)
+@click.command("srun", cls=_WrapperCommand, context_settings=_CONTEXT)
 @_options
 @click.argument("srun_args", nargs=-1, required=True, type=click.UNPROCESSED)
 def srun(srun_args: tuple[str, ...], **opts: Any) -> None:
@@ -321,8 +362,29 @@ def srun(srun_args: tuple[str, ...], **opts: Any) -> None:
     default stays). srun forwards the wrapper's USR1 to every task. See `hpcckpt run
     --help` for the outcomes and exit statuses.
     """
+    if not SlurmEnv.from_environ(os.environ).in_job:
+        raise _Refused(_outside_slurm(srun_args, opts["ckpt_dir"]))
     app_mode = opts["app_signal"] is not None or bool(opts["restart_files"])
     _launch(config.srun_command(srun_args, kill_on_bad_exit=not app_mode), opts)
+
+
+class _Refused(click.ClickException):
+    """A command that cannot work here: said before anything starts (exit status 2)."""
+
+    exit_code = config.EXIT_USAGE
+
+
+def _outside_slurm(srun_args: tuple[str, ...], ckpt_dir: str | None) -> str:
+    """``hpcckpt srun`` without an allocation: what to do, and the same run under mpirun."""
+    found, at = srun_options.parse(srun_args)
+    ntasks = [o.value for o in found if o.name == "ntasks" and o.value]
+    mpirun = ["mpirun", *(["-n", ntasks[-1]] if ntasks else []), *srun_args[at:]]
+    typed = shlex.join(["hpcckpt", "run", "--ckpt-dir", ckpt_dir or "DIR", "--", *mpirun])
+    return (
+        "not inside a Slurm allocation (no SLURM_JOB_ID): hpcckpt srun starts srun in a job. "
+        "Submit the batch script with sbatch (or run it inside salloc); without Slurm, use "
+        f"mpirun:\n    {typed}"
+    )
 
 
 def _commands() -> list[click.Command]:

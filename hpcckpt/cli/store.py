@@ -28,9 +28,10 @@ def _emit(data: Any) -> None:
 
 
 def _when(t: float | None) -> str:
+    """A Unix time as ISO 8601 in UTC: 2026-11-26T02:55:05Z (the raw number is in --json)."""
     if t is None:
         return "-"
-    return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @click.command("ls")
@@ -40,11 +41,13 @@ def ls_command(directory: Path, as_json: bool) -> None:
     """List the checkpoints in DIR, oldest first.
 
     \b
-    Columns: STEP, TIME written, SIZE on disk, RANKS that wrote it, KIND ("full",
-    or "incremental": only the blocks changed since the previous checkpoint),
-    BASE (the step of the full checkpoint an incremental one is built on), DIRTY
-    (the fraction of the state's blocks the save wrote), WRITTEN (the array bytes
-    it wrote, all ranks), and STATUS:
+    Columns: STEP, TIME written (ISO 8601, UTC), FILE SIZE (the file on disk: the
+    data, the ranks' state trees, checksums, block hashes and HDF5 metadata), RANKS
+    that wrote it, KIND ("full", or "incremental": only the blocks changed since the
+    previous checkpoint), BASE (the step of the full checkpoint an incremental one
+    is built on), DIRTY (the fraction of the state's blocks the save wrote), ARRAYS
+    WRITTEN (the bytes of array data the save wrote, all ranks: the whole state, or
+    the changed blocks; 'hpcckpt report' counts the state trees too), and STATUS:
       good     committed, not marked bad, structure sound (ls does not read the
                data: run 'hpcckpt verify' to check every checksum)
       bad      marked bad by a restore that found it corrupt (a DIR/ckpt-*.h5.bad
@@ -67,8 +70,8 @@ def ls_command(directory: Path, as_json: bool) -> None:
         click.echo(f"no checkpoints in {directory}")
         return
     click.echo(
-        f"{'STEP':>10}  {'TIME':19}  {'SIZE':>10}  {'RANKS':>5}  {'KIND':11}  {'BASE':>10}  "
-        f"{'DIRTY':>6}  {'WRITTEN':>10}  STATUS"
+        f"{'STEP':>10}  {'TIME (UTC)':20}  {'FILE SIZE':>10}  {'RANKS':>5}  {'KIND':11}  "
+        f"{'BASE':>10}  {'DIRTY':>6}  {'ARRAYS WRITTEN':>14}  STATUS"
     )
     for row in rows:
         step = "-" if row["step"] is None else str(row["step"])
@@ -76,8 +79,8 @@ def ls_command(directory: Path, as_json: bool) -> None:
         base = "-" if row["base"] is None else str(row["base"])
         dirty = "-" if row["dirty"] is None else f"{100 * row['dirty']:.1f}%"
         line = (
-            f"{step:>10}  {_when(row['time']):19}  {size(row['size']):>10}  {ranks:>5}  "
-            f"{row['kind'] or '-':11}  {base:>10}  {dirty:>6}  {size(row['written']):>10}  "
+            f"{step:>10}  {_when(row['time']):20}  {size(row['size']):>10}  {ranks:>5}  "
+            f"{row['kind'] or '-':11}  {base:>10}  {dirty:>6}  {size(row['written']):>14}  "
             f"{row['status']}"
         )
         if row["status"] in ("bad", "rejected") and row["reason"]:
@@ -98,8 +101,9 @@ def inspect_command(directory: Path, step: int | None, as_json: bool) -> None:
     ranks' elements concatenated), whether it was declared distributed (restorable
     on another rank count), and each rank's extent [lo, hi) along axis 0.
     Scalars: the values of rank 0, or one value per rank where ranks differ.
-    Meta: the attributes of /meta (format version, step, time, reason...).
-    Reads structure and scalars only; 'hpcckpt verify' checks the data.
+    Meta: the attributes of /meta (format version, step, time in ISO 8601 UTC,
+    reason...; --json gives the time as Unix seconds). Reads structure and scalars
+    only; 'hpcckpt verify' checks the data.
 
     \b
     Example:
@@ -138,6 +142,8 @@ def inspect_command(directory: Path, step: int | None, as_json: bool) -> None:
         click.echo(f"  {key} = {json.dumps(value, default=str)}")
     click.echo("meta:")
     for key, value in info["meta"].items():
+        if key == "time" and isinstance(value, (int, float)):
+            value = _when(value)  # a date to read; --json keeps the number
         click.echo(f"  {key} = {value}")
 
 

@@ -46,6 +46,13 @@ _SBATCH_OPTIONS = {
     "--ckpt-dir", metavar="DIR", help="The checkpoint directory (made absolute) = HPCCKPT_DIR."
 )
 @click.option(
+    "--venv",
+    metavar="DIR",
+    help="The venv with hpcckpt for the job to activate (the template's VENV= line; made "
+    "absolute): needed when the job does not get your shell's environment "
+    "(sbatch --export=NONE).",
+)
+@click.option(
     "--signal",
     "signal_spec",
     metavar="SIG@SECONDS",
@@ -89,6 +96,7 @@ def submit(
     command: tuple[str, ...],
     signal_spec: str | None,
     ckpt_dir: str | None,
+    venv: str | None,
     settings: tuple[str, ...],
     sbatch_args: tuple[str, ...],
     script_path: str | None,
@@ -116,6 +124,8 @@ def submit(
             values["STOP_SIGNAL"] = name
         if ckpt_dir:
             values[DIR_ENV] = shlex.quote(os.path.abspath(os.path.expanduser(ckpt_dir)))
+        if venv:
+            values["VENV"] = shlex.quote(os.path.abspath(os.path.expanduser(venv)))
         if command:
             values["APP"] = templates.bash_array(command)
         for item in settings:

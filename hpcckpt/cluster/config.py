@@ -106,6 +106,13 @@ class ClusterConfig:
         return [self.port + i for i in range(self.nodes + 1)]
 
 
+def first_job_id(port: int) -> int:
+    """The first job id of a cluster on ``port``. Clusters on one machine number their jobs
+    apart: Open MPI names its shared-memory segments after the Slurm job id, and two ranks
+    of two clusters' jobs with the same id crash each other (in ``mca_btl_vader``)."""
+    return 1 + (port % 6000) * 10_000
+
+
 def render_slurm_conf(state: Path, cfg: ClusterConfig) -> str:
     """The text of ``slurm.conf`` for a cluster with its state under ``state``."""
     s = str(state)
@@ -136,6 +143,7 @@ def render_slurm_conf(state: Path, cfg: ClusterConfig) -> str:
         "SwitchType=switch/none",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
+        f"FirstJobId={first_job_id(cfg.port)}",
         "JobRequeue=1",
         "ReturnToService=2",
         "SlurmdTimeout=10",

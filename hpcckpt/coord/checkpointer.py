@@ -2,9 +2,11 @@
 
 It joins the *when* (interval, step count, stop signals) with the *where* (the
 store) over MPI. All public methods are collective: every rank of ``comm`` calls
-them in the same order with the same step. Its settings are values checked once
-(:mod:`hpcckpt.coord.options`) and what it logs and records is written by
-:mod:`hpcckpt.coord.logbook`, so each method here is the order of one collective step.
+them in the same order with the same step, and each first agrees on which call and
+step every rank is making (:class:`~hpcckpt.store.agreement.CallAgreement`). Its
+settings are values checked once (:mod:`hpcckpt.coord.options`) and what it logs and
+records is written by :mod:`hpcckpt.coord.logbook`, so each method here is the order of
+one collective step.
 """
 
 from __future__ import annotations
@@ -17,23 +19,27 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from mpi4py import MPI
 
 from hpcckpt.coord import logbook
+from hpcckpt.coord.calls import Patience
 from hpcckpt.coord.endtime import JobEnd
 from hpcckpt.coord.levels import Levels
 from hpcckpt.coord.options import CheckpointerOptions, init_signature
+from hpcckpt.coord.schedule import Schedule
 from hpcckpt.coord.signals import StopSignals
 from hpcckpt.coord.validate import guard
-from hpcckpt.policy import CostTracker, Deadline, initial_cost_estimate, multilevel
+from hpcckpt.policy import Deadline, multilevel
+from hpcckpt.rundir import directory
 from hpcckpt.rundir import events as job_events
 from hpcckpt.rundir import status as job_status
 from hpcckpt.rundir.heartbeat import HeartbeatWriter
-from hpcckpt.store import faults, safety, tensors
+from hpcckpt.store import faults, safety
+from hpcckpt.store.agreement import CallAgreement
+from hpcckpt.store.encoding import state_bytes
+from hpcckpt.store.errors import CallMismatch
 from hpcckpt.store.lock import DirectoryLock, DirectoryLocked
 from hpcckpt.store.staging import HostBuffers
-from hpcckpt.store.state_tree import is_stateful
 from hpcckpt.store.store import (
     CheckpointError,
     CheckpointStore,
@@ -47,6 +53,7 @@ log = logging.getLogger("hpcckpt")
 # Slots of the flag vector the ranks reduce (MAX) to agree on a decision. _BUSY is 0 only
 # when every rank's background write of the pending staged save has finished.
 _SIGNAL, _TIME, _DEADLINE, _BUSY = 0, 1, 2, 3
+_UNDECIDED = (0, 0, 0, 1)  # no reduction was in flight
 
 
 class Checkpointer:
@@ -98,6 +105,14 @@ class Checkpointer:
     committed, the state is kept as ``ckpt-<step>.h5.rejected``, an event ``rejected``
     names the ranks and arrays, and PoisonedState is raised on every rank.
 
+    Calls made on only some ranks (docs/hang-and-poison.md): every method first agrees on
+    which call and step each rank is making (``due`` on the reduction it makes anyway);
+    ranks in different calls raise CallMismatch naming each rank's call, e.g. "rank 0 is
+    in save(step=5), rank 1 is in finish()". A rank that waits in a call for ranks that
+    never come logs a warning after 60 s and, after ``call_timeout`` seconds (or
+    ``$HPCCKPT_CALL_TIMEOUT``; no limit by default), raises CallTimeout naming them and
+    where their heartbeats say they are.
+
     Saves that do not block for the write (docs/performance.md, "Asynchronous saves"):
     with ``async_save=True`` ``save`` copies the arrays into host buffers reused from
     save to save (one more copy of the rank's arrays in memory) and returns, within
@@ -146,23 +161,23 @@ class Checkpointer:
         #: The settings, checked and resolved against the environment (coord/options.py).
         self.options = options = CheckpointerOptions.from_keywords(directory, **keywords)
         schedule = options.schedule
-        self.policy = schedule.interval_policy(options.job.nodes)
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         self.rank = self.comm.Get_rank()
         self.nranks = self.comm.Get_size()
         logbook.configure_logging(self.rank, options.job.log_level)
         self.directory = options.directory
-        self.every_steps = schedule.every_steps
-        self.costs = CostTracker()
-        #: The full cost of a checkpoint (staging to commit): what a deadline save costs.
-        self.durable_costs = CostTracker()
-        self._initial_cost: float | None = schedule.initial_cost  # type: ignore[assignment]
         #: The poisoned-state guard run before every save (coord/validate.py).
         self.validator = options.guard.validator
         #: Which checkpoints each commit keeps (a RetentionOptions; replace it to change).
         self.retention = options.retention
         #: The two levels: node-local saves and every how many one is drained.
         self.levels = Levels(options.levels)
+        #: When the next checkpoint is due (coord/schedule.py); its parts are shown here too.
+        self.schedule = Schedule(
+            schedule, options.job.nodes, self.levels, options.store.tier.path is not None
+        )
+        self.policy, self.every_steps = self.schedule.policy, self.schedule.every_steps
+        self.costs, self.durable_costs = self.schedule.costs, self.schedule.durable_costs
         self.store = CheckpointStore(self.directory, self.comm, options.store)
         #: How the ranks decide together: the store's, so a failure reads the same anywhere.
         self.agreement = self.store.agreement
@@ -180,9 +195,10 @@ class Checkpointer:
         self._pending_reason = ""
         self._signals = StopSignals([schedule.signal, *schedule.stop_signals])
 
-        self._send = np.zeros(4, dtype=np.int32)
-        self._recv = np.zeros(4, dtype=np.int32)
-        self._request: MPI.Request | None = None
+        #: Every call first agrees on which call and step each rank is in; due()'s flags
+        #: ride on its agreement (store/agreement.py, coord/calls.py).
+        self._calls = CallAgreement(self.comm, flags=4)
+        self._broken: str | None = None  # the ranks fell apart (CallMismatch): why
         self._last_save_time = time.monotonic()
         self._last_save_step: int | None = None
         self._stop_pending: str | None = None
@@ -195,6 +211,9 @@ class Checkpointer:
         self._take_lock()
         self._heartbeat = HeartbeatWriter(self.directory, self.rank)
         self._heartbeat.beat(None, force=True)
+        self._calls.watch = Patience(
+            self._heartbeat, self.nranks, options.guard.call_timeout, lambda: self._last_step_seen
+        )
         # Every rank has its handlers now: the wrapper may forward signals.
         self.comm.Barrier()
         self._report(job_status.RUNNING)
@@ -219,7 +238,7 @@ class Checkpointer:
             except DirectoryLocked as exc:
                 return ("locked", str(exc))
             except OSError as exc:
-                return ("os", f"cannot create checkpoint directory {self.directory}: {exc}")
+                return ("os", directory.explain(self.directory, exc, option="checkpoint directory"))
             return None
 
         error = self.agreement.from_root(lock)
@@ -229,22 +248,17 @@ class Checkpointer:
     # -- when ----------------------------------------------------------------------
     def describe_schedule(self) -> str:
         """The schedule in words, for logs and events."""
-        parts = [] if self.policy is None else [self.policy.describe()]
-        if self.every_steps is not None:
-            parts.append(f"every {self.every_steps} steps")
-        return " or ".join(parts)
+        return self.schedule.describe()
 
     @property
     def cost_estimate(self) -> float:
         """Seconds one checkpoint is expected to take: measured, else the initial guess."""
-        if self._initial_cost is None:
-            self._initial_cost = initial_cost_estimate(0)
-        return self.costs.get(self._initial_cost)
+        return self.schedule.cost_estimate
 
     @property
     def durable_cost_estimate(self) -> float:
         """Seconds a synchronous checkpoint is expected to take (the deadline plans with it)."""
-        return self.durable_costs.get(self.cost_estimate)
+        return self.schedule.durable_cost_estimate
 
     @property
     def cache(self) -> Path | None:
@@ -259,14 +273,7 @@ class Checkpointer:
     @property
     def interval(self) -> float | None:
         """Seconds of work between checkpoints now (None when only steps count)."""
-        if self.policy is None:
-            return None
-        plan = self.level_plan() if self.levels.automatic else None
-        if plan is not None:  # two levels: the node-local interval of the model
-            low = getattr(self.policy, "min_interval", 0.0)
-            high = getattr(self.policy, "max_interval", plan.interval)
-            return min(max(plan.interval, low), high)
-        return self.policy.interval(self.cost_estimate)
+        return self.schedule.interval
 
     # -- helpers -----------------------------------------------------------------
     def _report(self, state: str, step: int | None = None, reason: str = "") -> None:
@@ -282,11 +289,26 @@ class Checkpointer:
                 self.directory, kind, source="checkpointer", nranks=self.nranks, **fields
             )
 
-    def _drain(self) -> None:
-        """Complete and discard the reduction in flight (after a save it is stale)."""
-        if self._request is not None:
-            self._request.Wait()
-            self._request = None
+    def _drain(self) -> list[int] | None:
+        """Complete and check the agreement in flight (a due()'s): its flags, or None when
+        none was; CallMismatch on every rank when the ranks were in different calls."""
+        if self._broken is not None:
+            raise CallMismatch(self._broken)
+        try:
+            return self._calls.complete()
+        except CallMismatch as exc:
+            self._broken = f"the ranks fell apart earlier: {exc}"
+            raise
+
+    def _enter(self, call: str, step: int | None = None) -> None:
+        """Every rank agrees that it is in ``call`` at ``step``, first thing (CallMismatch
+        naming the ranks and their calls otherwise; CallTimeout after ``call_timeout``)."""
+        self._drain()
+        try:
+            self._calls.enter(call, step)  # a wait past 0.5 s puts the call in the heartbeat
+        except CallMismatch as exc:
+            self._broken = f"the ranks fell apart earlier: {exc}"
+            raise
 
     @property
     def _redundancy(self) -> str | None:
@@ -299,20 +321,32 @@ class Checkpointer:
         """True on every rank once the checkpoint taken on a stop signal is committed."""
         return self._stop_requested
 
-    def restore(self, state: dict[str, Any], only: Iterable[str] | None = None) -> int | None:
+    def restore(
+        self, state: dict[str, Any], only: Iterable[str] | None = None, *, strict: bool = True
+    ) -> int | None:
         """Fill ``state`` in place from the newest good checkpoint; its step, or None if none.
 
         Arrays and tensors are filled in place (the application's references stay valid);
         scalars are replaced in the dict; objects with ``load_state_dict`` get it called
         with their saved state dict. ``only`` restores just those top-level keys (e.g.
         the replicated model and optimizer on another rank count). Collective.
+
+        ``strict`` (the default): the state must hold the checkpoint's keys, no more, no
+        fewer, else CheckpointError on every rank naming both, before anything is read
+        into the state (a key renamed in the code). Compared: the keys of every dict of
+        the state, at any depth (an empty dict takes whatever the checkpoint holds there),
+        and the keys of each object's ``state_dict()``; with ``only``, what lies below
+        those keys. ``strict=False`` restores what matches, leaves the state's other keys
+        as they are, adds the checkpoint's other keys to the state's dicts (an object
+        gets only the keys its ``state_dict()`` has), and says which in the log and the
+        ``restore`` event (``skipped_keys``, ``added_keys``, ``ignored_keys``).
         """
-        if self._initial_cost is None:
-            nbytes = sum(a.nbytes for a in _arrays_in(state))
-            self._initial_cost = initial_cost_estimate(self.agreement.total(nbytes))
+        self._enter("restore")
+        if self.schedule.needs_size:
+            self.schedule.size_first_cost(self.agreement.total(state_bytes(state)))
         self._heartbeat.beat(None, "restore", force=True)  # hang watch: I/O allowance
         self._complete_pending()
-        result = self.store.restore(state, only=only)
+        result = self.store.restore(state, only=only, strict=strict)
         set_aside = [] if self.store.tier is None else self.store.tier.take_set_aside()
         self._heartbeat.beat(None, force=True)  # back to compute
         self._drain()
@@ -337,26 +371,26 @@ class Checkpointer:
 
         Ranks exchange their flags (signal seen, interval elapsed) with a non-blocking
         reduction whose result is used at the next call, so no rank waits for the
-        others in the common case and all ranks decide on the same step.
+        others in the common case and all ranks decide on the same step. The same
+        reduction says which call and step each rank is in: the next call raises
+        CallMismatch when they differ.
         """
         self._last_step_seen = step
         self._heartbeat.beat(step)
-        decided = np.zeros(4, dtype=np.int32)
-        decided[_BUSY] = 1
-        if self._request is not None:
-            self._request.Wait()
-            self._request = None
-            decided[:] = self._recv
+        decided = self._drain()  # the last due()'s flags; CallMismatch if ranks were apart
+        if decided is None:
+            decided = _UNDECIDED
         if self._pending is not None and not decided[_BUSY]:
             self._complete_pending()  # every rank's bytes are durable: commit (collective)
-        self._send[_SIGNAL] = 1 if self._signals.received is not None else 0
+        send = self._calls.slots
+        send[_SIGNAL] = 1 if self._signals.received is not None else 0
         interval = self.interval
         elapsed = time.monotonic() - self._last_save_time
-        self._send[_TIME] = 1 if interval is not None and elapsed >= interval else 0
+        send[_TIME] = 1 if interval is not None and elapsed >= interval else 0
         cost = self.durable_cost_estimate
-        self._send[_DEADLINE] = 1 if self.deadline.must_stop(time.time(), cost) else 0
-        self._send[_BUSY] = 0 if self._pending is not None and self._pending.done() else 1
-        self._request = self.comm.Iallreduce(self._send, self._recv, op=MPI.MAX)
+        send[_DEADLINE] = 1 if self.deadline.must_stop(time.time(), cost) else 0
+        send[_BUSY] = 0 if self._pending is not None and self._pending.done() else 1
+        self._calls.post("due", step, lagged=True)  # the flags, and that this is due(step)
 
         if decided[_SIGNAL]:
             self._stop_pending = "signal"
@@ -366,9 +400,7 @@ class Checkpointer:
             return True
         if decided[_TIME]:
             return True
-        # every_steps is aligned to the step numbers (steps N-1, 2N-1, ... for a loop from 0),
-        # so a run resumed after an off-schedule stop checkpoint returns to the same schedule.
-        return self.every_steps is not None and (step + 1) % self.every_steps == 0
+        return self.schedule.steps_due(step)
 
     def save(self, step: int, state: dict[str, Any]) -> SaveResult | None:
         """Write a coordinated checkpoint of ``state`` at ``step``; collective.
@@ -382,7 +414,7 @@ class Checkpointer:
         returns once the state is staged: the result's ``blocked_seconds`` is what the
         ranks waited, and the checkpoint is committed later (see the class docs).
         """
-        self._drain()
+        self._enter("save", step)
         t0 = time.perf_counter()
         self._complete_pending()  # at most one background write: wait for the previous
         stop = self._stop_pending
@@ -419,10 +451,7 @@ class Checkpointer:
         """With ``drain_every="auto"``: the two-level model's node-local interval and drain
         period for the measured costs (node-local save: the blocked time; drain: the
         full cost) and the policy's MTBF; None without a cache or an MTBF-based policy."""
-        mtbf = getattr(self.policy, "mtbf", None)
-        return self.levels.plan(
-            mtbf, self.cost_estimate, self.durable_cost_estimate, self.cache is not None
-        )
+        return self.schedule.level_plan()
 
     def _save_local(
         self, step: int, state: dict[str, Any], reason: str, t0: float
@@ -503,6 +532,7 @@ class Checkpointer:
         Returns the committed checkpoint, or None when nothing was pending. Raises
         CheckpointError when the write failed (unless ``on_save_error="warn"``).
         """
+        self._enter("wait")
         return self._complete_pending()
 
     def _complete_pending(self) -> SaveResult | None:
@@ -556,6 +586,9 @@ class Checkpointer:
         if record.warning:
             log.warning("%s", record.warning)
         self._event(job_events.CHECKPOINT, **record.fields)
+        for line, (kind, fields) in record.after:  # e.g. the bad mark of the file replaced
+            log.info("%s", line)
+            self._event(kind, **fields)
         if result.write_decision:  # the writer measured direct against buffered writes
             log.info("%s", logbook.writer_line(result.write_decision))
             self._event(job_events.WRITE_PATH, step=step, **result.write_decision)
@@ -576,7 +609,7 @@ class Checkpointer:
 
         A background write still under way is waited for and committed first.
         """
-        self._drain()
+        self._enter("finish")
         self._complete_pending()
         self._scavenge()
         self.comm.Barrier()
@@ -594,17 +627,24 @@ class Checkpointer:
         self._finished = True
         self._report(job_status.FINISHED, self._last_save_step, "finish() called")
         self._event(job_events.FINISH, step=self._last_step_seen, last_step=self._last_save_step)
+        self._heartbeat.beat(self._last_step_seen, "finished", force=True)
         self._signals.close()
         self._release_lock()
 
     def close(self) -> None:
         """Commit a background write under way, release signal handlers, the pending
-        reduction and the directory lock (also done by ``finish``); collective."""
-        self._drain()
+        reduction and the directory lock (also done by ``finish``); collective. After a
+        CallMismatch it only releases what this rank holds."""
+        if self._broken is None:
+            self._enter("close")
+        self._close()
+
+    def _close(self) -> None:
         try:
-            self._complete_pending()
-            if not self._finished:
-                self._scavenge()
+            if self._broken is None:
+                self._complete_pending()
+                if not self._finished:
+                    self._scavenge()
         finally:
             self._signals.close()
             self._release_lock()
@@ -641,23 +681,17 @@ class Checkpointer:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        if exc[0] is None:
+            self.close()
+            return
+        # Leaving on an error, perhaps on this rank only: no agreement to wait for.
+        if self._broken is None:
+            try:
+                self._drain()
+            except CallMismatch:
+                pass  # the error on its way out says more
+        self._close()
 
 
 # Every keyword with its default and type, from the option classes (inspect, docs/api.md).
 Checkpointer.__init__.__signature__ = init_signature()  # type: ignore[attr-defined]
-
-
-def _arrays_in(value: Any) -> list[np.ndarray]:
-    """Every numpy array and tensor inside a state (to size the first cost estimate)."""
-    if isinstance(value, np.ndarray):
-        return [value]
-    if tensors.is_tensor(value):
-        return [tensors.to_array(value)]
-    if is_stateful(value):
-        return _arrays_in(value.state_dict())
-    if isinstance(value, dict):
-        return [a for v in value.values() for a in _arrays_in(v)]
-    if isinstance(value, (list, tuple)):
-        return [a for v in value for a in _arrays_in(v)]
-    return []

@@ -45,11 +45,13 @@ def configure_logging(rank: int, level: int) -> None:
 @dataclass(frozen=True)
 class SaveRecord:
     """A committed save, written down: the info ``line``, the ``checkpoint`` event's
-    ``fields`` and a ``warning`` when the save turned write tracking off."""
+    ``fields``, a ``warning`` when the save turned write tracking off, and what follows
+    the event: (info line, (event, fields)) of each (``bad_mark_cleared``)."""
 
     line: str
     fields: dict[str, Any]
     warning: str | None = None
+    after: tuple[tuple[str, tuple[str, dict[str, Any]]], ...] = ()
 
 
 def upcoming(stop: str | None, interval: float | None, every_steps: int | None) -> str:
@@ -139,7 +141,23 @@ def committed(
         "peak_rss": result.peak_rss,
         **extra,
     }
-    return SaveRecord(line, fields, warning)
+    after: list[tuple[str, tuple[str, dict[str, Any]]]] = []
+    if result.cleared_bad_mark is not None:
+        after.append(
+            (
+                f"checkpoint step {result.step}: {result.path.name} replaces a file marked bad "
+                f"({result.cleared_bad_mark}); its mark is removed",
+                (
+                    job_events.BAD_MARK_CLEARED,
+                    {
+                        "step": result.step,
+                        "path": result.path.name,
+                        "reason": result.cleared_bad_mark,
+                    },
+                ),
+            )
+        )
+    return SaveRecord(line, fields, warning, tuple(after))
 
 
 def writer_line(decision: dict[str, Any]) -> str:
@@ -197,11 +215,30 @@ def restored(
     where = "node-local copy " if result.source == "cache" else ""
     line = f"restored step {result.step} from {where}{result.path.name}{how}"
     fields: dict[str, Any] = {"step": result.step, "path": result.path.name, "tier": result.source}
+    if result.skipped_keys or result.added_keys or result.ignored_keys:  # strict=False
+        line += f"; {keys_text(result)}"
+        fields.update(
+            skipped_keys=list(result.skipped_keys),
+            added_keys=list(result.added_keys),
+            ignored_keys=list(result.ignored_keys),
+        )
     if result.source == "cache" and redundancy is not None:
         fields.update(
             rebuilt=list(result.rebuilt), rebuilt_from=result.rebuilt_from, moved=list(result.moved)
         )
     return line, [*events, (job_events.RESTORE, fields)]
+
+
+def keys_text(result: RestoreResult) -> str:
+    """What a ``restore(strict=False)`` did with the keys that differ, in words."""
+    parts = []
+    if result.skipped_keys:
+        parts.append(f"left {list(result.skipped_keys)} as they were (not in the checkpoint)")
+    if result.added_keys:
+        parts.append(f"added {list(result.added_keys)} (not in the state)")
+    if result.ignored_keys:
+        parts.append(f"ignored {list(result.ignored_keys)} (no longer in the object)")
+    return "strict=False: " + ", ".join(parts)
 
 
 def stop_reason(stop: str, signal_name: str | None) -> str:

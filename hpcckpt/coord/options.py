@@ -37,6 +37,7 @@ from hpcckpt.rundir import verbosity
 from hpcckpt.rundir.env import (
     ATTEMPT_ENV,
     CACHE_ENV,
+    CALL_TIMEOUT_ENV,
     DIR_ENV,
     DRAIN_EVERY_ENV,
     END_TIME_ENV,
@@ -68,6 +69,7 @@ class JobEnvironment:
     cache: str | None = None  # $HPCCKPT_CACHE
     redundancy: str | None = None  # $HPCCKPT_REDUNDANCY: "xor", "xor:4", "partner"
     drain_every: str | None = None  # $HPCCKPT_DRAIN_EVERY
+    call_timeout: str | None = None  # $HPCCKPT_CALL_TIMEOUT
     log_level: int = verbosity.NORMAL  # $HPCCKPT_LOG_LEVEL
     job_id: str | None = None  # Slurm's; None outside Slurm
     nodes: int = 1  # nodes in the allocation
@@ -85,6 +87,7 @@ class JobEnvironment:
             cache=env.get(CACHE_ENV) or None,
             redundancy=env.get(REDUNDANCY_ENV) or None,
             drain_every=env.get(DRAIN_EVERY_ENV) or None,
+            call_timeout=env.get(CALL_TIMEOUT_ENV) or None,
             log_level=verbosity.level_from_env(env),
             job_id=slurm.job_id(env),
             nodes=slurm.node_count(env),
@@ -217,15 +220,35 @@ class LevelOptions:
 class GuardOptions:
     """Before and after a save: ``validate`` checks the state ("finite", a callable
     ``validate(state) -> bool | str`` or None; docs/hang-and-poison.md) and
-    ``on_save_error`` ("raise" or "warn") says whether a failed save stops the run."""
+    ``on_save_error`` ("raise" or "warn") says whether a failed save stops the run.
+    ``call_timeout`` (seconds or "10m"; None: ``$HPCCKPT_CALL_TIMEOUT``, else no limit)
+    is how long a rank waits in a call for the other ranks to make it before it raises
+    CallTimeout naming the ranks that never came."""
 
     on_save_error: str = "raise"
     validate: str | Validator | None = "finite"
+    call_timeout: float | str | None = None
 
     def __post_init__(self) -> None:
         if self.on_save_error not in ("raise", "warn"):
             raise ValueError(f"on_save_error must be 'raise' or 'warn', not {self.on_save_error!r}")
         make_validator(self.validate)  # checks it
+        if self.call_timeout is not None:
+            seconds = duration("call_timeout", self.call_timeout)
+            if seconds <= 0:
+                raise ValueError(f"call_timeout must be a positive duration, not {seconds!r}")
+            object.__setattr__(self, "call_timeout", seconds)
+
+    @classmethod
+    def from_env(cls, env: JobEnvironment, **given: Any) -> GuardOptions:
+        """The arguments; a ``call_timeout`` not given comes from ``$HPCCKPT_CALL_TIMEOUT``
+        (ValueError naming the variable when it is malformed)."""
+        if given.get("call_timeout") is None and env.call_timeout:
+            try:
+                return cls(**{**given, "call_timeout": env.call_timeout})
+            except ValueError as exc:
+                raise ValueError(f"{CALL_TIMEOUT_ENV}={env.call_timeout!r}: {exc}") from None
+        return cls(**given)
 
     @property
     def validator(self) -> Validator | None:
@@ -334,7 +357,7 @@ class CheckpointerOptions:
             directory=path,
             schedule=schedule,
             retention=RetentionOptions(**given[RetentionOptions]),
-            guard=GuardOptions(**given[GuardOptions]),
+            guard=GuardOptions.from_env(env, **given[GuardOptions]),
             staging=StagingOptions(**given[StagingOptions]),
             levels=LevelOptions.from_env(env, **given[LevelOptions]),
             store=StoreOptions(

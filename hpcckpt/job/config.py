@@ -17,6 +17,7 @@ from pathlib import Path
 from hpcckpt import signames
 from hpcckpt.job.budget import DEFAULT_MAX_RESTARTS, DEFAULT_MIN_PROGRESS
 from hpcckpt.job.outcome import EXIT_NO_FINISH, EXIT_OK
+from hpcckpt.rundir import directory
 from hpcckpt.rundir.env import ATTEMPT_ENV, DIR_ENV, SIGNAL_ENV, SRUN_ENV
 from hpcckpt.rundir.verbosity import NORMAL
 from hpcckpt.signames import signal_name
@@ -75,15 +76,15 @@ def resolve_ckpt_dir(option: str | os.PathLike[str] | None, environ: Mapping[str
 
 
 def prepare_ckpt_dir(path: Path) -> None:
-    """Create the directory owner-only (0700) if missing; fail clearly if unusable."""
+    """Create the directory owner-only (0700) if missing; WrapperError saying what is wrong
+    with it and the fix when it is not a directory or this user cannot write it."""
     try:
         if not path.is_dir():
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
             path.chmod(0o700)
+        directory.probe(path)
     except OSError as exc:
-        raise WrapperError(f"cannot create the checkpoint directory {path}: {exc}") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise WrapperError(f"the checkpoint directory {path} is not writable by this user")
+        raise WrapperError(directory.explain(path, exc, option="--ckpt-dir")) from None
 
 
 def new_attempt_token(env: SlurmEnv, restart: int | None = None) -> str:

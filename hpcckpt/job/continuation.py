@@ -18,14 +18,14 @@ from collections.abc import Mapping
 from hpcckpt.job import budget, poison
 from hpcckpt.job.config import EXIT_CONTINUE_FAILED, WrapperConfig
 from hpcckpt.job.outcome import EXIT_OK, StepResult, crash_exit_code
-from hpcckpt.job.reporting import WARN, Reporter
+from hpcckpt.job.reporting import DETAIL, WARN, Reporter
 from hpcckpt.rundir import events
 from hpcckpt.rundir.env import SCONTROL_ENV
 from hpcckpt.slurm import chain, jobid
 from hpcckpt.slurm import commands as slurm
 from hpcckpt.slurm.env import SlurmEnv
 from hpcckpt.slurm.parse import is_cancelled
-from hpcckpt.slurm.runner import SlurmError
+from hpcckpt.slurm.runner import QUERY_TIMEOUT, SlurmError
 
 
 class Continuation:
@@ -59,6 +59,42 @@ class Continuation:
             return "chain"
         requeue = True if self.config.requeue is None else self.config.requeue
         return "requeue" if requeue else None
+
+    def describe(self) -> str:
+        """How this job continues after a stop, in words for the start line."""
+        how = self.how
+        if how is not None:
+            return f"continue by {how}"
+        if not self.slurm_env.in_job:
+            return "no requeue outside Slurm: run the command again to resume"
+        return "no requeue (--no-requeue): submit the batch script again to resume"
+
+    def check_at_start(self) -> None:
+        """Continuing by requeue: ask Slurm now whether it will requeue this job, so that a
+        job submitted with --no-requeue (or under JobRequeue=0) learns it at the start,
+        not at its first stop. Silent when scontrol cannot tell."""
+        job = jobid.target(self.environ) or self.slurm_env.job_id
+        if self.how != "requeue" or job is None:
+            return
+        timeout = min(QUERY_TIMEOUT, self.config.requeue_timeout)
+        try:
+            allowed = slurm.requeue_allowed(job, timeout=timeout, environ=self.environ)
+        except (SlurmError, ValueError) as exc:
+            self.reporter.log(f"cannot tell whether job {job} may be requeued: {exc}", DETAIL)
+            return
+        if allowed is not False:
+            return
+        self.reporter.log(
+            f"warning: job {job} cannot be requeued: Slurm shows it with Requeue=0 (submitted "
+            "with --no-requeue, or without --requeue where the site sets JobRequeue=0), so a "
+            "stop would end it after its checkpoint instead of continuing",
+            WARN,
+        )
+        self.reporter.log(
+            "fix: add `#SBATCH --requeue` to the batch script, or continue by new jobs "
+            "instead: hpcckpt srun --chain (or hpcckpt run --chain)",
+            WARN,
+        )
 
     def after_poison(self, result: StepResult, step: int | None) -> int:
         """Give up after a poisoned attempt: restarting would compute the same poison."""

@@ -17,9 +17,11 @@ Checkpointer from ``due()`` at most every 5 s, see :mod:`hpcckpt.rundir.heartbea
 - with ``--progress-file GLOB`` (applications without the API) the step is one unit:
   a change of any matching file's size or modification time is its heartbeat.
 
-When one rank is silent the wrapper logs one line naming the ranks, appends an event
-``hang`` and takes the whole step down (:func:`hpcckpt.job.step.take_down`); the attempt
-then ends like a crash: requeue or chain within the restart budget if it made progress.
+When one rank is silent the wrapper logs one line naming the ranks (and, when their
+heartbeats differ, where each rank is: "rank 0 in save (step 5), rank 1 in finish"),
+appends an event ``hang`` and takes the whole step down
+(:func:`hpcckpt.job.step.take_down`); the attempt then ends like a crash: requeue or
+chain within the restart budget if it made progress.
 
 :func:`decide` is pure (no I/O): the unit tests drive it with made-up heartbeats.
 """
@@ -36,7 +38,14 @@ from typing import Any
 
 from hpcckpt.job.outcome import Outcome, StepResult
 from hpcckpt.rundir.events import checkpoint_costs, read_events
-from hpcckpt.rundir.heartbeat import DEFAULT_PERIOD, Heartbeat, clear_heartbeats, read_heartbeats
+from hpcckpt.rundir.heartbeat import (
+    DEFAULT_PERIOD,
+    Heartbeat,
+    clear_heartbeats,
+    places,
+    read_heartbeats,
+    where,
+)
 
 #: Phases of a heartbeat that get the longer (I/O) allowance.
 IO_PHASES = ("save", "restore")
@@ -78,11 +87,16 @@ class Verdict:
     hung: bool
     silent: list[Silent] = field(default_factory=list)
     heard: int = 0  # ranks with a heartbeat in this attempt
+    #: Each expected rank's heartbeat in this attempt (None: none yet).
+    beats: dict[int, Heartbeat | None] = field(default_factory=dict)
 
     def message(self) -> str:
         shown = "; ".join(s.describe() for s in self.silent[:8])
         more = f"; and {len(self.silent) - 8} more" if len(self.silent) > 8 else ""
-        return f"hang: {shown}{more}"
+        apart = ""
+        if len({where(b) for b in self.beats.values()}) > 1:  # say where each rank is
+            apart = f"; where the ranks are: {places(self.beats)}"
+        return f"hang: {shown}{more}{apart}"
 
     def event_fields(self) -> dict[str, Any]:
         return {
@@ -93,6 +107,7 @@ class Verdict:
             "since": [round(s.since, 3) for s in self.silent],
             "limits": [s.limit for s in self.silent],
             "heard": self.heard,
+            "places": {str(r): where(b) for r, b in sorted(self.beats.items())},
         }
 
 
@@ -143,7 +158,8 @@ def decide(
             if rank not in fresh:
                 silent.append(Silent(rank, started, waited, None, None, timeout))
     silent.sort(key=lambda s: (s.since, s.rank if s.rank is not None else -1))
-    return Verdict(bool(silent), silent, len(fresh))
+    ranks = set(fresh) | set(range(nranks or 0))
+    return Verdict(bool(silent), silent, len(fresh), {r: fresh.get(r) for r in ranks})
 
 
 def decide_progress(

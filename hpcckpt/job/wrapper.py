@@ -553,15 +553,15 @@ class Wrapper:
         prepare_ckpt_dir(cfg.ckpt_dir)
         self.own = OwnScheduleMode(self) if cfg.own_schedule else None
         where = f"Slurm job {self.slurm_env.job_id}" if self.slurm_env.in_job else "outside Slurm"
-        cont = self.continuation or "off"
         mode = f"; application signal {self._fwd_name()}" if cfg.app_mode else ""
         if self.own is not None:
             mode = "; the application takes no signal"
         self.log(
             f"attempt {self.attempt} ({where}, restart {self.restart}); "
             f"checkpoints in {cfg.ckpt_dir}; stop signal {signal_name(cfg.stop_signal)}{mode}; "
-            f"continue by {cont}"
+            f"{self.continuing.describe()}"
         )
+        self.continuing.check_at_start()  # Requeue=0: said now, not at the first stop
         self.event(
             events.WRAPPER_START,
             command=list(cfg.command),

@@ -16,7 +16,9 @@ holding several launches of the application) or, without the wrapper, a Checkpoi
   event), and shut-down (after ``stop``/``finish`` until the wrapper's ``step_end``);
 - ``checkpoint`` — from ``checkpoint_begin`` to ``checkpoint`` (the commit); for a
   staged save (``async_save``/``cache``) to ``checkpoint_staged``, when the ranks go
-  back to work: its later commit protects the work done up to the staging;
+  back to work: its later commit protects the work done up to the staging. It is the
+  time in ``save()``: the store's part (the event's ``seconds``; a staged save's
+  ``blocked_seconds``) and the work around it (checking the state, retention, events);
 - ``compute`` — the rest of the time the application ran: useful work, except
 - ``lost`` — work after the last committed checkpoint of an attempt (or launch) that
   crashed or was killed: it is redone by the next attempt. A checkpoint begun and never

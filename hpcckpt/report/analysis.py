@@ -64,7 +64,10 @@ def analyze(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
       ``wrapper`` (bool), ``launches`` (application starts), ``nranks``, ``policy``,
       ``start``, ``end``, ``end_known``, ``duration``, ``wait_before``, ``outcome``
       (finished, stopped, crashed, unknown), ``stop_reason``, ``requeued``,
-      ``failures``, ``restored_step``, ``last_saved_step``, ``checkpoints``,
+      ``failures``, ``restored_step``, ``reached_step`` (the last step the application
+      reported: the ``finish`` event's ``step``, the last one given to ``due()``, or the
+      step of the stop checkpoint; None when the attempt ended without either, a
+      crash), ``last_saved_step``, ``checkpoints``,
       ``skipped_bad``, ``uncommitted_checkpoints``, ``seconds`` ({kind: seconds}) and
       ``segments`` ([{kind, start, end}]), kinds as in :data:`SEGMENT_KINDS`;
     - ``checkpoints``: ``count``, ``mean_seconds``, ``max_seconds``, ``total_seconds``,
@@ -72,7 +75,11 @@ def analyze(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
       events have a ``kind``), ``skipped_bad``, ``uncommitted``, ``saves`` (blocked
       time and peak memory per save: :func:`hpcckpt.report.saves.summarize`);
     - ``time``: ``t0``, ``wall_seconds``, ``run_seconds`` (sum of the attempts),
-      ``useful_seconds``, ``checkpoint_seconds``, ``overhead_seconds``,
+      ``useful_seconds``, ``checkpoint_seconds`` (in ``save()``, from ``checkpoint_begin``
+      to the commit, or to the staging of a staged save), of which
+      ``checkpoint_store_seconds`` (the store's part: the ``seconds`` of each synchronous
+      save, the ``blocked_seconds`` of a staged one) and ``checkpoint_other_seconds``
+      (the rest: checking the state, retention, events), ``overhead_seconds``,
       ``lost_seconds``, ``unrecorded_seconds``, ``queue_seconds``;
     - ``efficiency``: ``run`` (useful / run time), ``wall`` (useful / wall time);
     - ``failures``: ``count``, ``mtbf_seconds`` (run time / count), ``note``;
@@ -135,6 +142,7 @@ def analyze(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
                 "requeued": facts["requeued"],
                 "failures": failed_here,
                 "restored_step": facts["restored_step"],
+                "reached_step": facts["reached_step"],
                 "last_saved_step": facts["last_step"],
                 "checkpoints": len(ckpts),
                 "skipped_bad": facts["skipped_bad"],
@@ -151,6 +159,10 @@ def analyze(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
     ckpt_events = [e for a in attempts for e in a.events if e["event"] == "checkpoint"]
     costs = [c for c in (number(e.get("seconds")) for e in ckpt_events) if c is not None]
+    in_store = 0.0  # what the ranks spent in the store: a staged save's blocked time
+    for e in ckpt_events:
+        blocked = number(e.get("blocked_seconds"))
+        in_store += (blocked if blocked is not None else number(e.get("seconds"))) or 0.0
     sizes = [b for b in (number(e.get("bytes")) for e in ckpt_events) if b is not None]
     reasons = Counter(str(e.get("reason") or "unknown") for e in ckpt_events)
     kinds = Counter(str(e["kind"]) for e in ckpt_events if e.get("kind") is not None)
@@ -177,6 +189,8 @@ def analyze(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "run_seconds": rounded(run),
         "useful_seconds": rounded(useful),
         "checkpoint_seconds": rounded(totals["checkpoint"]),
+        "checkpoint_store_seconds": rounded(min(in_store, totals["checkpoint"])),
+        "checkpoint_other_seconds": rounded(max(0.0, totals["checkpoint"] - in_store)),
         "overhead_seconds": rounded(totals["overhead"]),
         "lost_seconds": rounded(totals["lost"]),
         "unrecorded_seconds": rounded(totals["unrecorded"]),

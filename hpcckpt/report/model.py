@@ -152,6 +152,7 @@ def segments_of(att: Attempt, next_start: float | None) -> tuple[list[Segment], 
     outcome: str | None = None
     restored_step: Any = None
     last_step: Any = None
+    reached: Any = None  # the last step the application reported (finish/stop); None: unknown
     skipped = 0
     uncommitted = 0
     safe_until = t_start  # work before this is checkpointed (or was not work)
@@ -216,6 +217,9 @@ def segments_of(att: Attempt, next_start: float | None) -> tuple[list[Segment], 
         elif kind == "checkpoint" and ev.get("blocked_seconds") is not None:
             # a staged save's commit, later: the work up to its staging is safe now
             safe_until = max(safe_until, staged_at.pop(ev.get("step"), t))
+            if open_ckpt:  # begun, never staged: it blocked to the end (node-local, drain)
+                add("checkpoint", t)
+                state, open_ckpt = "compute", False
             if ev.get("step") is not None:
                 last_step = ev["step"]
         elif kind == "checkpoint":
@@ -236,6 +240,8 @@ def segments_of(att: Attempt, next_start: float | None) -> tuple[list[Segment], 
                 stop_reason = f"{why} {sig}" if why == "signal" and sig else why
             if kind == "finish" and ev.get("last_step") is not None:
                 last_step = ev["last_step"]
+            # finish: the last step passed to due() (none: the last saved); stop: its save's
+            reached = ev.get("step") if ev.get("step") is not None else last_step
         elif kind in evlog.END_EVENTS:
             said = str(ev.get("outcome") or "") if kind == "step_end" else ""
             requeued = requeued or kind == "requeue"
@@ -274,6 +280,7 @@ def segments_of(att: Attempt, next_start: float | None) -> tuple[list[Segment], 
         "end": t_end,
         "restored_step": restored_step,
         "last_step": last_step,
+        "reached_step": reached,
         "skipped_bad": skipped,
         "uncommitted_checkpoints": uncommitted,
         "stop_reason": stop_reason,

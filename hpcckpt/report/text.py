@@ -28,7 +28,8 @@ def format_report(report: Mapping[str, Any]) -> str:
     lines.append("Attempts")
     header = (
         f"  {'#':>2}  {'job':<10} {'restart':>7}  {'start':>8} {'duration':>9} "
-        f"{'waited':>8}  {'steps':<13} {'ckpts':>5} {'lost':>8}  outcome"
+        f"{'waited':>8}  {'restored':>8} {'reached':>8} {'saved':>8} {'ckpts':>5} "
+        f"{'lost':>8}  outcome"
     )
     lines.append(header)
     for a in atts:
@@ -38,10 +39,9 @@ def format_report(report: Mapping[str, Any]) -> str:
         restart = a["restart_count"] if a["restart_count"] is not None else "-"
         if a["chain_count"]:
             restart = f"{restart}/c{a['chain_count']}"
-        steps = (
-            f"{'new' if a['restored_step'] is None else a['restored_step']}"
-            f"->{'-' if a['last_saved_step'] is None else a['last_saved_step']}"
-        )
+        restored = "new" if a["restored_step"] is None else str(a["restored_step"])
+        reached = "?" if a.get("reached_step") is None else str(a["reached_step"])
+        saved = "-" if a["last_saved_step"] is None else str(a["last_saved_step"])
         outcome = a["outcome"]
         if not a["end_known"]:
             outcome += " (end not recorded)"
@@ -54,8 +54,8 @@ def format_report(report: Mapping[str, Any]) -> str:
         lost = a["seconds"]["lost"]
         lines.append(
             f"  {a['index']:>2}  {job:<10} {restart!s:>7}  {dur(a['start']):>8} "
-            f"{dur(a['duration']):>9} {dur(a['wait_before']):>8}  {steps:<13} "
-            f"{a['checkpoints']:>5} {dur(lost) if lost else '0':>8}  {outcome}"
+            f"{dur(a['duration']):>9} {dur(a['wait_before']):>8}  {restored:>8} {reached:>8} "
+            f"{saved:>8} {a['checkpoints']:>5} {dur(lost) if lost else '0':>8}  {outcome}"
         )
     lines.extend(node_failure_lines(report))
     lines.append("")
@@ -63,9 +63,12 @@ def format_report(report: Mapping[str, Any]) -> str:
     if ck["count"]:
         reasons = ", ".join(f"{k} {v}" for k, v in ck["by_reason"].items())
         lines.append(
-            f"  {ck['count']} committed ({reasons}); cost mean {dur(ck['mean_seconds'])}, "
-            f"max {dur(ck['max_seconds'])}; {size(ck['mean_bytes'])} each, "
-            f"{size(ck['total_bytes'])} in all"
+            f"  {ck['count']} committed ({reasons}); cost (the store's write and commit of "
+            f"one save) mean {dur(ck['mean_seconds'])}, max {dur(ck['max_seconds'])}"
+        )
+        lines.append(
+            f"  written per save: mean {size(ck['mean_bytes'])} (array data and state trees "
+            f"of all ranks), {size(ck['total_bytes'])} in all"
         )
         if ck["by_kind"]:
             lines.append("  kinds: " + ", ".join(f"{k} {v}" for k, v in ck["by_kind"].items()))
@@ -98,6 +101,12 @@ def format_report(report: Mapping[str, Any]) -> str:
         v = tm[key] or 0.0
         share = f" ({100 * v / run:.1f}% of run)" if run > 0 else ""
         lines.append(f"  {label:<30} {dur(v):>9}{share}")
+        if key == "checkpoint_seconds" and v and tm.get("checkpoint_store_seconds") is not None:
+            lines.append(
+                f"    the store {dur(tm['checkpoint_store_seconds'])} (the saves' costs; "
+                f"staged: the time blocked), around it {dur(tm['checkpoint_other_seconds'])} "
+                "(state check, pruning, heartbeats, events)"
+            )
     if tm["unrecorded_seconds"]:
         lines.append(
             "  an attempt ended without a final event (run it under `hpcckpt run/srun` for "

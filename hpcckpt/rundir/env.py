@@ -32,6 +32,9 @@ CACHE_ENV = "HPCCKPT_CACHE"
 REDUNDANCY_ENV = "HPCCKPT_REDUNDANCY"
 #: Drain only every Nth node-local checkpoint to the directory (``drain_every=`` wins).
 DRAIN_EVERY_ENV = "HPCCKPT_DRAIN_EVERY"
+#: Seconds a rank waits in a Checkpointer call for the others before it gives up
+#: (``call_timeout``; ``call_timeout=`` wins).
+CALL_TIMEOUT_ENV = "HPCCKPT_CALL_TIMEOUT"
 
 # -- chains of jobs (hpcckpt/slurm/chain.py) ------------------------------------------------
 #: This job's position in a chain of jobs (0 for the first).
@@ -53,6 +56,9 @@ SCANCEL_ENV = "HPCCKPT_SCANCEL"
 SRUN_ENV = "HPCCKPT_SRUN"
 #: A directory of sbatch templates to use instead of the packaged ones.
 TEMPLATES_ENV = "HPCCKPT_TEMPLATES"
+#: The venv the batch-script templates and examples activate (their "load your
+#: environment" lines; ``hpcckpt submit --venv`` writes it into the script instead).
+VENV_ENV = "HPCCKPT_VENV"
 
 # -- the local cluster (hpcckpt/cluster/) -------------------------------------------------------
 CLUSTER_DIR_ENV = "HPCCKPT_CLUSTER_DIR"

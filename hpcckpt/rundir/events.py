@@ -70,6 +70,7 @@ STAGING_REFUSED = "staging_refused"
 LOCAL_SKIPPED = "local_skipped"
 LOCAL_SET_ASIDE = "local_set_aside"
 WRITE_PATH = "write_path"
+BAD_MARK_CLEARED = "bad_mark_cleared"
 
 #: Events whose ``seconds`` is what one checkpoint cost (the Checkpointer's, or the
 #: restart files of an application without the API): also what counts as progress.

@@ -2,8 +2,11 @@
 
 Each rank of a Checkpointer rewrites ``DIR/heartbeat/rank-<r>.json`` at most every
 few seconds (from ``due()``, never more often): its step, the time, and its phase
-(``compute`` or ``save``). The wrapper reads them; a rank whose heartbeat is older
-than the hang timeout has gone silent (a stuck collective, a dead mount).
+(``compute``; ``save`` or ``restore`` during those; the call it waits in for the other
+ranks once it has waited half a second: ``due``, ``finish``...; ``finished`` after
+``finish()``). The wrapper reads them; a rank whose heartbeat is older than the hang
+timeout has gone silent (a stuck collective, a dead mount), and :func:`places` says
+where each rank is.
 """
 
 from __future__ import annotations
@@ -11,12 +14,19 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 HEARTBEAT_DIR = "heartbeat"
 #: Seconds between two heartbeats of one rank (the cost: one tiny file write).
 DEFAULT_PERIOD = 5.0
+#: Phases that say the rank is inside one of the Checkpointer's collective calls.
+CALL_PHASES = ("due", "restore", "save", "wait", "finish", "close")
+#: Of these, the calls made at a step (the heartbeat's step is the call's).
+STEP_PHASES = ("due", "save")
+#: Ranks named in one group of :func:`places`, groups shown.
+_SHOWN, _GROUPS = 4, 8
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,35 @@ def read_heartbeats(directory: str | os.PathLike[str]) -> dict[int, Heartbeat]:
             continue
         beats[beat.rank] = beat
     return beats
+
+
+def where(beat: Heartbeat | None) -> str:
+    """Where a heartbeat says its rank is: "in save (step 5)", "in finish", "computing
+    (step 11)", "finished", "no heartbeat"."""
+    if beat is None:
+        return "no heartbeat"
+    step = "" if beat.step is None else f" (step {beat.step})"
+    if beat.phase == "compute":
+        return f"computing{step}"
+    if beat.phase in CALL_PHASES:
+        return f"in {beat.phase}{step if beat.phase in STEP_PHASES else ''}"
+    return beat.phase
+
+
+def places(beats: Mapping[int, Heartbeat | None], ranks: Iterable[int] | None = None) -> str:
+    """Where each rank of ``ranks`` (default: those of ``beats``) is, grouped by place:
+    "ranks 0, 1 in save (step 5), rank 2 in finish"."""
+    groups: dict[str, list[int]] = {}
+    for rank in sorted(beats if ranks is None else ranks):
+        groups.setdefault(where(beats.get(rank)), []).append(rank)
+    parts = []
+    for text, members in list(groups.items())[:_GROUPS]:
+        shown = ", ".join(map(str, members[:_SHOWN]))
+        more = f" and {len(members) - _SHOWN} more" if len(members) > _SHOWN else ""
+        parts.append(f"rank{'s' * (len(members) > 1)} {shown}{more} {text}")
+    if len(groups) > _GROUPS:
+        parts.append(f"and {len(groups) - _GROUPS} more places")
+    return ", ".join(parts)
 
 
 def clear_heartbeats(directory: str | os.PathLike[str]) -> None:

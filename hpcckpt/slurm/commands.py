@@ -64,6 +64,14 @@ def show_job(
     return parse.parse_show_job(out)
 
 
+def requeue_allowed(
+    job: str, *, timeout: float = QUERY_TIMEOUT, environ: Env = None, env: Env = None
+) -> bool | None:
+    """May ``scontrol requeue`` requeue the job (``Requeue=`` of ``scontrol show job``)?
+    None when scontrol does not say."""
+    return parse.requeue_allowed(show_job(job, timeout=timeout, environ=environ, env=env))
+
+
 def submit(
     args: Sequence[str], *, timeout: float = SUBMIT_TIMEOUT, environ: Env = None, env: Env = None
 ) -> str:

@@ -48,6 +48,13 @@ def parse_show_job(text: str) -> dict[str, str]:
     return info
 
 
+def requeue_allowed(job: Mapping[str, str]) -> bool | None:
+    """``scontrol show job`` fields: may the job be requeued (``Requeue=1``)? None when
+    they do not say. ``Requeue=0``: submitted with ``--no-requeue``, or without
+    ``--requeue`` where ``JobRequeue=0`` is the site's default."""
+    return {"1": True, "0": False}.get(job.get("Requeue", "").strip())
+
+
 def parse_sinfo(text: str) -> dict[str, str]:
     """``sinfo -h -N -o "%N %T"`` output -> ``{node: state}`` (states lower case)."""
     states: dict[str, str] = {}

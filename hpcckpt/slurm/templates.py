@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import site
+import sysconfig
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -33,11 +35,20 @@ class TemplateError(ValueError):
 
 
 def templates_dir() -> Path:
-    """``$HPCCKPT_TEMPLATES``, else ``sbatch-templates/`` next to the package (source tree)."""
+    """``$HPCCKPT_TEMPLATES``; else ``sbatch-templates/`` of the checkout the package runs
+    from; else the copy an installed wheel put under its prefix (``share/hpcckpt/``, in
+    the venv or, after ``pip install --user``, the user base)."""
     env = os.environ.get(TEMPLATES_ENV)
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[2] / "sbatch-templates"
+    source = Path(__file__).resolve().parents[2] / "sbatch-templates"
+    if source.is_dir():
+        return source
+    for base in (sysconfig.get_path("data"), site.getuserbase()):
+        installed = Path(base) / "share" / "hpcckpt" / "sbatch-templates"
+        if installed.is_dir():
+            return installed
+    return source
 
 
 def available() -> list[str]:

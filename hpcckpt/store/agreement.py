@@ -9,13 +9,16 @@ when there are some. The store, its node-local tier and the Checkpointer share o
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import numpy as np
 from mpi4py import MPI
 
-from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
+from hpcckpt.store.errors import CallMismatch, CheckpointError, CorruptCheckpoint
 
 T = TypeVar("T")
 
@@ -51,9 +54,7 @@ class Agreement:
         self.comm.Allreduce(mine, total, op=MPI.SUM)
         if total[0]:
             errors = self.comm.allgather(None if error is None else describe(error))
-            failed = [(r, e) for r, e in enumerate(errors) if e is not None]
-            detail = "; ".join(f"rank {r}: {e}" for r, e in failed[:SHOWN])
-            raise kind(f"{what} failed ({detail})") from error
+            raise kind(f"{what} failed ({reasons(errors)})") from error
         return [int(x) for x in total[1:]]
 
     def agree_root(self, error: BaseException | None, what: str) -> None:
@@ -125,3 +126,188 @@ class Agreement:
 def describe(error: BaseException) -> str:
     """An error as the agreement's message names it: its type and text."""
     return f"{type(error).__name__}: {error}"
+
+
+def reasons(errors: Sequence[str | None]) -> str:
+    """ "rank 0: X; ranks 1, 2: Y": each rank's reason (None: it did not fail) named once,
+    with the ranks that met it; a reason that only ends with another one (a rank telling
+    that rank 0 failed, and why) is an echo, left out. At most SHOWN reasons."""
+    groups: dict[str, list[int]] = {}
+    for rank, why in enumerate(errors):
+        if why is not None:
+            groups.setdefault(why, []).append(rank)
+    kept = [w for w in groups if not any(w != o and w.endswith(o) for o in groups)]
+    parts = []
+    for why in kept[:SHOWN]:
+        ranks = groups[why]
+        more = f" and {len(ranks) - SHOWN} more" if len(ranks) > SHOWN else ""
+        shown = ", ".join(map(str, ranks[:SHOWN]))
+        parts.append(f"rank{'s' * (len(ranks) > 1)} {shown}{more}: {why}")
+    return "; ".join(parts)
+
+
+# -- the call agreement: which collective call, at which step, every rank is making --------
+#: The Checkpointer's collective calls; a call's code is its index plus one (0: none).
+CALLS = ("due", "restore", "save", "wait", "finish", "close")
+#: A call key packs (code, step, rank) into one int64: code above bit 60, the step
+#: (offset, so negative steps and None fit) above bit 24, the rank below.
+_RANK_BITS, _STEP_BITS = 24, 36
+_RANK_MASK, _STEP_MASK = (1 << _RANK_BITS) - 1, (1 << _STEP_BITS) - 1
+_STEP_OFFSET = 1 << (_STEP_BITS - 1)
+_NO_STEP = -(1 << 62)  # the exact step of a call without one
+#: Seconds a wait spins on ``Test``, then spins yielding the core between tests (the
+#: other rank may share it), before it sleeps between tests; the sleep; how often a slow
+#: wait tells its watch. (A yield costs a microsecond: most waits of ``due`` are shorter.)
+_SPIN, _YIELD, _NAP, _LOOK = 0.001, 0.01, 0.0005, 0.25
+#: How every message about calls on only some ranks ends.
+TAIL = "every rank must call the Checkpointer's methods in the same order, with the same step"
+
+
+@dataclass(frozen=True)
+class Call:
+    """A collective call as people read it: ``save(step=5)``, ``finish()``."""
+
+    name: str
+    step: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.name}()" if self.step is None else f"{self.name}(step={self.step})"
+
+
+class CallWatch(Protocol):
+    """What a slow wait tells (the Checkpointer's heartbeats, warning and timeout)."""
+
+    def waiting(self, call: Call, seconds: float) -> None:
+        """Still waiting after ``seconds``; may raise to give up."""
+
+    def done(self, call: Call) -> None:
+        """A wait that was slow is over."""
+
+
+class CallAgreement:
+    """Every collective call first agrees on *which call and step* each rank is in.
+
+    One ``Iallreduce`` (MAX) of a few int64 carries each rank's call key (the call, its
+    step and the rank, packed so that MAX and the MAX of the negated key give the
+    largest and the smallest), the exact step both ways, and whether the rank is in a
+    call that does not wait for the result (``due``: its reduction is completed by the
+    rank's next call). ``flags`` leading slots carry the caller's own flags (MAX) on the
+    same reduction. The ranks agree when the largest and smallest (call, step) are
+    equal; otherwise :class:`CallMismatch` is raised on every rank that completes the
+    reduction, naming the ranks and their calls: all of them (one ``allgather``) when
+    every rank waits for this reduction, else the two extremes.
+
+    A non-blocking collective matches only non-blocking ones, so every call posts the
+    same ``Iallreduce``: a rank in ``save`` and one in ``due`` or ``finish`` meet in it.
+    Waits poll with ``Test`` and tell ``watch`` every quarter second once they are slow.
+    """
+
+    def __init__(self, comm: MPI.Comm, flags: int = 0, watch: CallWatch | None = None) -> None:
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.nranks = comm.Get_size()
+        self.flags = flags
+        self.watch = watch
+        self.send = np.zeros(flags + 5, dtype=np.int64)
+        self.recv = np.zeros(flags + 5, dtype=np.int64)
+        self.request: MPI.Request | None = None
+        #: ``send`` for item writes (cheaper than numpy's): the caller's flags go here.
+        self.slots = memoryview(self.send)
+        self._codes = {
+            name: ((i + 1) << 60) | (self.rank & _RANK_MASK) for i, name in enumerate(CALLS)
+        }
+        self._posted: tuple[str, int | None] = ("", None)  # the call whose agreement is in flight
+
+    def post(self, name: str, step: int | None = None, lagged: bool = False) -> None:
+        """Start this rank's part of the agreement on the call ``name`` at ``step`` (the
+        flags slots as the caller set them). ``lagged``: the result is completed by the
+        rank's next call (``due``)."""
+        assert self.request is None, "the previous agreement is still in flight"
+        if step is None:
+            key, exact = self._codes[name], _NO_STEP
+        else:
+            packed = min(max(step + _STEP_OFFSET + 1, 1), _STEP_MASK)
+            key, exact = self._codes[name] | (packed << _RANK_BITS), step
+        slots, f = self.slots, self.flags
+        slots[f] = key
+        slots[f + 1] = -key
+        slots[f + 2] = exact
+        slots[f + 3] = -exact
+        slots[f + 4] = 1 if lagged else 0
+        self._posted = (name, step)
+        self.request = self.comm.Iallreduce(self.send, self.recv, op=MPI.MAX)
+
+    def complete(self) -> list[int] | None:
+        """Wait for the agreement in flight and check it: the flags slots reduced over
+        the ranks (a copy), or None when none was in flight. CallMismatch when the ranks
+        disagree."""
+        request = self.request
+        if request is None:
+            return None
+        if not request.Test():
+            self._wait(request)
+        self.request = None
+        values = self.recv.tolist()
+        f = self.flags
+        top, low, hi, lo, lagged = values[f:]
+        if top >> _RANK_BITS != -low >> _RANK_BITS or hi != -lo:
+            self._disagree(top, -low, bool(lagged))
+        return values[:f]
+
+    def enter(self, name: str, step: int | None = None) -> None:
+        """A call that waits for the agreement: complete the one in flight (a ``due``'s),
+        then agree on the call ``name`` at ``step``."""
+        self.complete()
+        self.post(name, step)
+        self.complete()
+
+    def _wait(self, request: MPI.Request) -> None:
+        call = Call(*self._posted)
+        start = time.monotonic()
+        look = start + _LOOK
+        told = False
+        while not request.Test():
+            now = time.monotonic()
+            if now >= look and self.watch is not None:
+                told = True
+                self.watch.waiting(call, now - start)  # may raise (call_timeout)
+                look = now + _LOOK
+            waited = now - start
+            if waited > _YIELD:
+                time.sleep(_NAP)
+            elif waited > _SPIN:
+                os.sched_yield()
+        if told and self.watch is not None:
+            self.watch.done(call)
+
+    def _decode(self, key: int) -> tuple[int, Call]:
+        step = (key >> _RANK_BITS) & _STEP_MASK
+        name = CALLS[(key >> 60) - 1]
+        return key & _RANK_MASK, Call(name, None if step == 0 else step - _STEP_OFFSET - 1)
+
+    def _disagree(self, top: int, low: int, lagged: bool) -> NoReturn:
+        if not lagged:  # every rank waits for this agreement: each can say where it is
+            calls = self.comm.allgather(self._posted)
+            where = places({r: Call(*c) for r, c in enumerate(calls)})
+        else:  # a rank in due() has gone on: the largest and the smallest call are known
+            ends = sorted([self._decode(top), self._decode(low)], key=lambda e: e[0])
+            where = ", ".join(f"rank {r} is in {c}" for r, c in ends)
+            if self.nranks > 2:
+                where += f" (the other {self.nranks - 2} ranks not shown)"
+        raise CallMismatch(f"ranks disagree on the collective call: {where}; {TAIL}")
+
+
+def places(calls: dict[int, Call]) -> str:
+    """ "rank 0 is in save(step=5), ranks 1, 2 are in finish()": ranks grouped by call."""
+    groups: dict[Call, list[int]] = {}
+    for rank in sorted(calls):
+        groups.setdefault(calls[rank], []).append(rank)
+    parts = []
+    for call, ranks in list(groups.items())[:SHOWN]:
+        shown = ", ".join(map(str, ranks[:SHOWN]))
+        more = f" and {len(ranks) - SHOWN} more" if len(ranks) > SHOWN else ""
+        verb = "is" if len(ranks) == 1 else "are"
+        parts.append(f"rank{'s' * (len(ranks) > 1)} {shown}{more} {verb} in {call}")
+    if len(groups) > SHOWN:
+        parts.append(f"and {len(groups) - SHOWN} more calls")
+    return ", ".join(parts)

@@ -180,7 +180,7 @@ def verify(path: str | os.PathLike[str], *, clear_mark: bool = False) -> dict[st
     loses the mark, so restore takes it again: the way back from a false alarm.
     """
     path = Path(path)
-    marked = layout.read_bad(path) if path.with_name(path.name + layout.BAD).exists() else None
+    marked = layout.read_bad(path)  # a mark of the file this one replaced does not count
     problems: list[str] = []
     nranks = kind = None
     chain: list[str] = []

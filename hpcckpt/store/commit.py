@@ -17,7 +17,8 @@ One save, all ranks taking part (docs/format.md):
    deletes the partial file and every rank raises;
 5. rank 0 renames it to ``ckpt-<step>.h5`` and fsyncs the directory (the file itself
    is durable already: every rank fsynced it after its last write, rank 0 after
-   creating it and setting its mode, and step 4 agreed that every fsync succeeded).
+   creating it and setting its mode, and step 4 agreed that every fsync succeeded);
+   a ``.bad`` mark of a file it replaced is removed (:func:`.layout.clear_marks`).
 
 Only step 5 makes the checkpoint visible, so a crash at any moment leaves either the
 previous set of checkpoints or the previous set plus this complete one.
@@ -198,7 +199,7 @@ class Saver:
         self._agree_or_discard(error, f"writing checkpoint of step {step}", partial)
         assert written is not None
         audit = self.changes.audit(written.state.hashes, self.last)
-        seconds, peak, slowest_write, hashed, pages, scan, audits = self._commit(
+        (seconds, peak, slowest_write, hashed, pages, scan, audits), cleared = self._commit(
             partial,
             final,
             step,
@@ -237,6 +238,7 @@ class Saver:
             scan_seconds=scan,
             tracking_audit=audit,
             full_reason=written.full_reason,
+            cleared_bad_mark=cleared,
         )
 
     # -- staged ------------------------------------------------------------------------------
@@ -335,7 +337,7 @@ class Saver:
             raise
         t_commit = time.perf_counter()
         # Staging to durable bytes, plus the commit: what a synchronous save would have cost.
-        seconds, peak, held = self._commit(
+        (seconds, peak, held), cleared = self._commit(
             pending.partial,
             pending.final,
             pending.step,
@@ -363,6 +365,7 @@ class Saver:
             staging=pending.staging,
             staging_bytes=int(held),
             full_reason=w.full_reason,
+            cleared_bad_mark=cleared,
         )
 
     def _in_memory(self, buffers: HostBuffers, arrays: dict[str, Any]) -> StagingMode:
@@ -429,8 +432,7 @@ class Saver:
         if self.rank != 0 or not self.chain_policy.incremental or self.last is None:
             return False
         return all(
-            (self.directory / name).is_file()
-            and not (self.directory / (name + layout.BAD)).exists()
+            (self.directory / name).is_file() and layout.read_bad(self.directory / name) is None
             for name, _, _ in self.last.chain
         )
 
@@ -541,20 +543,38 @@ class Saver:
 
     def _commit(
         self, partial: Path, final: Path, step: int, measure: Callable[[], Sequence[float]]
-    ) -> list[float]:
+    ) -> tuple[list[float], str | None]:
         """Step 5: rank 0 renames the file into place durably; agreed in the same reduction
-        that gives the largest of each of ``measure()`` over the ranks."""
+        that gives the largest of each of ``measure()`` over the ranks. With them, on every
+        rank, the reason of the bad mark of the file this one replaced (None: none), which
+        rank 0 removed: it judged that file, not this one."""
         error: BaseException | None = None
+        cleared: str | None = None
         if self.rank == 0:
             try:
                 durability.publish(partial, final)
                 faults.fault_point("commit.renamed")
             except OSError as exc:
                 error = exc
-        *out, failed = self.agreement.slowest(*measure(), float(error is not None))
+            else:
+                cleared = self._clear_marks(final)
+        *out, failed, marked = self.agreement.slowest(
+            *measure(), float(error is not None), float(cleared is not None)
+        )
         if failed:
             self.agreement.agree_root(error, f"committing checkpoint of step {step}")
-        return out
+        if marked:  # rare: one more bcast for its reason
+            cleared = self.agreement.from_root(lambda: cleared)
+        return out, cleared
+
+    def _clear_marks(self, final: Path) -> str | None:
+        """Rank 0, after the rename: the marks of the file ``final`` replaced are removed
+        (a failure is only logged: a mark left there is ignored, :func:`.layout.read_bad`)."""
+        try:
+            return layout.clear_marks(final)
+        except OSError as exc:
+            log.warning("cannot remove the bad mark of the file %s replaced: %s", final.name, exc)
+            return None
 
 
 def _new_uid() -> str:

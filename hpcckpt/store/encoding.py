@@ -14,11 +14,12 @@ from typing import Any
 
 import numpy as np
 
+from hpcckpt.store import tensors
 from hpcckpt.store.agreement import Agreement
 from hpcckpt.store.errors import CheckpointError
 from hpcckpt.store.options import ArrayOptions
 from hpcckpt.store.replicated import check_and_stand_in
-from hpcckpt.store.state_tree import Targets, decode_into, encode
+from hpcckpt.store.state_tree import Targets, decode_into, encode, is_stateful
 
 
 @dataclass
@@ -80,3 +81,19 @@ class Encoder:
         except (CheckpointError, ValueError, TypeError) as exc:
             error = exc
         self.agreement.agree(error, "loading the restored state")
+
+
+def state_bytes(value: Any) -> int:
+    """The bytes of every numpy array and tensor inside a state, without encoding it (the
+    Checkpointer sizes its first cost estimate with it before anything is measured)."""
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    if tensors.is_tensor(value):
+        return tensors.to_array(value).nbytes
+    if is_stateful(value):
+        return state_bytes(value.state_dict())
+    if isinstance(value, dict):
+        return sum(state_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(state_bytes(v) for v in value)
+    return 0

@@ -17,3 +17,15 @@ class CorruptCheckpoint(CheckpointError):
     def __init__(self, message: str, culprit: object = None) -> None:
         super().__init__(message)
         self.culprit = culprit
+
+
+class CallMismatch(RuntimeError):
+    """The ranks are not making the same collective call of the Checkpointer (or not at
+    the same step): the message names the ranks and the call each is in. Raised on
+    every rank (one that was in ``due()`` at its next call); the Checkpointer is
+    unusable afterwards."""
+
+
+class CallTimeout(CallMismatch):
+    """Some ranks never entered the collective call the others waited in for
+    ``call_timeout`` seconds: the message names them and where they last were."""

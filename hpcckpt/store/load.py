@@ -26,7 +26,14 @@ from hpcckpt.store.blocks import ChainState
 from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
 from hpcckpt.store.reader import CheckpointReader
 from hpcckpt.store.resharding import Split, common_tree, even_split, resolve_ranges
-from hpcckpt.store.state_tree import Targets, check_fits, escape, lookup, select_keys
+from hpcckpt.store.state_tree import (
+    Targets,
+    check_fits,
+    check_keys,
+    escape,
+    lookup,
+    select_keys,
+)
 
 
 @dataclass
@@ -219,6 +226,8 @@ class Loader:
         if own:
             with found, read_plan.PlanReader(plan, direct_io=self.direct_io()) as reader:
                 tree = select_keys(reader.tree(), only)
+                if (why := check_keys(state, tree, plan.step, targets, only)) is not None:
+                    raise CheckpointError(why)  # before anything is read into the state
                 expected = {a.name: (a.shape, np.dtype(a.dtype), a.torch_dtype) for a in wanted}
                 into = read_targets(state, targets, expected)
                 for a in wanted:
@@ -302,6 +311,8 @@ class Loader:
                             f"{saved} ranks, this run has {self.nranks}. Declare it distributed "
                             f"(split along axis 0) or restart with {saved} ranks"
                         )
+                if (why := check_keys(state, tree, entry.step, targets, only)) is not None:
+                    raise CheckpointError(why)  # before anything is read into the state
                 source = self.rank if saved == self.nranks else 0
                 expected = {}
                 for name in wanted:

@@ -26,7 +26,7 @@ from hpcckpt.store.encoding import Encoder
 from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
 from hpcckpt.store.options import TierOptions
 from hpcckpt.store.results import RestoreResult, SaveResult
-from hpcckpt.store.state_tree import Targets, check_fits
+from hpcckpt.store.state_tree import Targets, check_fits, check_keys, key_differences
 
 log = logging.getLogger("hpcckpt.store")
 
@@ -307,8 +307,11 @@ class NodeLocalTier:
             return None
         assert found.copy is not None
         arrays = self._with_replicated(found.copy, dict(found.arrays))
-        fatal = check_fits(state, found.copy.tree, arrays, targets)
-        fatals = [f for f in self.agreement.comm.allgather(fatal) if f]
+        refused = check_keys(state, found.copy.tree, found.step, targets)
+        fatal = None if refused else check_fits(state, found.copy.tree, arrays, targets)
+        outcome = self.agreement.comm.allgather((refused, fatal))
+        _refuse_keys([k for k, _ in outcome if k])
+        fatals = [f for _, f in outcome if f]
         if fatals:
             if self.rank == 0:
                 log.warning("node-local copy of step %d not used (%s)", found.step, fatals[0])
@@ -338,7 +341,7 @@ class NodeLocalTier:
             return None
         step, uid = max(common)
         copy = next(c for c in mine if (c.step, c.uid) == (step, uid))
-        problem = fatal = aside = None
+        problem = fatal = aside = refused = None
         arrays: dict[str, Any] = {}
         try:
             arrays = fast_tier.load(copy)
@@ -348,16 +351,18 @@ class NodeLocalTier:
                 aside = (step, self.node, copy.path.name, problem)
         if not any(comm.allgather(problem)):
             arrays = self._with_replicated(copy, arrays)
-            fatal = check_fits(state, copy.tree, arrays, targets)
-        outcome = comm.allgather((problem, fatal, aside))
-        problems = [p for p, _, _ in outcome if p]
-        fatals = [f for _, f, _ in outcome if f]
+            refused = check_keys(state, copy.tree, step, targets)
+            fatal = None if refused else check_fits(state, copy.tree, arrays, targets)
+        outcome = comm.allgather((problem, fatal, aside, refused))
+        _refuse_keys([k for _, _, _, k in outcome if k])
+        problems = [p for p, _, _, _ in outcome if p]
+        fatals = [f for _, f, _, _ in outcome if f]
         if problems or fatals:
             why = "; ".join((problems or fatals)[:4])
             if self.rank == 0:
                 log.warning("node-local copy of step %d not used (%s)", step, why)
             skipped.append((step, why))
-            self._set_aside += [a for _, _, a in outcome if a]
+            self._set_aside += [a for _, _, a, _ in outcome if a]
             return None
         return self._adopt(state, copy, arrays, targets, skipped)
 
@@ -377,6 +382,7 @@ class NodeLocalTier:
     ) -> RestoreResult:
         """The tail of both restores: fill the state from ``copy``, which becomes the
         tier's newest and the copy the next drain reads."""
+        keys = None if targets.strict else key_differences(state, copy.tree, targets)
         self.encoder.decode(state, copy.tree, arrays, targets)
         self._holds_newest = True
         self._newest_step = copy.step
@@ -388,7 +394,7 @@ class NodeLocalTier:
             saved_ranks=self.nranks,
             source="cache",
             local_skipped=tuple(skipped),
-        )
+        ).with_keys(keys)
 
     def _log_sets(self, sets: redundancy.SetLayout, asked: int) -> None:
         """One line: the sets the ranks formed (smaller than asked when nodes are few)."""
@@ -402,3 +408,11 @@ class NodeLocalTier:
             "/".join(map(str, sizes)),
             f" (fewer nodes than redundancy_set={asked})" if max(sizes) < asked else "",
         )
+
+
+def _refuse_keys(refusals: list[str]) -> None:
+    """A strict restore whose state's keys differ from the newest copy's stops on every
+    rank (CheckpointError, nothing read into the state), as it would from the directory:
+    falling back to an older checkpoint, or to none, would restart silently wrong."""
+    if refusals:
+        raise CheckpointError(refusals[0])

@@ -288,6 +288,11 @@ class DirectoryLock:
             del _held[key]
             lock._stop.set()
             lock.held = False
-            if (read_owner(lock.path) or {}).get("token") == lock.token:
-                lock.path.unlink(missing_ok=True)
             atexit.unregister(lock.release)
+            if (read_owner(lock.path) or {}).get("token") == lock.token:
+                try:
+                    lock.path.unlink(missing_ok=True)
+                except OSError as exc:  # the directory became unwritable: the error that
+                    # made it so was said already; a lock left behind goes stale (its
+                    # process ends), and the next run takes it over
+                    log.debug("cannot remove the lock %s: %s", lock.path, exc)

@@ -312,8 +312,8 @@ class CheckpointReader:
             what = f"{self.path.name} needs {name} (step {step}) of its chain"
             if not os.path.lexists(path):
                 raise CorruptCheckpoint(f"{what}, which is missing", culprit=path)
-            if os.path.lexists(path.with_name(name + layout.BAD)):
-                reason = layout.read_bad(path)
+            reason = layout.read_bad(path)  # a mark of the file it replaced does not count
+            if reason is not None:
                 raise CorruptCheckpoint(f"{what}, which is marked bad ({reason})", culprit=path)
             member = CheckpointReader(path, resolve_chain=False, direct_io=self.direct_io)
             self._members.append(member)

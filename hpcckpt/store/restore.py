@@ -23,7 +23,7 @@ from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
 from hpcckpt.store.load import Loader
 from hpcckpt.store.local_tier import NodeLocalTier
 from hpcckpt.store.results import RestoreResult
-from hpcckpt.store.state_tree import Targets
+from hpcckpt.store.state_tree import Targets, key_differences
 
 log = logging.getLogger("hpcckpt.store")
 
@@ -59,12 +59,12 @@ class Restorer:
         return self.agreement.from_root(lambda: layout.scan(self.directory))
 
     def restore(
-        self, state: dict[str, Any], only: tuple[str, ...] | None = None
+        self, state: dict[str, Any], only: tuple[str, ...] | None = None, strict: bool = True
     ) -> tuple[RestoreResult | None, ChainState | None]:
         """Fill ``state`` from the newest checkpoint that verifies on every rank (see
         :meth:`.CheckpointStore.restore`); with it, what the next save needs to be a
         delta of it (None: the next save is full)."""
-        targets = Targets()
+        targets = Targets(strict)
         skipped: list[tuple[int, str]] = []
         local_skipped: list[tuple[int, str]] = []  # node-local checkpoints that could not be
         entries, died = self._listing(guard_first=self.tier is None)
@@ -104,6 +104,7 @@ class Restorer:
                 # Every rank is past the read (its last agreement): it did not kill us.
                 if self.rank == 0:
                     reading_marker(entry.path).unlink(missing_ok=True)
+            keys = None if strict else key_differences(state, loaded.tree, targets, only)
             self.encoder.decode(state, loaded.tree, loaded.arrays, targets)
             result = RestoreResult(
                 step=entry.step,
@@ -111,7 +112,7 @@ class Restorer:
                 skipped=skipped,
                 saved_ranks=loaded.saved_ranks,
                 local_skipped=tuple(local_skipped),
-            )
+            ).with_keys(keys)
             return result, loaded.chain
         if entries:
             detail = "; ".join(f"step {s}: {r}" for s, r in skipped[:4])

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from hpcckpt.store.state_tree import KeyDifferences
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,9 @@ class SaveResult:
     tracking_audit: str | None = None
     #: A full checkpoint: why it is not a delta of the last one (ChainPolicy.why_full).
     full_reason: str | None = None
+    #: This save replaced a file of its step marked bad: that mark's reason (the commit
+    #: removed the mark, which judged the old file).
+    cleared_bad_mark: str | None = None
 
     @property
     def dirty_fraction(self) -> float:
@@ -59,3 +65,18 @@ class RestoreResult:
     moved: tuple[int, ...] = ()  # ranks whose node-local files came from another node
     #: Node-local checkpoints newer than the one restored that could not be, with why.
     local_skipped: tuple[tuple[int, str], ...] = ()
+    #: ``restore(strict=False)`` only (a strict one raises instead), as this rank found
+    #: them (key paths, state_tree.KeyDifferences): the state's keys the checkpoint
+    #: lacks (left as they were), the checkpoint's keys added to the state's dicts, and
+    #: an object's saved keys its state_dict() no longer has (not given to it).
+    skipped_keys: tuple[str, ...] = ()
+    added_keys: tuple[str, ...] = ()
+    ignored_keys: tuple[str, ...] = ()
+
+    def with_keys(self, keys: KeyDifferences | None) -> RestoreResult:
+        """This result with the key differences a non-strict restore found (None: none)."""
+        if not keys:
+            return self
+        return dataclasses.replace(
+            self, skipped_keys=keys.skipped, added_keys=keys.added, ignored_keys=keys.ignored
+        )

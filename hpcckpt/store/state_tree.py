@@ -246,10 +246,15 @@ def subtree(tree: Any, path: str) -> Any:
 class Targets:
     """The application's values a restore fills, seen through stateful objects: the
     ``state_dict()`` of each object is taken once per restore and reused, so the bytes
-    read straight into its tensors are the ones ``load_state_dict`` receives."""
+    read straight into its tensors are the ones ``load_state_dict`` receives.
 
-    def __init__(self) -> None:
+    ``strict`` (the default): the state's keys and the checkpoint's must be the same
+    (:func:`check_keys`); False: what matches is restored (an object gets its saved
+    values for the keys its ``state_dict()`` has, its own for the others)."""
+
+    def __init__(self, strict: bool = True) -> None:
         self._dicts: dict[int, tuple[Any, Any]] = {}
+        self.strict = strict
 
     def state_dict(self, obj: Any) -> Any:
         held = self._dicts.get(id(obj))
@@ -327,6 +332,132 @@ def check_fits(
     return None
 
 
+@dataclass(frozen=True)
+class KeyDifferences:
+    """Where the keys of a state and of a checkpoint differ, as key paths ('fields/u',
+    'model/head.weight'): see :func:`key_differences`."""
+
+    #: Keys of the state the checkpoint lacks: left as the application set them.
+    skipped: tuple[str, ...] = ()
+    #: Keys of the checkpoint the state lacks: added to the state's dicts.
+    added: tuple[str, ...] = ()
+    #: Keys of an object's saved state dict its ``state_dict()`` lacks now: not given to
+    #: its ``load_state_dict`` (it could not take them).
+    ignored: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.skipped or self.added or self.ignored)
+
+
+def key_differences(
+    state: Any, tree: Any, targets: Targets | None = None, only: tuple[str, ...] | None = None
+) -> KeyDifferences:
+    """Where the keys of the application's ``state`` and of the checkpoint's ``tree`` differ.
+
+    Keys are compared in every dict both hold at the same key path, at any depth, through
+    lists and tuples (position by position: their lengths are data), and, for an object
+    with ``state_dict()``, the keys of its state dict (not deeper: what is inside, e.g. an
+    optimizer's per-parameter state, is for its ``load_state_dict`` to judge). An empty
+    dict of the application is a place to fill, not a list of keys: it takes whatever the
+    checkpoint holds there. With ``only`` (top-level keys restored alone), the top level
+    is not compared, only what is below those keys.
+    """
+    targets = targets or Targets()
+    out: dict[str, list[str]] = {"skipped": [], "added": [], "ignored": []}
+    _differences(state, tree, targets, "", out, only)
+    return KeyDifferences(**{k: tuple(v) for k, v in out.items()})
+
+
+def _dict_items(tree: Any) -> dict[Any, Any] | None:
+    """{key: node} of a dict node of a tree (its keys as the application wrote them)."""
+    if isinstance(tree, dict) and tree.get(TAG) == "dict":
+        return dict(tree["v"])
+    if isinstance(tree, dict) and tree.get(TAG) == "kdict":
+        return {k: t for k, t in tree["v"]}
+    return None
+
+
+def _differences(
+    target: Any,
+    tree: Any,
+    targets: Targets,
+    path: str,
+    out: dict[str, list[str]],
+    only: tuple[str, ...] | None = None,
+) -> None:
+    def where(key: Any) -> str:
+        return f"{path}/{key}" if path else str(key)
+
+    if isinstance(tree, dict) and tree.get(TAG) == "stateful":
+        if not (is_stateful(target) and not is_container(target)):
+            _differences(target, tree["v"], targets, path, out)  # a dict where it was an object
+            return
+        held, saved = targets.state_dict(target), _dict_items(tree["v"])
+        if isinstance(held, dict) and held and saved is not None:
+            out["skipped"] += [where(k) for k in held if k not in saved]
+            out["ignored"] += [where(k) for k in saved if k not in held]
+        return
+    if isinstance(tree, list) or (isinstance(tree, dict) and tree.get(TAG) == "tuple"):
+        items = tree if isinstance(tree, list) else tree["v"]
+        if isinstance(target, (list, tuple)):
+            for i, (held, sub) in enumerate(zip(target, items, strict=False)):
+                _differences(held, sub, targets, where(i), out)
+        return
+    saved = _dict_items(tree)
+    if saved is None or not isinstance(target, dict) or not target:
+        return
+    if only is None:
+        out["skipped"] += [where(k) for k in target if k not in saved]
+        out["added"] += [where(k) for k in saved if k not in target]
+    for key, held in target.items():
+        if key in saved and (only is None or key in only):
+            _differences(held, saved[key], targets, where(key), out)
+
+
+#: Key paths named in a strict restore's error at most.
+SHOWN_KEYS = 8
+
+
+def _keys_text(keys: list[str]) -> str:
+    shown = repr(keys[:SHOWN_KEYS])
+    return shown if len(keys) <= SHOWN_KEYS else f"{shown} and {len(keys) - SHOWN_KEYS} more"
+
+
+def check_keys(
+    state: Any,
+    tree: Any,
+    step: int,
+    targets: Targets | None = None,
+    only: tuple[str, ...] | None = None,
+) -> str | None:
+    """Why a strict restore of ``tree`` (the checkpoint of ``step``) refuses the
+    application's ``state``: their keys differ (:func:`key_differences`); None when they
+    do not, or when ``targets`` is not strict."""
+    targets = targets or Targets()
+    if not targets.strict:
+        return None
+    found = key_differences(state, tree, targets, only)
+    extra, missing = [*found.added, *found.ignored], list(found.skipped)
+    way_out = "restore(state, strict=False) to take what matches"
+    if extra and missing:
+        return (
+            f"the checkpoint of step {step} holds keys {_keys_text(extra)} that the state "
+            f"lacks, and the state holds {_keys_text(missing)} that the checkpoint lacks: "
+            f"rename them back, or {way_out}"
+        )
+    if extra:
+        return (
+            f"the checkpoint of step {step} holds keys {_keys_text(extra)} that the state "
+            f"lacks: add them to the state, or {way_out}"
+        )
+    if missing:
+        return (
+            f"the state holds keys {_keys_text(missing)} that the checkpoint of step {step} "
+            f"lacks: remove them from the state, or {way_out} and leave them as they are"
+        )
+    return None
+
+
 def decode_into(
     target: Any, tree: Any, arrays: dict[str, np.ndarray], targets: Targets | None = None
 ) -> Any:
@@ -384,7 +515,10 @@ def _decode(
         return out
     if tag == "stateful":
         if is_stateful(target) and not is_container(target):
-            value = _decode(targets.state_dict(target), tree["v"], arrays, targets, True, path)
+            held = targets.state_dict(target)
+            value = _decode(held, tree["v"], arrays, targets, True, path)
+            if not targets.strict:
+                value = _matching(value, held)
             try:
                 target.load_state_dict(value)
             except Exception as exc:  # the object's own check of what it is given
@@ -438,6 +572,17 @@ def _decode(
         rs.set_state(state)
         return rs
     raise ValueError(f"unknown node in checkpoint tree: {tag!r}")
+
+
+def _matching(saved: Any, held: Any) -> Any:
+    """A state dict for a non-strict restore of an object: its own keys (``held``, its
+    ``state_dict()``), with the saved values where the checkpoint has them."""
+    if not (isinstance(saved, dict) and isinstance(held, dict) and held):
+        return saved
+    out = _fresh_like(saved)
+    for key, value in held.items():
+        out[key] = saved[key] if key in saved else value
+    return out
 
 
 def lookup(state: Any, path: str, targets: Targets | None = None) -> Any:

@@ -158,7 +158,11 @@ class CheckpointStore:
         return self.restorer.entries()
 
     def restore(
-        self, state: dict[str, Any], only: str | tuple[str, ...] | list[str] | None = None
+        self,
+        state: dict[str, Any],
+        only: str | tuple[str, ...] | list[str] | None = None,
+        *,
+        strict: bool = True,
     ) -> RestoreResult | None:
         """Fill ``state`` from the newest checkpoint that verifies on every rank.
 
@@ -181,12 +185,22 @@ class CheckpointStore:
         rank count; it reads the directory's checkpoints, never the node-local tier.
         Objects with ``load_state_dict`` get it called with what was saved;
         an error there is a CheckpointError on every rank.
+
+        ``strict`` (the default): the state's keys must be the checkpoint's, else
+        CheckpointError on every rank naming both sets of keys, before anything is read
+        into the state (:func:`.state_tree.key_differences` says which keys: those of
+        every dict at any depth, except an empty one, which takes what the checkpoint
+        holds; an object's ``state_dict()`` keys; with ``only``, below those keys).
+        ``strict=False`` restores what matches: the state's keys the checkpoint lacks
+        are left as they are, the checkpoint's the state lacks are added to its dicts,
+        an object gets its saved values for the keys its ``state_dict()`` has; the
+        result lists them (``skipped_keys``, ``added_keys``, ``ignored_keys``).
         """
         if not isinstance(state, dict):
             raise TypeError(f"state must be a dict, not {type(state).__name__}")
         keys = None if only is None else ((only,) if isinstance(only, str) else tuple(only))
         self.saver.forget_changes()
-        result, chain = self.restorer.restore(state, keys)
+        result, chain = self.restorer.restore(state, keys, strict)
         if result is not None:
             self.saver.remember(chain)
         return result

@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpcckpt.cli.report import COMMANDS, report
+from hpcckpt.report.format import dur, size
 
 DATA = Path(__file__).resolve().parents[1] / "report" / "data"
 
@@ -108,3 +109,63 @@ def test_directory_without_events(tmp_path: Path) -> None:
     code, out = run(str(tmp_path))
     assert code == 1
     assert "no events.jsonl in" in out
+
+
+# -- a real run: what each figure measures, and that they add up (issue 35, item 5) ----------
+def real_run(directory: Path, steps: int = 200, every: int = 60) -> None:
+    """A Checkpointer in this process (MPI.COMM_SELF): saves at steps 59, 119, 179, the
+    loop runs on to step 199, then finish()."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from hpcckpt.coord.checkpointer import Checkpointer
+
+    ck = Checkpointer(directory, MPI.COMM_SELF, every_steps=every)
+    state = {"u": np.zeros(2), "t": 0.0}
+    ck.restore(state)
+    for step in range(steps):
+        state["u"] += 1
+        state["t"] = float(step)
+        if ck.due(step):
+            ck.save(step, state)
+    ck.finish()
+
+
+def test_a_real_run_reads_restored_reached_and_saved(tmp_path: Path) -> None:
+    real_run(tmp_path / "ck")
+    code, out = run(str(tmp_path / "ck"))
+    assert code == 0, out
+    lines = out.splitlines()
+    header = next(line for line in lines if line.lstrip().startswith("#"))
+    assert "  restored  reached    saved ckpts" in header, header
+    row = lines[lines.index(header) + 1]
+    assert "       new      199      179     3 " in row, row  # ran to 199, saved 179
+    data = json.loads(run(str(tmp_path / "ck"), "--json")[1])
+    attempt = data["attempts"][0]
+    assert (attempt["reached_step"], attempt["last_saved_step"]) == (199, 179)
+
+
+def test_a_real_run_names_its_bytes_and_its_checkpoint_time_adds_up(tmp_path: Path) -> None:
+    real_run(tmp_path / "ck")
+    events = [json.loads(x) for x in (tmp_path / "ck" / "events.jsonl").read_text().splitlines()]
+    saves = [e for e in events if e["event"] == "checkpoint"]
+    data = json.loads(run(str(tmp_path / "ck"), "--json")[1])
+    ck, t = data["checkpoints"], data["time"]
+    out = run(str(tmp_path / "ck"))[1]
+    mean_bytes = sum(e["bytes"] for e in saves) // len(saves)
+    assert (
+        f"  written per save: mean {size(mean_bytes)} (array data and state trees of all "
+        f"ranks), {size(ck['total_bytes'])} in all"
+    ) in out, out
+    assert (
+        f"  3 committed (steps 3); cost (the store's write and commit of one save) mean "
+        f"{dur(ck['mean_seconds'])}, max {dur(ck['max_seconds'])}"
+    ) in out, out
+    # The time in save() = the store's part (the costs: 3 x the mean) + the rest around it.
+    store, other = t["checkpoint_store_seconds"], t["checkpoint_other_seconds"]
+    assert store == pytest.approx(sum(e["seconds"] for e in saves), abs=2e-3)
+    assert store + other == pytest.approx(t["checkpoint_seconds"], abs=2e-3)
+    assert (
+        f"    the store {dur(store)} (the saves' costs; staged: the time blocked), around it "
+        f"{dur(other)} (state check, pruning, heartbeats, events)"
+    ) in out, out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import h5py
@@ -68,17 +69,10 @@ def test_ls_lists_good_bad_and_partial(ckdir):
     r = invoke(ls_command, ckdir)
     assert r.exit_code == 0
     lines = r.output.splitlines()
-    assert lines[0].split() == [
-        "STEP",
-        "TIME",
-        "SIZE",
-        "RANKS",
-        "KIND",
-        "BASE",
-        "DIRTY",
-        "WRITTEN",
-        "STATUS",
-    ]
+    assert lines[0] == (
+        "      STEP  TIME (UTC)             FILE SIZE  RANKS  KIND               BASE   DIRTY  "
+        "ARRAYS WRITTEN  STATUS"
+    )
     assert "good" in lines[1] and "bad" in lines[2] and "checksum mismatch" in lines[2]
     assert lines[4].split()[0] == "40" and lines[4].endswith("partial")
     rows = json.loads(invoke(ls_command, ckdir, "--json").output)
@@ -103,6 +97,22 @@ def test_inspect_shows_arrays_scalars_and_meta(ckdir):
     assert info["meta"]["checksum"] == "xxh3_64"
     text = invoke(inspect_command, ckdir).output  # newest by default
     assert "step 30" in text and "u: float64[4, 3]" in text and "0:[0,4)" in text
+
+
+def test_times_are_iso_8601_utc_and_json_keeps_the_number(ckdir):
+    (row,) = [r for r in json.loads(invoke(ls_command, ckdir, "--json").output) if r["step"] == 30]
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(row["time"]))
+    assert f"        30  {when}  " in invoke(ls_command, ckdir).output
+    info = json.loads(invoke(inspect_command, ckdir, "--json").output)
+    assert isinstance(info["meta"]["time"], float) and info["meta"]["time"] == row["time"]
+    text = invoke(inspect_command, ckdir).output
+    assert f"  time = {when}\n" in text and f", written {when} by 1 ranks" in text
+
+
+def test_ls_says_what_its_sizes_measure():
+    text = invoke(ls_command, "--help").output
+    assert "FILE SIZE (the file on disk" in text and "ARRAYS" in text
+    assert "WRITTEN (the bytes of array data the save wrote, all ranks" in " ".join(text.split())
 
 
 def test_inspect_missing_step_is_a_clear_error(ckdir):
@@ -137,8 +147,8 @@ def test_verify_clear_mark_readmits_only_what_checks(ckdir):
     restore takes that checkpoint again; a damaged one keeps its mark."""
     good, damaged = ckdir / layout.checkpoint_name(30), ckdir / layout.checkpoint_name(20)
     layout.mark_bad(good, "HDF5 global heap at 2048 is damaged (object header)")
+    flip(damaged)  # before its mark: a mark judges the file as it was then
     layout.mark_bad(damaged, "earlier failure")
-    flip(damaged)
     r = invoke(verify_command, ckdir, "--all", "--clear-mark", "--json")
     assert r.exit_code == 1  # step 20 is still bad
     report = {c["step"]: c for c in json.loads(r.output)["checkpoints"]}
@@ -157,6 +167,32 @@ def test_verify_clear_mark_says_so(ckdir):
     r = invoke(verify_command, ckdir, "30", "--clear-mark")
     assert r.exit_code == 0
     assert "bad mark removed: every byte checks (it said: a false alarm)" in r.output
+
+
+def test_a_new_file_of_a_step_found_bad_is_listed_verified_and_restored_good(tmp_path):
+    """Step 2 of 2 saves fails its checksum: a restore marks it and takes step 1; the run
+    saves a new step 2, which ls and verify show good and the next restore takes."""
+    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF)
+    store.save(1, {"u": np.arange(12.0)})
+    store.save(2, {"u": np.arange(12.0) * 2})
+    second = store.directory / layout.checkpoint_name(2)
+    flip(second)
+    state = {"u": np.zeros(12)}
+    assert store.restore(state).step == 1
+    rows = json.loads(invoke(ls_command, store.directory, "--json").output)
+    assert [(x["step"], x["status"]) for x in rows] == [(1, "good"), (2, "bad")]
+    assert "fails its checksum" in rows[1]["reason"]
+    store.save(2, {"u": np.arange(12.0) * 3})
+    rows = json.loads(invoke(ls_command, store.directory, "--json").output)
+    assert [(x["step"], x["status"], x["reason"]) for x in rows] == [
+        (1, "good", None),
+        (2, "good", None),
+    ]
+    r = invoke(verify_command, store.directory, "--all")
+    assert r.exit_code == 0 and "step 2: good" in r.output, r.output
+    state = {"u": np.zeros(12)}
+    assert CheckpointStore(store.directory, MPI.COMM_SELF).restore(state).step == 2
+    assert np.array_equal(state["u"], np.arange(12.0) * 3)
 
 
 def test_prune_dry_run_then_real(ckdir):

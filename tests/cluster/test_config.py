@@ -51,3 +51,15 @@ def test_state_dir_from_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     monkeypatch.delenv(cl.DIR_ENV)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
     assert LocalCluster().state_dir == tmp_path / "xdg" / "hpcckpt" / "cluster"
+
+
+def test_clusters_on_other_ports_number_their_jobs_apart(tmp_path: Path) -> None:
+    """Open MPI names shared-memory segments after the job id: two local clusters (the
+    tests', a user's) must never hand out the same ids."""
+    ports = [16817, 26817, 26825, 27817, 40000]
+    firsts = [cl.first_job_id(p) for p in ports]
+    assert len(set(firsts)) == len(firsts)
+    assert all(1 <= f < 67_043_328 - 10_000 for f in firsts)  # below Slurm's MaxJobId
+    assert sorted(abs(a - b) for a in firsts for b in firsts if a != b)[0] >= 10_000
+    text = render_slurm_conf(tmp_path, ClusterConfig(port=26817))
+    assert f"FirstJobId={cl.first_job_id(26817)}" in text.splitlines()

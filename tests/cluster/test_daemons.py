@@ -184,3 +184,46 @@ def test_up_recovers_from_killed_daemons(slurm_cluster_nodes) -> None:
     cluster = slurm_cluster_nodes(2)
     assert cluster.is_running()
     assert cluster.node_states() == {"n1": "idle", "n2": "idle"}
+
+
+#: Two ranks exchanging messages through Open MPI's shared memory for a few seconds.
+SENDRECV_SCRIPT = (
+    "from mpi4py import MPI; import numpy as np, time; c = MPI.COMM_WORLD; "
+    "a = np.zeros(1 << 16); b = np.empty_like(a); other = 1 - c.Get_rank(); t = time.time()\n"
+    "while time.time() - t < 4:\n"
+    "    c.Sendrecv(a, other, 0, b, other, 0); a += 1\n"
+    "print('done', c.Get_rank(), int(a[0]), flush=True)"
+)
+
+
+@pytest.mark.slurm
+def test_two_fresh_clusters_run_mpi_jobs_side_by_side(tmp_path: Path) -> None:
+    """Two local clusters on one machine (a user trying two things, tests side by side):
+    their first jobs run MPI over shared memory at the same time and both finish, because
+    their job ids differ (Open MPI's segment names carry the job id)."""
+    from tests.conftest import SLURM_TEST_PORT
+
+    clusters = [
+        LocalCluster(tmp_path / f"c{i}", port=SLURM_TEST_PORT + 20 + 10 * i) for i in range(2)
+    ]
+    try:
+        for c in clusters:
+            c.up(nodes=1, cpus_per_node=2, kill_wait=10, timeout=90)
+        procs = [
+            subprocess.Popen(
+                ["srun", "--mpi=pmix", "-n", "2", sys.executable, "-c", SENDRECV_SCRIPT],
+                env=c.slurm_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for c in clusters
+        ]
+        outs = [p.communicate(timeout=120) for p in procs]
+        for p, (out, err) in zip(procs, outs, strict=True):
+            assert p.returncode == 0 and out.count("done") == 2, (out, err)
+        ids = [c.sbatch(["--wrap", "true", "-o", "/dev/null"]) for c in clusters]
+        assert ids[0] != ids[1] and abs(int(ids[0]) - int(ids[1])) >= 10_000, ids
+    finally:
+        for c in clusters:
+            c.down(stop_munge=False)

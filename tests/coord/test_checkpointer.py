@@ -146,3 +146,57 @@ def test_each_save_says_its_kind_and_why_a_full_one_is_not_a_delta(tmp_path, cap
         assert "checkpoint step 4: incremental (12.5 % of blocks), " in logged
     finally:
         ck.close()
+
+
+def test_restore_is_strict_and_strict_false_says_what_it_took(tmp_path, capfd, caplog):
+    """A key renamed in the code is an error; ``restore(state, strict=False)`` takes what
+    matches and says what it left and added, in one log line and in the restore event."""
+    from hpcckpt.rundir.events import read_events
+    from hpcckpt.store.errors import CheckpointError
+
+    with Checkpointer(tmp_path / "ck", comm=MPI.COMM_SELF, every_steps=1) as ck:
+        ck.save(7, {"u": np.arange(4.0), "k": 7})
+    with Checkpointer(tmp_path / "ck", comm=MPI.COMM_SELF, every_steps=1) as ck:
+        state = {"v": np.zeros(4), "k": 0}
+        with pytest.raises(CheckpointError, match=r"holds keys \['u'\] .* holds \['v'\]"):
+            ck.restore(state)
+        assert list(state) == ["v", "k"] and state["k"] == 0
+        assert ck.restore(state, strict=False) == 7
+        assert state["k"] == 7 and not state["v"].any()
+        assert np.array_equal(state["u"], np.arange(4.0))
+    logged = capfd.readouterr().err + caplog.text
+    assert (
+        "restored step 7 from ckpt-0000000007.h5; strict=False: left ['v'] as they were "
+        "(not in the checkpoint), added ['u'] (not in the state)"
+    ) in logged
+    [restore] = [e for e in read_events(tmp_path / "ck") if e["event"] == "restore"]
+    assert restore["skipped_keys"] == ["v"] and restore["added_keys"] == ["u"]
+    assert restore["ignored_keys"] == []
+
+
+def test_a_save_over_a_step_marked_bad_clears_the_mark_and_says_so(tmp_path, capfd, caplog):
+    from hpcckpt.rundir.events import read_events
+    from hpcckpt.store import layout
+
+    with Checkpointer(tmp_path / "ck", comm=MPI.COMM_SELF, every_steps=1) as ck:
+        ck.save(1, {"u": np.arange(4.0)})
+        ck.save(2, {"u": np.arange(4.0)})
+    second = tmp_path / "ck" / layout.checkpoint_name(2)
+    layout.mark_bad(second, "rank 0's state tree fails its checksum")
+    with Checkpointer(tmp_path / "ck", comm=MPI.COMM_SELF, every_steps=1) as ck:
+        state = {"u": np.zeros(4)}
+        assert ck.restore(state) == 1
+        ck.save(2, state)
+        assert ck.last_save.cleared_bad_mark == "rank 0's state tree fails its checksum"
+    assert layout.read_bad(second) is None and layout.scan(tmp_path / "ck")[0].good_candidate
+    logged = capfd.readouterr().err + caplog.text
+    assert (
+        "checkpoint step 2: ckpt-0000000002.h5 replaces a file marked bad (rank 0's state "
+        "tree fails its checksum); its mark is removed"
+    ) in logged
+    kinds = [e["event"] for e in read_events(tmp_path / "ck")]
+    cleared = [e for e in read_events(tmp_path / "ck") if e["event"] == "bad_mark_cleared"]
+    assert [(e["step"], e["path"], e["reason"]) for e in cleared] == [
+        (2, "ckpt-0000000002.h5", "rank 0's state tree fails its checksum")
+    ]
+    assert kinds[kinds.index("bad_mark_cleared") - 1] == "checkpoint"  # of that save

@@ -13,27 +13,31 @@ import pytest
 from hpcckpt.rundir.events import read_events
 from hpcckpt.rundir.status import read_status
 from hpcckpt.store import layout
-from tests.mpi_helpers import EXAMPLES, mpirun, start_mpirun, stop, wait_for
+from tests.mpi_helpers import (
+    HEAT2D,
+    heat2d,
+    heat2d_crash_and_resume,
+    heat2d_reference,
+    mpirun,
+    start_mpirun,
+    stop,
+    wait_for,
+)
 
 pytestmark = pytest.mark.mpi
 
-HEAT = [str(EXAMPLES / "heat2d.py"), "--nx", "64", "--ny", "48"]
+HEAT = HEAT2D
 APPS = Path(__file__).parent / "apps"
 
 
 def heat(tmp: Path, n: int, name: str, *extra: str, timeout: float = 120):
-    return mpirun(n, [*HEAT, "--ckpt-dir", str(tmp / name), *extra], timeout=timeout)
+    return heat2d(n, tmp / name, *extra, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
 def references(tmp_path_factory) -> dict[int, np.ndarray]:
     tmp = tmp_path_factory.mktemp("ref")
-    refs = {}
-    for n in (2, 3):
-        out = tmp / f"ref{n}.npy"
-        r = heat(tmp, n, f"ref{n}", "--steps", "60", "--out", str(out))
-        assert r.returncode == 0, r.stderr
-        refs[n] = np.load(out)
+    refs = {n: heat2d_reference(n, tmp) for n in (2, 3)}
     # The decomposition must not change the arithmetic: 2 and 3 ranks agree bit for bit.
     assert np.array_equal(refs[2], refs[3])
     return refs
@@ -41,20 +45,8 @@ def references(tmp_path_factory) -> dict[int, np.ndarray]:
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_crash_then_resume_is_bit_identical(tmp_path, references, n):
-    crashed = heat(tmp_path, n, "ck", "--steps", "60", "--every", "10", "--crash-at", "35")
-    assert crashed.returncode != 0, "the injected crash must fail the run"
-    steps = [e.step for e in layout.scan(tmp_path / "ck")]
-    assert steps == [29, 19, 9]
-    assert layout.partials(tmp_path / "ck") == []
-
-    out = tmp_path / "out.npy"
-    resumed = heat(tmp_path, n, "ck", "--steps", "60", "--every", "10", "--out", str(out))
-    assert resumed.returncode == 0, resumed.stderr
-    assert "restored step 29" in resumed.stderr
-    assert np.array_equal(np.load(out), references[n])
-    assert read_status(tmp_path / "ck").state == "finished"
-    kinds = [e["event"] for e in read_events(tmp_path / "ck")]
-    assert kinds.count("checkpoint") == 6  # 9, 19, 29 before the crash; 39, 49, 59 after
+    # Also run from the installed wheel, in its own venv (tests/install/test_wheel.py).
+    assert np.array_equal(heat2d_crash_and_resume(n, tmp_path), references[n])
 
 
 @pytest.mark.parametrize("n,signal_rank", [(2, 1), (3, 2), (3, 0)])

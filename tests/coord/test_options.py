@@ -116,6 +116,7 @@ def test_every_documented_keyword_works(tmp_path, monkeypatch):
         "share_group": True,
         "on_save_error": "warn",
         "validate": "finite",
+        "call_timeout": "30s",
         "incremental": True,
         "block_size": 1 << 16,
         "max_chain": 4,
@@ -139,6 +140,7 @@ def test_every_documented_keyword_works(tmp_path, monkeypatch):
         assert o.retention.keep_every == 10 and o.store.arrays.distributed == {"u": None}
         assert o.store.incremental.block_size == 1 << 16
         assert o.store.files.share_group and o.guard.on_save_error == "warn"
+        assert o.guard.call_timeout == 30.0
         assert o.staging.staging_budget == 64 << 20 and o.levels.drain_every == 2
         assert ck.cache == tmp_path / "cache-n0"
         state = {"u": np.arange(8.0), "model": {"w": np.ones(3)}}
@@ -214,6 +216,18 @@ def test_the_environment_sets_the_levels_for_a_whole_job(env, expected):
 def test_a_malformed_variable_is_named(env, message):
     with pytest.raises(ValueError, match=message):
         resolve(env=JobEnvironment.from_env(env), cache="c")
+
+
+def test_call_timeout_from_the_argument_or_the_environment():
+    assert resolve().guard.call_timeout is None  # no limit by default
+    assert resolve(call_timeout="2m").guard.call_timeout == 120.0
+    env = JobEnvironment.from_env({"HPCCKPT_CALL_TIMEOUT": "30"})
+    assert resolve(env=env).guard.call_timeout == 30.0
+    assert resolve(env=env, call_timeout=5).guard.call_timeout == 5.0
+    with pytest.raises(ValueError, match="HPCCKPT_CALL_TIMEOUT='soon'"):
+        resolve(env=JobEnvironment.from_env({"HPCCKPT_CALL_TIMEOUT": "soon"}))
+    with pytest.raises(ValueError, match="call_timeout must be a positive duration"):
+        resolve(call_timeout=0)
 
 
 def test_arguments_win_over_the_environment():

@@ -74,6 +74,10 @@ def test_chain_with_hanging_sbatch_times_out(tmp_path):
     assert "did not finish within 1 s" in w.wait_line("chain failed")
 
 
+#: What a wrapper that continues by requeue asks Slurm first: may the job be requeued at all?
+START_CHECK = "show job -o 600"
+
+
 def _fake_slurm(tmp_path: Path, restart: int = 0) -> tuple[dict[str, str], Path]:
     calls = tmp_path / "scontrol-calls"
     scontrol = fake(tmp_path, "scontrol", f'echo "$@" >> {calls}')
@@ -86,7 +90,7 @@ def test_crash_without_progress_gives_up_at_once(tmp_path):
     ckpt = tmp_path / "ck"
     w = Wrapped(ckpt, app("crash"), env=env)
     assert w.wait() == 3, w.stderr
-    assert not calls.exists()
+    assert calls.read_text().splitlines() == [START_CHECK]
     w.wait_line("giving up: the attempt crashed before writing any checkpoint")
     w.wait_line("fix the cause, then submit the same batch script again")
     assert kinds(ckpt)[-2:] == ["crashed", "give_up"]
@@ -97,7 +101,7 @@ def test_crash_after_progress_requeues(tmp_path):
     ckpt = tmp_path / "ck"
     w = Wrapped(ckpt, app("crash"), "--min-progress", "0", env=env)
     assert w.wait() == 0, w.stderr
-    assert calls.read_text().split() == ["requeue", "600"]
+    assert calls.read_text().splitlines() == [START_CHECK, "requeue 600"]
     evs = list(read_events(ckpt))
     assert evs[-1]["event"] == "requeue" and evs[-1]["cause"] == "crash"
 
@@ -111,7 +115,7 @@ def test_crash_budget_exhausted_from_the_log(tmp_path):
         append_event(ckpt, "requeue", restart=n, cause="crash")
     w = Wrapped(ckpt, app("crash"), "--min-progress", "0", "--max-restarts", "2", env=env)
     assert w.wait() == 3, w.stderr
-    assert not calls.exists()
+    assert calls.read_text().splitlines() == [START_CHECK]
     w.wait_line("giving up: 2 restart(s) after crashes already (--max-restarts 2)")
 
 
@@ -138,7 +142,7 @@ def test_term_of_a_cancelled_job_does_not_requeue_after_a_stop(tmp_path):
     wait_state(ckpt, "running")
     w.send(signal.SIGTERM)  # what scancel sends the batch shell
     assert w.wait() == 0, w.stderr
-    assert calls.read_text().splitlines() == ["show job -o 600"]
+    assert calls.read_text().splitlines() == [START_CHECK, "show job -o 600"]
     w.wait_line("job 600 was cancelled (scancel): not continuing it")
     assert kinds(ckpt)[-2:] == ["step_end", "cancelled"]
 
@@ -166,4 +170,58 @@ def test_term_at_the_time_limit_still_requeues(tmp_path, state, reason):
     wait_state(ckpt, "running")
     w.send(signal.SIGTERM)  # Slurm's TERM at the time limit, or a preemption
     assert w.wait() == 0, w.stderr
-    assert calls.read_text().splitlines() == ["show job -o 600", "requeue 600"]
+    assert calls.read_text().splitlines() == [START_CHECK, "show job -o 600", "requeue 600"]
+
+
+# -- can this job continue at all? Said at the start, not at the first stop ------------------
+def _requeue_flag_slurm(tmp_path: Path, flag: str) -> tuple[dict[str, str], Path]:
+    """A scontrol that records its calls and shows the job with ``Requeue=<flag>``."""
+    calls = tmp_path / "scontrol-calls"
+    body = (
+        f'echo "$@" >> {calls}\n'
+        'if [ "$1" = show ]; then echo '
+        f'"JobId=600 JobName=x JobState=RUNNING Reason=None Requeue={flag} Restarts=0"; fi'
+    )
+    env = clean_env(SLURM_JOB_ID="600", HPCCKPT_SCONTROL=fake(tmp_path, "scontrol", body))
+    return env, calls
+
+
+def test_a_job_slurm_will_not_requeue_is_told_so_at_the_start(tmp_path):
+    env, calls = _requeue_flag_slurm(tmp_path, "0")
+    ckpt = tmp_path / "ck"
+    w = Wrapped(ckpt, app("finish"), env=env)
+    assert w.wait() == 0, w.stderr
+    assert calls.read_text().splitlines() == [START_CHECK]
+    lines = w.stderr.splitlines()
+    assert lines[0].endswith("; continue by requeue"), lines
+    assert lines[1:3] == [
+        "hpcckpt: warning: job 600 cannot be requeued: Slurm shows it with Requeue=0 "
+        "(submitted with --no-requeue, or without --requeue where the site sets "
+        "JobRequeue=0), so a stop would end it after its checkpoint instead of continuing",
+        "hpcckpt: fix: add `#SBATCH --requeue` to the batch script, or continue by new jobs "
+        "instead: hpcckpt srun --chain (or hpcckpt run --chain)",
+    ], lines
+    assert "started step" in lines[3], lines
+
+
+def test_a_requeueable_job_is_checked_once_and_silently(tmp_path):
+    env, calls = _requeue_flag_slurm(tmp_path, "1")
+    w = Wrapped(tmp_path / "ck", app("finish"), env=env)
+    assert w.wait() == 0, w.stderr
+    assert calls.read_text().splitlines() == [START_CHECK]
+    assert "warning" not in w.stderr and "Requeue" not in w.stderr, w.stderr
+
+
+def test_how_a_job_continues_is_said_in_words_at_the_start(tmp_path):
+    outside = Wrapped(tmp_path / "a", app("finish"))
+    assert outside.wait() == 0, outside.stderr
+    assert outside.lines[0].endswith(
+        "stop signal USR1; no requeue outside Slurm: run the command again to resume"
+    ), outside.lines
+    env, calls = _requeue_flag_slurm(tmp_path, "1")
+    disabled = Wrapped(tmp_path / "b", app("finish"), "--no-requeue", env=env)
+    assert disabled.wait() == 0, disabled.stderr
+    assert disabled.lines[0].endswith(
+        "stop signal USR1; no requeue (--no-requeue): submit the batch script again to resume"
+    ), disabled.lines
+    assert not calls.exists()  # not continuing by requeue: nothing to check

@@ -65,6 +65,27 @@ def test_no_heartbeat_at_all_with_unknown_rank_count():
     assert v.hung and v.silent[0].rank == 0 and v.heard == 0
 
 
+def test_ranks_in_different_calls_are_named_with_their_places():
+    # Rank 0 in save() at step 5, rank 1 in finish(): the message says where each is.
+    beats = [Heartbeat(0, 5, T0 + 2, "save"), Heartbeat(1, 4, T0 + 1, "finish")]
+    v = decide(beats, T0 + 80, nranks=3)
+    assert v.hung
+    assert v.message().endswith(
+        "; where the ranks are: rank 0 in save (step 5), rank 1 in finish, rank 2 no heartbeat"
+    ), v.message()
+    assert v.event_fields()["places"] == {
+        "0": "in save (step 5)",
+        "1": "in finish",
+        "2": "no heartbeat",
+    }
+
+
+def test_ranks_in_the_same_place_are_not_listed_again():
+    beats = [Heartbeat(0, 12, T0 + 20), Heartbeat(1, 12, T0 + 20)]
+    v = decide(beats, T0 + 40, nranks=2)
+    assert v.hung and "where the ranks are" not in v.message()
+
+
 def test_stale_heartbeats_of_an_earlier_attempt_count_as_missing():
     v = decide([Heartbeat(0, 100, T0 - 500)], T0 + 11, nranks=1)
     assert v.hung and v.silent[0].phase is None

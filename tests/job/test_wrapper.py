@@ -21,6 +21,7 @@ import pytest
 
 from hpcckpt.job import config
 from hpcckpt.rundir.status import FINISHED, RUNNING, STOPPED, RunStatus, read_status, write_status
+from tests.permission_helpers import as_a_user, immutable, who
 
 REPO = Path(__file__).resolve().parents[2]
 APP = Path(__file__).resolve().parent / "apps" / "contract_app.py"
@@ -264,8 +265,9 @@ def test_duplicate_signals_are_forwarded_once_and_requeue_once(tmp_path):
     w.send(signal.SIGTERM)
     assert w.wait() == 0, w.stderr
     assert received(ckpt) == ["SIGUSR1"]
-    # after a TERM the wrapper asks whether the job was cancelled, then requeues once
-    assert calls.read_text().splitlines() == ["show job -o 4242", "requeue 4242"]
+    # at the start the wrapper asks whether the job may be requeued; after a TERM whether
+    # it was cancelled; then it requeues once
+    assert calls.read_text().splitlines() == ["show job -o 4242"] * 2 + ["requeue 4242"]
     assert kinds(ckpt) == ["wrapper_start", "signal", "signal", "signal", "step_end", "requeue"]
     ev = events(ckpt)
     assert [e.get("forwarded") for e in ev[1:4]] == [True, False, False]
@@ -329,6 +331,58 @@ def test_no_checkpoint_directory_is_a_usage_error(tmp_path):
     w = Wrapped(None, app("finish"))
     assert w.wait() == 2
     assert "--ckpt-dir" in w.stderr and "HPCCKPT_DIR" in w.stderr
+
+
+# -- the checkpoint directory: what is wrong with it, and the fix ----------------------------
+
+
+def test_a_checkpoint_directory_that_is_a_file(tmp_path):
+    (tmp_path / "ck").write_text("not a directory\n")
+    w = Wrapped(tmp_path / "ck", app("finish"))
+    assert w.wait() == 2
+    line = w.wait_line("error:")
+    assert line == (
+        f"hpcckpt: error: the checkpoint directory {tmp_path / 'ck'} exists and is not a "
+        "directory (it is a regular file): choose another --ckpt-dir, or move the file away"
+    ), line
+    assert "Errno" not in w.stderr
+
+
+def test_a_checkpoint_directory_that_cannot_be_written(tmp_path):
+    """Root bypasses the mode bits: the wrapper runs without CAP_DAC_OVERRIDE, as a user
+    would, in a directory another user owns (mode 0755)."""
+    ck = tmp_path / "ck"
+    ck.mkdir(mode=0o755)
+    os.chown(ck, 1000, 1000)
+    argv = [sys.executable, "-m", "hpcckpt.cli.entry", "run", "--ckpt-dir", str(ck), "--"]
+    r = subprocess.run(
+        [*as_a_user(), *argv, *app("finish")],
+        cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == (
+        f"hpcckpt: error: the checkpoint directory {ck} exists but cannot be written by user "
+        f"{who(os.geteuid())}: Permission denied (mode 0755, owner {who(1000)}, group "
+        f"{who(1000, 'gid')}). Choose a writable --ckpt-dir, or fix its permissions (as its "
+        f"owner: chmod u+rwx {ck})\n"
+    ), r.stderr
+    assert not (ck / "events.jsonl").exists()
+
+
+def test_an_immutable_checkpoint_directory(tmp_path):
+    """Operation not permitted even for root (chattr +i): said so, with the fix."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    with immutable(ck):
+        w = Wrapped(ck, app("finish"))
+        assert w.wait() == 2
+    line = w.wait_line("error:")
+    assert line.startswith(
+        f"hpcckpt: error: the checkpoint directory {ck} exists but cannot be written by user "
+    ), line
+    assert f"Operation not permitted (mode 0755, owner {who(0)}, group {who(0, 'gid')})" in line
+    assert f"it may be immutable (lsattr -d {ck} shows an i; chattr -i {ck} undoes it)" in line
+    assert line.endswith("Choose a writable --ckpt-dir, or have it fixed"), line
 
 
 def test_command_not_found(tmp_path):
@@ -404,8 +458,9 @@ def test_srun_subcommand_passes_arguments_untouched_after_kill_on_bad_exit(tmp_p
         "srun",
         f'printf "%s\\n" "$@" > {args}\nshift 4\nexec "$@"',
     )
-    env = clean_env(HPCCKPT_SRUN=srun)
-    w = Wrapped(ckpt, ["--mpi=pmix", "-n", "1", *app("finish")], env=env, subcommand="srun")
+    env = clean_env(HPCCKPT_SRUN=srun, SLURM_JOB_ID="4243")  # srun needs an allocation
+    cmd = ["--mpi=pmix", "-n", "1", *app("finish")]
+    w = Wrapped(ckpt, cmd, "--no-requeue", env=env, subcommand="srun")
     assert w.wait() == 0, w.stderr
     assert args.read_text().splitlines()[:3] == ["--kill-on-bad-exit=1", "--mpi=pmix", "-n"]
 

@@ -146,6 +146,31 @@ def test_crash_loop_stops_after_the_budget(slurm_cluster, tmp_path):
     assert len(give_up) == 1 and give_up[0]["restart"] == 2 and give_up[0]["wrapper_exit"] == 5
 
 
+def test_a_job_submitted_with_no_requeue_is_told_at_the_start(slurm_cluster, tmp_path):
+    """sbatch --no-requeue: the wrapper asks Slurm at the start and says it cannot
+    continue by requeue, with the fix, before the step starts (not at the first stop)."""
+    env = cluster_env(slurm_cluster)
+    log = tmp_path / "job.out"
+    app = f"{sys.executable} {ROOT}/tests/job/apps/contract_app.py finish"
+    script = write_script(
+        tmp_path / "once.sbatch", f"exec hpcckpt run --ckpt-dir {tmp_path}/ck -- {app}\n"
+    )
+    job = sbatch(["--time=2", "-n", "1", "--no-requeue", f"--output={log}", script], env,
+                 cwd=str(tmp_path))  # fmt: skip
+    info = follow(job, env, timeout=120)
+    text = log_of(log)
+    assert info["JobState"] == "COMPLETED", text
+    lines = text.splitlines()
+    warning = next(i for i, ln in enumerate(lines) if "cannot be requeued" in ln)
+    assert lines[warning] == (
+        f"hpcckpt: warning: job {job} cannot be requeued: Slurm shows it with Requeue=0 "
+        "(submitted with --no-requeue, or without --requeue where the site sets "
+        "JobRequeue=0), so a stop would end it after its checkpoint instead of continuing"
+    ), text
+    assert lines[warning + 1].startswith("hpcckpt: fix: add `#SBATCH --requeue`"), text
+    assert warning < next(i for i, ln in enumerate(lines) if "started step" in ln), text
+
+
 @pytest.mark.mpi
 def test_chain_mode_through_two_links(slurm_cluster, tmp_path):
     """`hpcckpt submit chain`: each time-limit stop submits the next job; result identical."""

@@ -9,6 +9,7 @@ end of the session the tables are written to ``.pytest_cache/hpcckpt-reliability
 from __future__ import annotations
 
 import os
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ TITLES = {
 class ReliabilityLog:
     def __init__(self) -> None:
         self.tables: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self.unwritten: str | None = None  # why the report file could not be written
 
     def add(self, table: str, **row: Any) -> None:
         self.tables[table].append(row)
@@ -79,6 +81,8 @@ class ReliabilityLog:
 
 
 _LOG = ReliabilityLog()
+#: When this process loaded the plugin: a report file older than that is a past run's.
+_STARTED = time.time()
 
 
 @pytest.fixture(scope="session")
@@ -91,17 +95,27 @@ def _report_path(config: pytest.Config) -> Path:
     return Path(given) if given else config.rootpath / ".pytest_cache" / "hpcckpt-reliability.txt"
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ARG001
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:  # noqa: ARG001
+    """Write the table where this session ran the reliability tests (under ``pytest -n``, a
+    worker: the controller prints the file)."""
     if not _LOG.tables:
         return
-    lines = _LOG.render()
-    path = _report_path(config)
+    path = _report_path(session.config)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("\n".join(lines) + "\n")
-        where = f"(written to {path})"
+        path.write_text("\n".join(_LOG.render()) + "\n")
     except OSError as exc:
-        where = f"(could not write {path}: {exc})"
+        _LOG.unwritten = f"(could not write {path}: {exc})"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ARG001
+    path = _report_path(config)
+    if _LOG.unwritten:
+        lines, where = _LOG.render(), _LOG.unwritten
+    elif path.exists() and path.stat().st_mtime >= _STARTED:
+        lines, where = path.read_text().splitlines(), f"(written to {path})"
+    else:
+        return
     terminalreporter.write_sep("=", "hpcckpt reliability: faults injected and outcomes")
     for line in lines:
         terminalreporter.write_line(line)

@@ -20,6 +20,7 @@ import pytest
 from mpi4py import MPI
 
 from hpcckpt import Checkpointer
+from hpcckpt.rundir.events import read_events
 from hpcckpt.store import catalog, faults, layout
 from hpcckpt.store.lock import LOCK_NAME, read_owner
 from hpcckpt.store.reader import CheckpointReader
@@ -222,13 +223,17 @@ def test_a_restore_that_dies_reading_a_checkpoint_falls_back_on_the_next_try(
     assert r.returncode != 0 and "injected fault restore.reading" in r.stderr, r.stderr
     owner = read_owner(d / LOCK_NAME)
     wait_for(lambda: not _alive(owner["pid"]), 30, "the killed job's rank 0 to be gone")
-    # The run after that skips it (marked bad, kept) and resumes from the one before.
+    # The run after that skips it (marked bad) and resumes from the one before; its own
+    # save of that step is a new file, and the mark, which judged the old one, goes.
     r = mpirun(2, [APP, d, NSTEPS + 2, -1, "full"], timeout=180)
     assert r.returncode == 0, r.stderr
     assert f"restored step {newest - 1}" in r.stderr, r.stderr
-    bad = layout.read_bad(d / layout.checkpoint_name(newest))
-    assert bad and "died while reading" in bad
-    assert (d / layout.checkpoint_name(newest)).exists(), "never deleted"
+    events = list(read_events(d))
+    skipped = [e for e in events if e["event"] == "skip_bad"]
+    assert [e["step"] for e in skipped] == [newest] and "died while reading" in skipped[0]["reason"]
+    cleared = [e for e in events if e["event"] == "bad_mark_cleared"]
+    assert [e["step"] for e in cleared] == [newest] and "died while reading" in cleared[0]["reason"]
+    assert layout.read_bad(d / layout.checkpoint_name(newest)) is None
     assert not list(d.glob("*.reading"))
     reliability_log.add(
         "crash",

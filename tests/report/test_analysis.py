@@ -203,6 +203,44 @@ def test_staged_saves_block_until_staging_and_protect_work_once_committed() -> N
     assert r["attempts"][0]["last_saved_step"] == 5
 
 
+def test_time_in_save_splits_into_the_store_and_around_it() -> None:
+    events = [
+        ev(0, "wrapper_start", attempt="w"),
+        ck(1, "start"),
+        ck(2, "restore", step=None),
+        ck(10, "checkpoint_begin", step=5, reason="interval"),  # 1 s in the store, 0.5 around
+        ck(11.5, "checkpoint", step=5, seconds=1.0, reason="interval"),
+        ck(20, "checkpoint_begin", step=9, reason="interval"),  # staged: blocked 0.5 s of 0.75
+        ck(20.75, "checkpoint_staged", step=9, blocked_seconds=0.5),
+        ck(23, "checkpoint", step=9, seconds=3.0, blocked_seconds=0.5, reason="interval"),
+        ck(30, "finish", step=12, last_step=9),
+        ev(31, "step_end", attempt="w", outcome="finished"),
+        ev(31, "finished", attempt="w"),
+    ]
+    t = analyze(events)["time"]
+    assert t["checkpoint_seconds"] == pytest.approx(2.25)
+    assert t["checkpoint_store_seconds"] == pytest.approx(1.5)
+    assert t["checkpoint_other_seconds"] == pytest.approx(0.75)
+
+
+def test_a_node_local_save_blocks_until_its_commit_and_no_longer() -> None:
+    """A save kept on the node-local tier has a begin and a commit with blocked_seconds but
+    no checkpoint_staged: the work after it is compute, not checkpoint time."""
+    events = [
+        ev(0, "wrapper_start", attempt="w"),
+        ck(1, "start"),
+        ck(2, "restore", step=None),
+        ck(10, "checkpoint_begin", step=5, reason="interval"),
+        ck(10.5, "checkpoint", step=5, seconds=0.5, blocked_seconds=0.5, tier="cache"),
+        ck(30, "finish", step=12, last_step=5),
+        ev(31, "step_end", attempt="w", outcome="finished"),
+        ev(31, "finished", attempt="w"),
+    ]
+    secs = analyze(events)["attempts"][0]["seconds"]
+    assert secs["checkpoint"] == pytest.approx(0.5)
+    assert secs["compute"] == pytest.approx(8.0 + 19.5)
+
+
 def test_tolerates_missing_fields_unknown_events_and_garbage() -> None:
     events = [
         {"event": "start"},  # no time: dropped

@@ -10,6 +10,7 @@ import pytest
 
 from hpcckpt import slurm
 from hpcckpt.rundir.env import SCONTROL_ENV, SQUEUE_ENV
+from hpcckpt.slurm import commands
 from tests.slurm.fake_commands import fake_command
 
 
@@ -42,3 +43,17 @@ def test_requeue_rejects_a_strange_job_id(tmp_path):
     scontrol = fake_command(tmp_path, "scontrol", "exit 0")
     with pytest.raises(ValueError):
         slurm.requeue("--help", environ={SCONTROL_ENV: scontrol})
+
+
+def test_requeue_allowed_asks_scontrol_show_job(tmp_path):
+    args_file = tmp_path / "args"
+    for flag, allowed in (("0", False), ("1", True)):
+        scontrol = fake_command(
+            tmp_path,
+            f"scontrol{flag}",
+            f'printf "%s\\n" "$@" > {args_file}; echo "JobId=5 Requeue={flag} Restarts=0"',
+        )
+        assert commands.requeue_allowed("5", environ={SCONTROL_ENV: scontrol}) is allowed
+        assert args_file.read_text().splitlines() == ["show", "job", "-o", "5"]
+    silent = fake_command(tmp_path, "scontrol-silent", "exit 0")
+    assert commands.requeue_allowed("5", environ={SCONTROL_ENV: silent}) is None

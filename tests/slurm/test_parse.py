@@ -8,7 +8,7 @@ import pytest
 
 from hpcckpt import slurm
 from hpcckpt import slurm as nodes
-from hpcckpt.slurm import chain
+from hpcckpt.slurm import chain, parse
 
 SHOW = (
     "JobId=77 JobName=sim Restarts=0 TimeLimit=00:30:00 Partition=debug NumNodes=2 "
@@ -62,3 +62,11 @@ def test_failed_states():
 )
 def test_is_cancelled(state, reason, cancelled):
     assert slurm.parse.is_cancelled({"JobState": state, "Reason": reason}) is cancelled
+
+
+@pytest.mark.parametrize(
+    ("fields", "allowed"),
+    [({"Requeue": "1"}, True), ({"Requeue": "0"}, False), ({}, None), ({"Requeue": "?"}, None)],
+)
+def test_requeue_allowed(fields, allowed):
+    assert parse.requeue_allowed({"JobId": "7", **fields}) is allowed

@@ -12,6 +12,7 @@ and review the diff (git diff tests/slurm/golden) before committing.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -27,8 +28,14 @@ NAMES = ["chain", "mpirun", "python-api", "requeue", "restart-files"]
 GOLDEN_ARGS = [
     "--time", "00:30:00", "--ntasks", "8", "--nodes", "2", "--partition", "batch",
     "--job-name", "golden", "--ckpt-dir", "/scratch/me/run 1", "--signal", "USR2@180",
-    "--", "python", "app.py", "--input", "it's here.h5",
+    "--venv", "/opt/venvs/hpc ckpt", "--", "python", "app.py", "--input", "it's here.h5",
 ]  # fmt: skip
+#: Every batch script a user is given: the templates and the examples'.
+SCRIPTS = sorted(templates.templates_dir().glob("*.sbatch")) + sorted(
+    (Path(__file__).resolve().parents[2] / "examples").glob("*.sbatch")
+)
+#: The line that marks where a batch script loads the user's environment.
+ENV_MARK = re.compile(r"^# -+ load your environment \(modules, venv\) -*$")
 
 
 def render_cli(name: str, *args: str) -> str:
@@ -146,3 +153,69 @@ def test_submit_reports_a_failing_sbatch(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     r = CliRunner().invoke(cli, ["submit", "requeue", "--", "true"])
     assert r.exit_code == 1 and "invalid partition" in r.output
+
+
+# -- loading the user's environment ------------------------------------------------------------
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_batch_script_has_the_marked_environment_lines(script):
+    """Marked, before the first command that needs the environment, after every #SBATCH
+    line (sbatch reads no #SBATCH line after the first command): the venv, if given, is
+    activated."""
+    lines = script.read_text().splitlines()
+    marks = [i for i, line in enumerate(lines) if ENV_MARK.match(line)]
+    assert len(marks) == 1, f"{script}: no (or more than one) '# ---- load your environment' line"
+    at = marks[0]
+    assert not [ln for ln in lines[at:] if ln.startswith("#SBATCH")], script
+    block = lines[at : at + 12]
+    assert 'VENV="${HPCCKPT_VENV:-}"' in block, block
+    assert 'if [ -n "$VENV" ]; then source "$VENV/bin/activate"; fi' in block, block
+    assert any(ln.startswith("# module load ") for ln in block), block
+    first_command = next(i for i, ln in enumerate(lines) if ln.startswith(("exec ", "export ")))
+    assert at < first_command, script
+
+
+def fake_venv(tmp_path: Path) -> Path:
+    """A venv whose activate puts a stand-in hpcckpt first on PATH; it prints its arguments."""
+    venv = tmp_path / "venv dir"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "activate").write_text(f'PATH="{venv}/bin:$PATH"\n')
+    hpcckpt = venv / "bin" / "hpcckpt"
+    hpcckpt.write_text('#!/bin/sh\necho "hpcckpt $*"\n')
+    hpcckpt.chmod(0o755)
+    return venv
+
+
+def job_like_export_none(script: Path, tmp_path: Path, **extra: str):
+    """Run ``script`` as sbatch --export=NONE starts it: Slurm's variables, a bare PATH."""
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "SLURM_JOB_ID": "4711",
+        "SLURM_SUBMIT_DIR": str(tmp_path),
+        "SLURM_NTASKS": "2",
+        **extra,
+    }
+    return subprocess.run(
+        ["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_job_without_the_submitters_environment_finds_hpcckpt_through_the_venv(name, tmp_path):
+    venv = fake_venv(tmp_path)
+    script = tmp_path / f"{name}.sbatch"
+    script.write_text(render_cli(name, "--venv", str(venv), "--ckpt-dir", str(tmp_path / "ck")))
+    r = job_like_export_none(script, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1].startswith("hpcckpt "), r.stdout
+    # without it, the job ends as users saw it: the wrapper is not found
+    plain = tmp_path / f"plain-{name}.sbatch"
+    plain.write_text(render_cli(name))
+    r = job_like_export_none(plain, tmp_path)
+    assert r.returncode == 127 and "hpcckpt: not found" in r.stderr, r.stderr
+
+
+def test_submit_fills_in_the_venv_made_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    text = render_cli("requeue", "--venv", "venvs/my venv")
+    assert f"VENV='{tmp_path}/venvs/my venv'" in text.splitlines()

@@ -9,8 +9,16 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcckpt.store.agreement import SHOWN, Agreement, Refused, describe
-from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
+from hpcckpt.store.agreement import (
+    SHOWN,
+    Agreement,
+    Call,
+    CallAgreement,
+    Refused,
+    describe,
+    places,
+)
+from hpcckpt.store.errors import CallMismatch, CheckpointError, CorruptCheckpoint
 from tests.mpi_helpers import mpirun, rank_reports
 
 APP = Path(__file__).parent / "apps" / "agreement_app.py"
@@ -96,6 +104,49 @@ def test_bcast_array_of_one_rank_is_the_array(alone, array):
     assert got.dtype == array.dtype and got.shape == array.shape and np.array_equal(got, array)
 
 
+# -- the call agreement (issue 35): which call and step each rank is in --------------------
+def test_a_call_reads_as_written():
+    assert (str(Call("save", 5)), str(Call("finish")), str(Call("due", -3))) == (
+        "save(step=5)",
+        "finish()",
+        "due(step=-3)",
+    )
+
+
+def test_one_rank_always_agrees_and_gets_its_flags_back():
+    calls = CallAgreement(MPI.COMM_SELF, flags=2)
+    assert calls.complete() is None  # nothing in flight
+    calls.slots[0], calls.slots[1] = 1, 0
+    calls.post("due", 7, lagged=True)
+    assert calls.complete() == [1, 0]
+    calls.enter("finish")  # waits for its own agreement
+    assert calls.request is None
+
+
+@pytest.mark.parametrize("step", [None, 0, 5, -2, 2**34, 2**40])
+def test_a_call_key_keeps_the_call_step_and_rank(step):
+    calls = CallAgreement(MPI.COMM_SELF)
+    calls.post("save", step)
+    calls.complete()
+    top = int(calls.recv[0])
+    rank, call = calls._decode(top)
+    assert rank == 0 and call.name == "save"
+    if step is None or abs(step) < 2**34:  # the key keeps 36 bits of the step
+        assert call.step == step
+
+
+def test_calls_are_grouped_by_place():
+    text = places({0: Call("save", 5), 1: Call("finish"), 2: Call("save", 5)})
+    assert text == "ranks 0, 2 are in save(step=5), rank 1 is in finish()"
+    many = places({r: Call("due", 3) for r in range(10)})
+    assert many == f"ranks 0, 1, 2, 3 and {10 - SHOWN} more are in due(step=3)"
+
+
+def test_a_mismatch_is_a_runtime_error_not_a_checkpoint_error():
+    assert issubclass(CallMismatch, RuntimeError)
+    assert not issubclass(CallMismatch, CheckpointError)
+
+
 # -- three ranks -----------------------------------------------------------------------------
 @pytest.mark.mpi
 def test_three_ranks_reach_the_same_outcome_whichever_rank_fails():
@@ -116,6 +167,15 @@ def test_three_ranks_reach_the_same_outcome_whichever_rank_fails():
     assert every("agree_as_type_error") == {
         "error": "TypeError",
         "message": "encoding failed (rank 1: OSError: [Errno 28] No space left on device)",
+    }
+    assert every("agree_echoed") == {  # the echoes of rank 0's error are not repeated
+        "error": "CheckpointError",
+        "message": "writing step 5 failed (rank 0: ValueError: disk on fire)",
+    }
+    assert every("agree_alike") == {  # one reason per distinct text, with its ranks
+        "error": "CheckpointError",
+        "message": "pruning failed (ranks 0, 2: PermissionError: [Errno 13] Permission denied; "
+        "rank 1: KeyError: 'k')",
     }
     assert every("agree_sums") == {"value": [1 + 2 + 3, 30]}
     assert every("agree_root") == {

@@ -144,3 +144,21 @@ def test_two_ranks_store_replicated_bytes_once_and_fail_together():
     assert one["kept"] == {"model/b": [[0], 0], "model/w": [[0], 0], "u": [[110], 880]}
     assert zero["known_hashes"] == ["model/b", "model/w"] and zero["hashes_right"]
     assert one["known_hashes"] == []
+
+
+def test_state_bytes_counts_arrays_tensors_and_state_dicts_without_encoding() -> None:
+    import torch
+
+    from hpcckpt.store.encoding import state_bytes
+
+    class Holder:
+        def state_dict(self) -> dict:
+            return {"w": np.zeros(10, np.float32)}
+
+        def load_state_dict(self, d: dict) -> None:
+            pass
+
+    state = {"u": np.zeros((4, 5)), "t": torch.zeros(3, dtype=torch.float64), "h": Holder(),
+             "l": [np.zeros(2, np.int8), 7, "x"], "k": 3}  # fmt: skip
+    assert state_bytes(state) == 160 + 24 + 40 + 2
+    assert state_bytes({}) == 0 and state_bytes(5) == 0

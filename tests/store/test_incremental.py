@@ -107,7 +107,7 @@ def test_every_checkpoint_of_a_chain_restores_bitwise(tmp_path):
             assert r.verify() == []
     full, delta = path(store, 1).stat().st_size, path(store, 5).stat().st_size
     assert delta < full / 3
-    state = {"u": np.zeros(N), "w": None}
+    state = {"u": np.zeros(N), "w": None, "s": None, "k": None}
     got = make_store(store.directory).restore(state)
     assert got.step == 5 and state["u"].tobytes() == held[5].tobytes() and state["k"] == 5
     assert state["s"] == np.float32(5) and state["w"].dtype == np.int16
@@ -189,7 +189,7 @@ def test_restart_continues_the_chain_from_hashes_in_the_file(tmp_path):
     store = make_store(tmp_path / "ck")
     held, _ = save_chain(store, range(1, 4))
     again = make_store(store.directory)
-    state = {"u": np.zeros(N), "w": None}
+    state = {"u": np.zeros(N), "w": None, "s": None, "k": None}
     again.restore(state)
     state["u"][0] += 1
     res = again.save(4, state)
@@ -333,7 +333,7 @@ def test_a_chain_written_by_format_3_restores_and_grows_in_format_4(tmp_path):
     for step in (1, 2, 3):
         with h5py.File(path(store, step), "r+") as f:
             as_version_3(f)
-    state = {"u": np.zeros(N), "w": np.zeros(7, dtype=np.int16)}
+    state = {"u": np.zeros(N), "w": np.zeros(7, dtype=np.int16), "s": None, "k": None}
     store = make_store(tmp_path / "ck")
     assert store.restore(state).step == 3 and state["u"].tobytes() == held[3].tobytes()
     with CheckpointReader(path(store, 3)) as r:

@@ -85,7 +85,7 @@ def test_restore_on_another_rank_count_through_deltas(tmp_path, saved_n, n):
     run(saved_n, "save", d, 5, "u")
     with CheckpointReader(d / layout.checkpoint_name(5)) as r:
         assert r.kind == "incremental" and len(r.chain) == 5
-    reports = run(n, "restore", d)
+    reports = run(n, "restore", d, "u")
     for rep in reports:
         assert rep["ok"] and rep["step"] == 5 and rep["saved_ranks"] == saved_n
         # Another rank count: the blocks are per rank, so the next save starts a new chain.
@@ -96,7 +96,7 @@ def test_one_process_restores_a_three_rank_delta(tmp_path):
     d = tmp_path / "ck"
     run(3, "save", d, 4, "u")
     store = CheckpointStore(d, MPI.COMM_SELF, distributed=["u"], block_size=app.BLOCK)
-    state: dict = {"u": None}
+    state: dict = {"u": None, "step": None}
     assert store.restore(state).step == 4
     assert state["u"].tobytes() == app.global_u(4).tobytes()
     report = catalog.verify(d / layout.checkpoint_name(4))

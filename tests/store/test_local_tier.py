@@ -10,6 +10,7 @@ import pytest
 from mpi4py import MPI
 
 from hpcckpt.store import fast_tier, layout
+from hpcckpt.store.errors import CheckpointError
 from hpcckpt.store.store import CheckpointStore
 
 
@@ -139,3 +140,16 @@ def test_free_removes_the_files_and_the_directory(tmp_path, cache):
     assert not cache.exists()
     store.tier.free()  # nothing left: nothing to do
     assert tiered(tmp_path, cache).restore(blank()) is None
+
+
+def test_a_renamed_key_stops_a_restore_from_the_tier_rather_than_falling_back(tmp_path, cache):
+    """The newest checkpoint is node-local only: a state whose keys differ from it is an
+    error, not a fall back to the directory (here: to nothing, a silent fresh start)."""
+    tiered(tmp_path, cache).save_local(4, state_of(4))
+    renamed = {"v": np.zeros(3000), "n": np.zeros(40, np.int32), "k": None}
+    with pytest.raises(CheckpointError, match=r"step 4 holds keys \['u'\] .* \['v'\]"):
+        tiered(tmp_path, cache).restore(renamed)
+    assert not renamed["v"].any() and renamed["k"] is None
+    got = tiered(tmp_path, cache).restore(renamed, strict=False)
+    assert (got.step, got.source) == (4, "cache")
+    assert (got.skipped_keys, got.added_keys) == (("v",), ("u",)) and renamed["k"] == 4

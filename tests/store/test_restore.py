@@ -111,3 +111,62 @@ def test_damage_in_the_file_an_incremental_is_built_on_marks_that_file(tmp_path,
         f"found while restoring {layout.checkpoint_name(2)}: {full.name}: array 'u'"
     )
     assert layout.read_bad(store.directory / layout.checkpoint_name(2)) is None
+
+
+def flip_byte(path, dataset: str = "state/u") -> None:
+    """Flip one byte of an array's data in place: its checksum no longer matches."""
+    with h5py.File(path, "r") as f:
+        off = f[dataset].id.get_offset()
+    raw = bytearray(path.read_bytes())
+    raw[off + 100] ^= 0x01
+    path.write_bytes(bytes(raw))
+
+
+def test_a_new_file_of_a_step_marked_bad_is_restored_not_skipped(store, make_state):
+    """Step 2 found bad, the run falls back to step 1 and writes a new step 2: the mark
+    judged the old file; the commit clears it and says so, and the next restore takes
+    the new step 2, even if the old mark came back (a crash before it was removed)."""
+    store.save(1, make_state(1))
+    store.save(2, make_state(2))
+    second = store.directory / layout.checkpoint_name(2)
+    flip_byte(second)
+    assert store.restore(make_state(0)).step == 1
+    old_mark = second.with_name(second.name + layout.BAD).read_text()
+    assert "fails its checksum" in old_mark
+    saved = store.save(2, make_state(22))
+    assert saved.cleared_bad_mark is not None and "fails its checksum" in saved.cleared_bad_mark
+    assert not second.with_name(second.name + layout.BAD).exists()
+    assert store.save(3, make_state(3)).cleared_bad_mark is None
+    (store.directory / layout.checkpoint_name(3)).unlink()
+    second.with_name(second.name + layout.BAD).write_text(old_mark)  # a stale mark
+    state = make_state(0)
+    got = CheckpointStore(store.directory, MPI.COMM_SELF).restore(state)
+    assert got.step == 2 and got.skipped == [] and state["meta"]["k"] == 22
+
+
+def test_a_delta_built_on_a_file_that_was_written_again_is_bad_and_the_new_file_good(tmp_path):
+    """Steps 1 (full), 2 and 3 (deltas); damage in step 2 marks it and the restore takes
+    step 1; the run writes a new step 2 and dies before step 3. The old step 3 needs the
+    old step 2: it is marked bad now (its chain is broken), and the new step 2 is taken."""
+    directory = tmp_path / "ck"
+    store = CheckpointStore(directory, MPI.COMM_SELF, block_size=4096, min_delta_saving=0)
+    state = {"u": np.arange(4096.0)}
+    store.save(1, state)
+    state["u"][600:610] = 2.0  # the second block of 4 KiB
+    assert store.save(2, state).kind == "incremental"
+    state["u"][:10] = 3.0  # the first: step 3 needs step 2's block
+    assert store.save(3, state).kind == "incremental"
+    second, third = (directory / layout.checkpoint_name(s) for s in (2, 3))
+    flip_byte(second, "delta/u")
+    again = CheckpointStore(directory, MPI.COMM_SELF, block_size=4096, min_delta_saving=0)
+    state = {"u": np.zeros(4096)}
+    assert again.restore(state).step == 1
+    assert layout.read_bad(second) and layout.read_bad(third) is None
+    state["u"][:10] = 22.0
+    assert again.save(2, state).cleared_bad_mark is not None
+    state = {"u": np.zeros(4096)}
+    got = CheckpointStore(directory, MPI.COMM_SELF).restore(state)
+    assert got.step == 2 and state["u"][0] == 22.0 and state["u"][600] == 600.0  # from step 1
+    assert [s for s, _ in got.skipped] == [3] and "now another checkpoint" in got.skipped[0][1]
+    assert "now another checkpoint of that step" in layout.read_bad(third)
+    assert layout.read_bad(second) is None

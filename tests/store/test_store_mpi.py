@@ -82,14 +82,15 @@ def _even(n):
 
 def test_one_process_reads_a_three_rank_checkpoint(saved):
     store = CheckpointStore(saved[3], MPI.COMM_SELF, distributed=["fields/u", "fields/w"])
-    state = {"fields": {"u": np.zeros((ROWS, 5)), "w": None}}
+    state = {"fields": {"u": np.zeros((ROWS, 5)), "w": None}, "t": None, "params": None, "name": ""}
     assert store.restore(state).saved_ranks == 3
     assert np.array_equal(state["fields"]["u"], global_u(ROWS))
 
 
 def test_wrong_global_size_names_the_array_and_both_counts(saved):
     store = CheckpointStore(saved[3], MPI.COMM_SELF, distributed=["fields/u"])
-    state = {"fields": {"u": np.zeros((ROWS - 1, 5)), "w": None}}
+    state = {"fields": {"u": np.zeros((ROWS - 1, 5)), "w": None}, "t": 0.0, "params": None}
+    state["name"] = ""
     with pytest.raises(CheckpointError, match=r"fields/u.*16 rows.*has 17"):
         store.restore(state)
     assert not state["fields"]["u"].any()
@@ -123,7 +124,7 @@ def test_checkpointer_declares_distributed_and_prunes(tmp_path):
     # are incremental checkpoints built on 5 and their chain (5..25) stays with them.
     assert [e.step for e in layout.scan(d)] == [30, 25, 20, 15, 10, 5]
     store = CheckpointStore(d, MPI.COMM_SELF, distributed=["u"])
-    state: dict = {"u": None}
+    state: dict = {"u": None, "k": None}
     assert store.restore(state).step == 30 and state["k"] == 30
     assert np.array_equal(state["u"], global_u(12))
 
@@ -207,3 +208,27 @@ def test_a_state_of_thousands_of_arrays_on_three_ranks(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     reports = rank_reports(r.stdout, 3)
     assert all(rep["step"] == 1 and rep["same"] for rep in reports), reports
+
+
+KEYS_APP = Path(__file__).parent / "apps" / "keys_app.py"
+
+
+@pytest.mark.parametrize("who", ["all", "last"])
+def test_a_renamed_key_is_an_error_on_every_rank_without_hanging(tmp_path, who):
+    """The strict key check on 2 ranks: the same error on every rank, whether every
+    rank's state has the key renamed or one rank's alone; a rank whose keys differ has
+    nothing read into its state."""
+    r = mpirun(2, [KEYS_APP, "save", tmp_path / "ck"])
+    assert r.returncode == 0, r.stderr
+    r = mpirun(2, [KEYS_APP, "renamed", tmp_path / "ck", who])
+    assert r.returncode == 0, r.stderr
+    reports = rank_reports(r.stdout, 2)
+    assert {rep["error"] for rep in reports} == {
+        "the checkpoint of step 7 holds keys ['u'] that the state lacks, and the state holds "
+        "['v'] that the checkpoint lacks: rename them back, or restore(state, strict=False) "
+        "to take what matches"
+    }
+    for rep in reports:
+        assert rep["keys"] == (["k", "v"] if rep["renamed"] else ["k", "u"])
+        assert rep["untouched"] or not rep["renamed"]
+    assert layout.scan(tmp_path / "ck")[0].good_candidate

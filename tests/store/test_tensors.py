@@ -104,7 +104,8 @@ def test_views_zero_d_empty_and_requires_grad(store):
         "conj": torch.tensor([1 + 2j, 3 - 1j]).conj(),
     }
     store.save(1, dict(values))
-    state: dict = {"transposed": torch.zeros(4, 6).t()}  # non-contiguous target: copied into
+    state: dict = dict.fromkeys(values)  # None: a new tensor each
+    state["transposed"] = torch.zeros(4, 6).t()  # non-contiguous target: copied into
     target = state["transposed"]
     store.restore(state)
     assert state["transposed"] is target
@@ -183,8 +184,11 @@ def test_import_hpcckpt_does_not_import_torch():
 
 def test_a_tensor_for_a_numpy_array_or_the_reverse_is_refused_untouched(store):
     store.save(1, {"t": torch.ones(4), "a": np.ones(4, dtype=np.float32)})
-    for state in ({"t": np.zeros(4, dtype=np.float32)}, {"a": torch.zeros(4)}):
-        held = next(iter(state.values()))
+    for state in (
+        {"t": np.zeros(4, dtype=np.float32), "a": None},
+        {"t": None, "a": torch.zeros(4)},
+    ):
+        held = next(v for v in state.values() if v is not None)
         with pytest.raises(CheckpointError, match="the application's value is"):
             store.restore(state)
         assert not held.sum()

@@ -12,8 +12,8 @@ import json
 import numpy as np
 from mpi4py import MPI
 
-from hpcckpt.store.agreement import Agreement
-from hpcckpt.store.errors import CorruptCheckpoint
+from hpcckpt.store.agreement import Agreement, describe
+from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
 
 comm = MPI.COMM_WORLD
 rank = comm.Get_rank()
@@ -38,6 +38,13 @@ out["agree_one_failed"] = outcome(lambda: agreement.agree(mine, "checking step 4
 mine = OSError(28, "No space left on device") if rank == 1 else None
 out["agree_as_type_error"] = outcome(lambda: agreement.agree(mine, "encoding", TypeError))
 out["agree_sums"] = outcome(lambda: agreement.agree(None, "counting", extra=(rank + 1, 10)))
+# a failure every other rank only echoes (rank 0 failed, the others heard it from rank 0),
+# and one every rank met alike: each reason is named once
+cause = ValueError("disk on fire")
+mine = cause if rank == 0 else CheckpointError(f"rank 0 could not create x.h5: {describe(cause)}")
+out["agree_echoed"] = outcome(lambda: agreement.agree(mine, "writing step 5"))
+mine = OSError(13, "Permission denied") if rank != 1 else KeyError("k")
+out["agree_alike"] = outcome(lambda: agreement.agree(mine, "pruning"))
 mine = RuntimeError("root only") if rank == 0 else None
 out["agree_root"] = outcome(lambda: agreement.agree_root(mine, "pruning"))
 

@@ -4,8 +4,9 @@
                                        with "u", only the distributed array (reshardable)
     incr_app.py crash DIR STEPS        the same, but rank 1 dies (os._exit) in the middle
                                        of writing the data of step STEPS
-    incr_app.py restore DIR            restore the newest good checkpoint, report it, then
-                                       change one row and save step + 1 (report its kind)
+    incr_app.py restore DIR [u]        restore the newest good checkpoint, report it, then
+                                       change one row and save step + 1 (report its kind);
+                                       with "u", of a state saved with "u"
 
 The state is a deterministic function of the step (:func:`global_u`, :func:`per_rank`),
 so the test computes what every checkpoint must hold. "u" is distributed (restorable on
@@ -81,6 +82,8 @@ def main() -> None:
         report(kinds=kinds)
     elif mode == "restore":
         state = {"u": np.zeros((hi - lo, COLS)), "p": None, "step": None}
+        if sys.argv[3:] == ["u"]:
+            del state["p"]  # the keys it was saved with
         result = store.restore(state)
         step = result.step
         ok_u = state["u"].tobytes() == global_u(step)[lo:hi].tobytes()

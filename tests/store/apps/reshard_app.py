@@ -70,6 +70,7 @@ elif mode == "restore":
             return (0, 0) if r < nranks - 1 else (0, n)
 
         distributed = {"fields/u": split, "fields/w": split}
+    state.update(t=None, params=None, name=None)  # the saved scalars: replaced
     buffer = state["fields"].get("u")
     store = CheckpointStore(directory, comm, distributed=distributed)
     result = store.restore(state)
