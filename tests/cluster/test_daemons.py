@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -186,26 +188,26 @@ def test_up_recovers_from_killed_daemons(slurm_cluster_nodes) -> None:
     assert cluster.node_states() == {"n1": "idle", "n2": "idle"}
 
 
-#: Two ranks exchanging messages through Open MPI's shared memory for a few seconds.
+#: Two ranks exchanging messages through Open MPI's shared memory, the same count on both.
 SENDRECV_SCRIPT = (
-    "from mpi4py import MPI; import numpy as np, time; c = MPI.COMM_WORLD; "
-    "a = np.zeros(1 << 16); b = np.empty_like(a); other = 1 - c.Get_rank(); t = time.time()\n"
-    "while time.time() - t < 4:\n"
+    "from mpi4py import MPI; import numpy as np; c = MPI.COMM_WORLD; "
+    "a = np.zeros(1 << 14); b = np.empty_like(a); other = 1 - c.Get_rank()\n"
+    "for _ in range(20000):\n"
     "    c.Sendrecv(a, other, 0, b, other, 0); a += 1\n"
     "print('done', c.Get_rank(), int(a[0]), flush=True)"
 )
 
 
 @pytest.mark.slurm
-def test_two_fresh_clusters_run_mpi_jobs_side_by_side(tmp_path: Path) -> None:
+def test_two_fresh_clusters_run_mpi_jobs_side_by_side() -> None:
     """Two local clusters on one machine (a user trying two things, tests side by side):
     their first jobs run MPI over shared memory at the same time and both finish, because
     their job ids differ (Open MPI's segment names carry the job id)."""
     from tests.conftest import SLURM_TEST_PORT
 
-    clusters = [
-        LocalCluster(tmp_path / f"c{i}", port=SLURM_TEST_PORT + 20 + 10 * i) for i in range(2)
-    ]
+    # Short state directories: PMIx's socket paths under TmpFS must fit in 108 bytes.
+    roots = [Path(tempfile.mkdtemp(prefix=f"hpcckpt-c{i}-", dir="/tmp")) for i in range(2)]
+    clusters = [LocalCluster(r, port=SLURM_TEST_PORT + 20 + 10 * i) for i, r in enumerate(roots)]
     try:
         for c in clusters:
             c.up(nodes=1, cpus_per_node=2, kill_wait=10, timeout=90)
@@ -227,3 +229,5 @@ def test_two_fresh_clusters_run_mpi_jobs_side_by_side(tmp_path: Path) -> None:
     finally:
         for c in clusters:
             c.down(stop_munge=False)
+        for r in roots:
+            shutil.rmtree(r, ignore_errors=True)
