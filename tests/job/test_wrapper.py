@@ -112,14 +112,25 @@ class Wrapped:
         return rc
 
 
-def wait_state(ckpt: Path, state: str, timeout: float = 20) -> RunStatus:
+def wait_state(
+    ckpt: Path, state: str, timeout: float = 120, wrapper: Wrapped | None = None
+) -> RunStatus:
+    """The status once it reads ``state``. The timeout only guards against a hang: how
+    long Python takes to start and import MPI under load is not what these tests check.
+    With ``wrapper``, a wrapper that exits first fails at once, with what it said."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         status = read_status(ckpt)
         if status is not None and status.state == state:
             return status
+        if wrapper is not None and wrapper.proc.poll() is not None:
+            raise AssertionError(
+                f"the wrapper exited ({wrapper.proc.returncode}) before the status became "
+                f"{state!r} (last: {status}); stderr:\n{wrapper.stderr}"
+            )
         time.sleep(0.01)
-    raise AssertionError(f"status never became {state!r} (last: {read_status(ckpt)})")
+    why = f"; stderr:\n{wrapper.stderr}" if wrapper is not None else ""
+    raise AssertionError(f"status never became {state!r} (last: {read_status(ckpt)}){why}")
 
 
 def events(ckpt: Path) -> list[dict]:
@@ -411,7 +422,7 @@ def stop_under_fake_slurm(tmp_path: Path, scontrol: str, *options: str) -> Wrapp
     ckpt = tmp_path / "ck"
     env = clean_env(SLURM_JOB_ID="4242", HPCCKPT_SCONTROL=scontrol)
     w = Wrapped(ckpt, app("stop"), *options, env=env)
-    wait_state(ckpt, RUNNING)
+    wait_state(ckpt, RUNNING, wrapper=w)
     w.send(signal.SIGUSR1)
     return w
 
