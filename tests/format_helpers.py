@@ -40,3 +40,41 @@ def as_version_3(f: h5py.File) -> None:
             attrs[key] = value
     del meta["array_info"]
     meta["format_version"] = 3
+
+
+def small_state(k: float) -> dict[str, Any]:
+    """The state the crafted-file tests save: an array, a 0-d array and a scalar."""
+    return {"u": np.arange(100.0) * k, "s": np.array(k), "k": k}
+
+
+def two_checkpoints(directory: Any) -> tuple[Any, Any]:
+    """A one-process store with good checkpoints of steps 1 and 2: (store, newest path)."""
+    from mpi4py import MPI
+
+    from hpcckpt.store import layout
+    from hpcckpt.store.store import CheckpointStore
+
+    store = CheckpointStore(directory, MPI.COMM_SELF)
+    store.save(1, small_state(1))
+    store.save(2, small_state(2))
+    return store, store.directory / layout.checkpoint_name(2)
+
+
+def crafted_falls_back(store: Any, newest: Any, craft: Any, fragment: str) -> None:
+    """``craft`` damages the newest checkpoint's metadata: reading it names ``fragment``,
+    and a restore marks it bad (never deletes it) and takes step 1, bit-exactly."""
+    import pytest
+
+    from hpcckpt.store import layout
+    from hpcckpt.store.errors import CorruptCheckpoint
+    from hpcckpt.store.reader import CheckpointReader
+
+    with h5py.File(newest, "r+") as f:
+        craft(f)
+    with pytest.raises(CorruptCheckpoint, match=fragment):
+        CheckpointReader(newest)
+    target = small_state(0)
+    got = store.restore(target)
+    assert got.step == 1 and got.skipped[0][0] == 2
+    assert np.array_equal(target["u"], np.arange(100.0)) and target["k"] == 1
+    assert newest.exists() and (newest.parent / (newest.name + layout.BAD)).exists()

@@ -10,29 +10,29 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from mpi4py import MPI
 
-from hpcckpt.store import descriptions, layout
+from hpcckpt.store import descriptions
 from hpcckpt.store.descriptions import checked_rank_shapes, integer, offsets, plain
 from hpcckpt.store.errors import CorruptCheckpoint
 from hpcckpt.store.reader import CheckpointReader
-from hpcckpt.store.store import CheckpointStore
-from tests.format_helpers import as_version_3, redescribe
+from tests.format_helpers import (
+    as_version_3,
+    crafted_falls_back,
+    redescribe,
+    small_state,
+    two_checkpoints,
+)
 
 FILE = Path("ckpt-0000000002.h5")
 
 
-def state(k: float) -> dict:
-    return {"u": np.arange(100.0) * k, "s": np.array(k), "k": k}
+state = small_state
 
 
 @pytest.fixture
 def two(tmp_path):
     """A store with good checkpoints of steps 1 and 2; returns (store, newest path)."""
-    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF)
-    store.save(1, state(1))
-    store.save(2, state(2))
-    return store, store.directory / layout.checkpoint_name(2)
+    return two_checkpoints(tmp_path / "ck")
 
 
 DESCRIBED = {
@@ -70,17 +70,7 @@ DESCRIBED = {
 
 @pytest.mark.parametrize("name", sorted(DESCRIBED))
 def test_a_crafted_description_is_corrupt_and_restore_falls_back(two, name):
-    store, newest = two
-    craft, fragment = DESCRIBED[name]
-    with h5py.File(newest, "r+") as f:
-        craft(f)
-    with pytest.raises(CorruptCheckpoint, match=fragment):
-        CheckpointReader(newest)
-    target = state(0)
-    got = store.restore(target)
-    assert got.step == 1 and got.skipped[0][0] == 2
-    assert np.array_equal(target["u"], np.arange(100.0)) and target["k"] == 1
-    assert newest.exists() and (newest.parent / (newest.name + layout.BAD)).exists()
+    crafted_falls_back(*two, *DESCRIBED[name])
 
 
 @pytest.mark.parametrize(

@@ -8,26 +8,25 @@ import json
 import h5py
 import numpy as np
 import pytest
-from mpi4py import MPI
 
 from hpcckpt.store import layout
 from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
 from hpcckpt.store.reader import CheckpointReader
-from hpcckpt.store.store import CheckpointStore
-from tests.format_helpers import described, redescribe
+from tests.format_helpers import (
+    crafted_falls_back,
+    described,
+    redescribe,
+    small_state,
+    two_checkpoints,
+)
 
-
-def state(k: float) -> dict:
-    return {"u": np.arange(100.0) * k, "s": np.array(k), "k": k}
+state = small_state
 
 
 @pytest.fixture
 def two(tmp_path):
     """A store with good checkpoints of steps 1 and 2; returns (store, newest path)."""
-    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF)
-    store.save(1, state(1))
-    store.save(2, state(2))
-    return store, store.directory / layout.checkpoint_name(2)
+    return two_checkpoints(tmp_path / "ck")
 
 
 def huge_dataset(f):
@@ -52,17 +51,7 @@ CRAFTED = {
 
 @pytest.mark.parametrize("name", sorted(CRAFTED))
 def test_crafted_metadata_is_corrupt_and_restore_falls_back(two, name):
-    store, newest = two
-    craft, fragment = CRAFTED[name]
-    with h5py.File(newest, "r+") as f:
-        craft(f)
-    with pytest.raises(CorruptCheckpoint, match=fragment):
-        CheckpointReader(newest)
-    target = state(0)
-    got = store.restore(target)
-    assert got.step == 1 and got.skipped[0][0] == 2
-    assert np.array_equal(target["u"], np.arange(100.0)) and target["k"] == 1
-    assert newest.exists() and (newest.parent / (newest.name + layout.BAD)).exists()
+    crafted_falls_back(*two, *CRAFTED[name])
 
 
 def test_tree_naming_other_arrays_is_corrupt(two):
