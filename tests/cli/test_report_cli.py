@@ -111,7 +111,7 @@ def test_directory_without_events(tmp_path: Path) -> None:
     assert "no events.jsonl in" in out
 
 
-# -- a real run: what each figure measures, and that they add up (issue 35, item 5) ----------
+# -- a real run: what each figure measures, and that they add up ----------
 def real_run(directory: Path, steps: int = 200, every: int = 60) -> None:
     """A Checkpointer in this process (MPI.COMM_SELF): saves at steps 59, 119, 179, the
     loop runs on to step 199, then finish()."""

@@ -1,4 +1,4 @@
-"""Calls made on only some ranks (issue 35, item 3): named, never a silent hang.
+"""Calls made on only some ranks: named, never a silent hang.
 
 Under real ``mpirun -n 2``: rank 0 in ``save()`` while rank 1 is in ``finish()`` or goes
 on with ``due()``, and a rank stuck in the application while the other waits in

@@ -1,4 +1,4 @@
-"""The poisoned-state guard (issue 10): the finite check, and NaN runs on 2 and 3 ranks."""
+"""The poisoned-state guard: the finite check, and NaN runs on 2 and 3 ranks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hang detection (issue 10): the pure decision, progress files, and a real hung mpirun."""
+"""Hang detection: the pure decision, progress files, and a real hung mpirun."""
 
 from __future__ import annotations
 

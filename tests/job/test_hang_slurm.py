@@ -1,4 +1,4 @@
-"""Hang detection on the local Slurm cluster (issue 10): a rank that sleeps forever in
+"""Hang detection on the local Slurm cluster: a rank that sleeps forever in
 the middle of the run is killed after --hang-timeout, the job is requeued and finishes
 bit-identical to an uninterrupted run. Fails (never skips) when Slurm cannot run."""
 

@@ -1,4 +1,4 @@
-"""Real node failures on the multi-node local cluster (issue 11).
+"""Real node failures on the multi-node local cluster.
 
 A node "loses power" (``LocalCluster.fail_node``: SIGKILL of its slurmd, slurmstepds and
 tasks) while heat2d runs under ``hpcckpt srun``; the job must end COMPLETED with a field

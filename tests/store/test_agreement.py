@@ -104,7 +104,7 @@ def test_bcast_array_of_one_rank_is_the_array(alone, array):
     assert got.dtype == array.dtype and got.shape == array.shape and np.array_equal(got, array)
 
 
-# -- the call agreement (issue 35): which call and step each rank is in --------------------
+# -- the call agreement: which call and step each rank is in --------------------
 def test_a_call_reads_as_written():
     assert (str(Call("save", 5)), str(Call("finish")), str(Call("due", -3))) == (
         "save(step=5)",

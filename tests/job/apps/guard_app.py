@@ -1,4 +1,4 @@
-"""A small checkpointed MPI app for the hang and poisoned-state tests (issue 10).
+"""A small checkpointed MPI app for the hang and poisoned-state tests.
 
 Each rank holds a slice of a 1-D field; every step smooths it with its ring neighbours
 (Sendrecv) and agrees on the global sum (Allreduce), so one silent rank blocks the
