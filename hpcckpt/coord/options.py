@@ -344,9 +344,7 @@ class CheckpointerOptions:
         given = route("Checkpointer", keywords, *KEYWORD_CLASSES)
         path = Path(where).absolute()
         schedule = ScheduleOptions.from_env(env, **given[ScheduleOptions])
-        tier = tier_from_env(env, **given[TierOptions])
-        if tier.path is not None:
-            fast_tier.check_cache_dir(tier.path, path)
+        tier = tier_from_env(env, **given[TierOptions])  # the store checks it is not `path`
         if given[ScheduleOptions].get("end_time") is not None:
             source: str | None = "argument"
         elif env.end_time:

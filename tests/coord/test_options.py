@@ -188,8 +188,13 @@ def test_the_cache_is_this_node_s_absolute_directory(tmp_path, monkeypatch):
     got = resolve(cache="shm/%n-%%", node_name="c3")
     assert got.store.tier.cache == tmp_path / "shm" / "c3-%"
     assert got.store.tier.node_name == "c3"
+    from mpi4py import MPI
+
+    from hpcckpt.coord.checkpointer import Checkpointer
+
     with pytest.raises(ValueError, match="is the checkpoint directory itself"):
-        resolve(tmp_path / "ck", cache=tmp_path / "ck")
+        Checkpointer(tmp_path / "ck", MPI.COMM_SELF, cache=tmp_path / "ck")
+    assert not (tmp_path / "ck").exists()  # refused before anything was created
 
 
 @pytest.mark.parametrize(
