@@ -34,11 +34,12 @@ from hpcckpt.rundir import directory
 from hpcckpt.rundir import events as job_events
 from hpcckpt.rundir import status as job_status
 from hpcckpt.rundir.heartbeat import HeartbeatWriter
-from hpcckpt.store import faults, safety
+from hpcckpt.store import faults, mirror_worker, safety
 from hpcckpt.store.agreement import CallAgreement
 from hpcckpt.store.encoding import state_bytes
 from hpcckpt.store.errors import CallMismatch
 from hpcckpt.store.lock import DirectoryLock, DirectoryLocked
+from hpcckpt.store.mirror_worker import MirrorWorker
 from hpcckpt.store.staging import HostBuffers
 from hpcckpt.store.store import (
     CheckpointError,
@@ -54,6 +55,12 @@ log = logging.getLogger("hpcckpt")
 # when every rank's background write of the pending staged save has finished.
 _SIGNAL, _TIME, _DEADLINE, _BUSY = 0, 1, 2, 3
 _UNDECIDED = (0, 0, 0, 1)  # no reduction was in flight
+#: The mirror worker's report kinds and the events they become.
+_MIRROR_EVENTS = {
+    mirror_worker.MIRRORED: job_events.MIRRORED,
+    mirror_worker.MIRROR_FAILED: job_events.MIRROR_FAILED,
+    mirror_worker.MIRROR_PRUNED: job_events.MIRROR_PRUNED,
+}
 
 
 class Checkpointer:
@@ -150,6 +157,15 @@ class Checkpointer:
     failures survivable by the tier, 0.8 by default); ``finish()`` and ``close()`` drain
     a newest checkpoint the directory lacks. ``$HPCCKPT_REDUNDANCY`` ("xor", "xor:4",
     "partner") and ``$HPCCKPT_DRAIN_EVERY`` set them for a whole job.
+
+    A second tier (docs/tiers.md): ``mirror`` (a directory on another file system or
+    ``s3://bucket/prefix``; ``$HPCCKPT_MIRROR`` for a whole job) gets a verified copy of
+    every ``mirror_every``-th committed checkpoint (or one per ``mirror_interval``),
+    written by a thread of rank 0 after the commit, never by the ranks' critical path,
+    within ``mirror_bandwidth``; the directory keeps a checkpoint until it is verified
+    there. ``restore`` takes the mirror's checkpoint when the directory holds nothing
+    newer that is good. ``finish()`` and a stop wait up to ``mirror_wait`` seconds for
+    the newest checkpoint to reach the mirror.
     """
 
     def __init__(
@@ -179,6 +195,10 @@ class Checkpointer:
         self.policy, self.every_steps = self.schedule.policy, self.schedule.every_steps
         self.costs, self.durable_costs = self.schedule.costs, self.schedule.durable_costs
         self.store = CheckpointStore(self.directory, self.comm, options.store)
+        #: Rank 0's background copy to the mirror (None elsewhere, or without a mirror).
+        self.mirror: MirrorWorker | None = None
+        if self.store.mirror is not None:
+            self.mirror = MirrorWorker(self.store.mirror, options.store.mirror, self._mirror_event)
         #: How the ranks decide together: the store's, so a failure reads the same anywhere.
         self.agreement = self.store.agreement
         self._end = JobEnd(options, self.agreement)  # collective: rank 0 may ask Slurm
@@ -288,6 +308,27 @@ class Checkpointer:
             job_events.append_event(
                 self.directory, kind, source="checkpointer", nranks=self.nranks, **fields
             )
+
+    def _mirror_event(self, kind: str, fields: dict[str, Any]) -> None:
+        """The mirror worker's reports (its thread, rank 0): one event each."""
+        self._event(_MIRROR_EVENTS[kind], **fields)
+
+    def _mirror_wait(self, reason: str) -> None:
+        """Rank 0: the newest checkpoint on its way to the mirror, waited for up to
+        ``mirror_wait`` seconds; the ``mirror_wait`` event says whether it arrived."""
+        worker = self.mirror
+        if worker is None:
+            return
+        t0 = time.monotonic()
+        step = worker.submit_newest(self.directory)
+        if step is None:
+            return
+        done = worker.wait(float(self.options.store.mirror.mirror_wait))  # type: ignore[arg-type]
+        line, fields = logbook.mirror_waited(
+            step, done, time.monotonic() - t0, reason, worker.newest_mirrored, worker.last_error
+        )
+        (log.info if done else log.warning)("%s", line)
+        self._event(job_events.MIRROR_WAIT, **fields)
 
     def _drain(self) -> list[int] | None:
         """Complete and check the agreement in flight (a due()'s): its flags, or None when
@@ -557,8 +598,12 @@ class Checkpointer:
         """After a commit: prune, remember, log one line, record the event, honour a stop."""
         step = result.step
         self._heartbeat.beat(step, force=True)
+        protect: set[int] | None = None
+        if self.mirror is not None and result.tier == "directory":
+            self.mirror.committed(step, result.path, force=bool(stop))
+            protect = self.mirror.protected()
         try:
-            self.store.prune(**dataclasses.asdict(self.retention))
+            self.store.prune(**dataclasses.asdict(self.retention), protect=protect)
         except CheckpointError as exc:  # raised on every rank alike; the save stands
             log.warning("retention failed, no checkpoint deleted: %s", exc)
         self.last_save = result
@@ -600,6 +645,7 @@ class Checkpointer:
         self._stop_requested = True
         sig = self._signals.received
         why = logbook.stop_reason(stop, sig.name if sig else None)
+        self._mirror_wait("stop")  # rank 0, before the wrapper hears of the stop
         self._report(job_status.STOPPED, step, why)
         self._event(job_events.STOP, step=step, reason=stop, signal=sig.name if sig else None)
         log.info("stop requested (%s): checkpoint of step %d committed, leaving", why, step)
@@ -625,6 +671,8 @@ class Checkpointer:
         elif tier is not None:  # the job is done: free the node's memory or disk
             tier.free()
         self._finished = True
+        self._mirror_wait("finish")
+        self._close_mirror()
         self._report(job_status.FINISHED, self._last_save_step, "finish() called")
         self._event(job_events.FINISH, step=self._last_step_seen, last_step=self._last_save_step)
         self._heartbeat.beat(self._last_step_seen, "finished", force=True)
@@ -646,8 +694,15 @@ class Checkpointer:
                 if not self._finished:
                     self._scavenge()
         finally:
+            self._close_mirror()
             self._signals.close()
             self._release_lock()
+
+    def _close_mirror(self) -> None:
+        """Stop rank 0's mirror thread (a copy under way never counts without its manifest)."""
+        if self.mirror is not None:
+            self.mirror.close()
+            self.mirror = None
 
     def _release_lock(self) -> None:
         if self._lock is not None:

@@ -212,7 +212,7 @@ def restored(
     if result.rebuilt:
         ranks = ", ".join(map(str, result.rebuilt))
         how = f" (rank {ranks} rebuilt from {result.rebuilt_from})"
-    where = "node-local copy " if result.source == "cache" else ""
+    where = {"cache": "node-local copy ", "mirror": "the mirror's copy of "}.get(result.source, "")
     line = f"restored step {result.step} from {where}{result.path.name}{how}"
     fields: dict[str, Any] = {"step": result.step, "path": result.path.name, "tier": result.source}
     if result.skipped_keys or result.added_keys or result.ignored_keys:  # strict=False
@@ -227,6 +227,37 @@ def restored(
             rebuilt=list(result.rebuilt), rebuilt_from=result.rebuilt_from, moved=list(result.moved)
         )
     return line, [*events, (job_events.RESTORE, fields)]
+
+
+def mirror_waited(
+    step: int,
+    done: bool,
+    seconds: float,
+    reason: str,
+    newest_mirrored: int | None,
+    error: str | None,
+) -> tuple[str, dict[str, Any]]:
+    """The line (info when ``done``, else a warning) and the ``mirror_wait`` event of a
+    ``finish()`` or stop that waited for the newest checkpoint to reach the mirror."""
+    if done:
+        line = f"mirror: step {step} is on the mirror ({reason}, waited {seconds:.1f} s)"
+    else:
+        have = "nothing yet" if newest_mirrored is None else f"step {newest_mirrored}"
+        line = (
+            f"mirror: step {step} did not reach the mirror within {seconds:.0f} s ({reason}); "
+            f"the mirror holds {have} from this run"
+            + (f"; last failure: {error}" if error else "")
+            + "; the checkpoint directory keeps it"
+        )
+    fields = {
+        "step": step,
+        "done": done,
+        "seconds": round(seconds, 3),
+        "reason": reason,
+        "newest_mirrored": newest_mirrored,
+        "error": error,
+    }
+    return line, fields
 
 
 def keys_text(result: RestoreResult) -> str:

@@ -41,6 +41,7 @@ from hpcckpt.rundir.env import (
     DIR_ENV,
     DRAIN_EVERY_ENV,
     END_TIME_ENV,
+    MIRROR_ENV,
     REDUNDANCY_ENV,
     SIGNAL_ENV,
 )
@@ -49,6 +50,7 @@ from hpcckpt.store.options import (
     ArrayOptions,
     FileOptions,
     IncrementalOptions,
+    MirrorOptions,
     RetentionOptions,
     StoreOptions,
     TierOptions,
@@ -70,6 +72,7 @@ class JobEnvironment:
     redundancy: str | None = None  # $HPCCKPT_REDUNDANCY: "xor", "xor:4", "partner"
     drain_every: str | None = None  # $HPCCKPT_DRAIN_EVERY
     call_timeout: str | None = None  # $HPCCKPT_CALL_TIMEOUT
+    mirror: str | None = None  # $HPCCKPT_MIRROR
     log_level: int = verbosity.NORMAL  # $HPCCKPT_LOG_LEVEL
     job_id: str | None = None  # Slurm's; None outside Slurm
     nodes: int = 1  # nodes in the allocation
@@ -88,6 +91,7 @@ class JobEnvironment:
             redundancy=env.get(REDUNDANCY_ENV) or None,
             drain_every=env.get(DRAIN_EVERY_ENV) or None,
             call_timeout=env.get(CALL_TIMEOUT_ENV) or None,
+            mirror=env.get(MIRROR_ENV) or None,
             log_level=verbosity.level_from_env(env),
             job_id=slurm.job_id(env),
             nodes=slurm.node_count(env),
@@ -285,6 +289,17 @@ def tier_from_env(env: JobEnvironment, **given: Any) -> TierOptions:
     return TierOptions(cache=path, redundancy=redundancy, redundancy_set=set_size, node_name=node)
 
 
+def mirror_from_env(env: JobEnvironment, **given: Any) -> MirrorOptions:
+    """The mirror from the arguments, else ``$HPCCKPT_MIRROR`` (ValueError naming the
+    variable when it is malformed)."""
+    if given.get("mirror") is None and env.mirror:
+        try:
+            return MirrorOptions(**{**given, "mirror": env.mirror})
+        except ValueError as exc:
+            raise ValueError(f"{MIRROR_ENV}={env.mirror!r}: {exc}") from None
+    return MirrorOptions(**given)
+
+
 #: The type of ``Checkpointer(directory)``, as the signature shows it.
 DIRECTORY_TYPE = "str | os.PathLike[str] | None"
 
@@ -299,6 +314,7 @@ KEYWORD_CLASSES: tuple[type, ...] = (
     StagingOptions,
     TierOptions,
     LevelOptions,
+    MirrorOptions,
 )
 
 
@@ -363,6 +379,7 @@ class CheckpointerOptions:
                 incremental=IncrementalOptions(**given[IncrementalOptions]),
                 files=FileOptions(**given[FileOptions]),
                 tier=tier,
+                mirror=mirror_from_env(env, **given[MirrorOptions]),
             ),
             job=env,
             end_time_source=source,

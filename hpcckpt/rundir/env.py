@@ -35,6 +35,9 @@ DRAIN_EVERY_ENV = "HPCCKPT_DRAIN_EVERY"
 #: Seconds a rank waits in a Checkpointer call for the others before it gives up
 #: (``call_timeout``; ``call_timeout=`` wins).
 CALL_TIMEOUT_ENV = "HPCCKPT_CALL_TIMEOUT"
+#: The mirror (second tier) of every Checkpointer of the job: a directory or
+#: s3://bucket/prefix (``mirror=`` wins; ``hpcckpt srun --mirror`` sets it).
+MIRROR_ENV = "HPCCKPT_MIRROR"
 
 # -- chains of jobs (hpcckpt/slurm/chain.py) ------------------------------------------------
 #: This job's position in a chain of jobs (0 for the first).

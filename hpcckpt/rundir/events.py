@@ -49,6 +49,7 @@ RESTART_SET = "restart_set"
 RESTART_SET_FAILED = "restart_set_failed"
 RESTART_TIMEOUT = "restart_timeout"
 RESTART_FILES_CHECKED = "restart_files_checked"
+RESTART_FILES_CUT = "restart_files_cut"
 SIGNAL_DELIVERED = "signal_delivered"
 NOT_BATCH_SHELL = "not_batch_shell"
 END_TIME_STOP = "end_time_stop"
@@ -71,6 +72,11 @@ LOCAL_SKIPPED = "local_skipped"
 LOCAL_SET_ASIDE = "local_set_aside"
 WRITE_PATH = "write_path"
 BAD_MARK_CLEARED = "bad_mark_cleared"
+# the Checkpointer's mirror (second tier), from rank 0's background copy
+MIRRORED = "mirrored"
+MIRROR_FAILED = "mirror_failed"
+MIRROR_PRUNED = "mirror_pruned"
+MIRROR_WAIT = "mirror_wait"
 
 #: Events whose ``seconds`` is what one checkpoint cost (the Checkpointer's, or the
 #: restart files of an application without the API): also what counts as progress.

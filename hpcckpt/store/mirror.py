@@ -94,7 +94,8 @@ class Mirrored:
 @dataclass(frozen=True)
 class Uploaded:
     """What :func:`upload` did: the checkpoint, the files sent (chain files first) with
-    their bytes and the seconds it took."""
+    their bytes and the seconds it took, and the files the mirror held already (good,
+    the same uid: not sent again)."""
 
     step: int
     files: tuple[str, ...] = ()
@@ -362,6 +363,11 @@ def upload(backend: MirrorBackend, path: Path, *, verify_source: bool = True) ->
     step = layout.step_of(path.name)
     if step is None:
         raise ValueError(f"{path} is not a checkpoint file (ckpt-<step>.h5)")
+    uid, chain = checkpoint_chain(path)
+    mirrored = {m.name: m for m in list_mirrored(backend)}
+    have = mirrored.get(path.name)
+    if have is not None and have.good and uid is not None and have.uid == uid:
+        return Uploaded(step, (), 0, time.perf_counter() - t0, (path.name,))  # there already
     if verify_source:
         try:
             with CheckpointReader(path) as r:
@@ -374,8 +380,6 @@ def upload(backend: MirrorBackend, path: Path, *, verify_source: bool = True) ->
             raise CheckpointError(
                 f"{path.name} is not mirrored: it fails its checks ({problems[0]})"
             )
-    uid, chain = checkpoint_chain(path)
-    mirrored = {m.name: m for m in list_mirrored(backend)}
     sent: list[str] = []
     already: list[str] = []
     total = 0

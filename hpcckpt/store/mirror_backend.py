@@ -255,6 +255,27 @@ SCHEMES: dict[str, str] = {"s3": "hpcckpt.store.object_store:S3Backend"}
 ACCEPTED = "a directory path, file:///path, or s3://bucket/prefix"
 
 
+def check_url(url: str) -> str:
+    """``url`` stripped when it is a form :func:`open_backend` accepts (ValueError naming
+    the accepted forms otherwise); opens nothing and imports no client."""
+    text = str(url).strip()
+    if not text:
+        raise ValueError(f"the mirror URL is empty; give {ACCEPTED}")
+    match = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", text)
+    if match is None:
+        return text
+    scheme = match.group(1).lower()
+    if scheme == "file" and not text[len("file://") :].startswith("/"):
+        raise ValueError(
+            f"mirror URL {text!r}: a file:// URL needs an absolute path (file:///project/run)"
+        )
+    if scheme == "s3" and not text[len("s3://") :].split("/")[0]:
+        raise ValueError(f"mirror URL {text!r} names no bucket; write s3://bucket/prefix")
+    if scheme != "file" and scheme not in SCHEMES:
+        raise ValueError(f"mirror URL {text!r}: unknown scheme {scheme!r}; give {ACCEPTED}")
+    return text
+
+
 def open_backend(url: str, bandwidth: float | None = None) -> MirrorBackend:
     """The backend for a mirror URL: ``s3://bucket/prefix`` -> the S3 backend, a path or
     ``file://`` URL -> :class:`DirectoryBackend`; ``bandwidth`` caps uploads (bytes/s)."""

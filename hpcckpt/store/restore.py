@@ -5,6 +5,10 @@ newest first, skipping those marked bad; take a node-local copy instead when the
 has one newer than all of them (:mod:`.local_tier`); guard each read against a crash of
 HDF5 itself (a marker only a completed read removes); read and verify it
 (:mod:`.load`); mark one that fails bad (never delete it) and fall back to the next.
+With a mirror (:mod:`.mirror`), its good checkpoints the directory lacks join the list:
+rank 0 pulls one (and its chain) into the directory, checked against its manifest, when
+its turn comes, so the newest good checkpoint of either tier wins; a copy that fails
+is marked bad on the mirror too.
 """
 
 from __future__ import annotations
@@ -15,13 +19,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from hpcckpt.store import faults, layout, safety
+from hpcckpt.store import faults, layout, mirror, safety
 from hpcckpt.store.agreement import Agreement, Refused
 from hpcckpt.store.blocks import ChainState
 from hpcckpt.store.encoding import Encoder
 from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
 from hpcckpt.store.load import Loader
 from hpcckpt.store.local_tier import NodeLocalTier
+from hpcckpt.store.mirror_backend import MirrorBackend, MirrorUnavailable
 from hpcckpt.store.results import RestoreResult
 from hpcckpt.store.state_tree import Targets, key_differences
 
@@ -35,7 +40,8 @@ READ_CRASH = (
 
 
 class Restorer:
-    """Restores from one directory and its node-local tier; methods are collective."""
+    """Restores from one directory, its node-local tier and its mirror (``mirror``: rank
+    0's backend, None elsewhere); methods are collective."""
 
     def __init__(
         self,
@@ -45,8 +51,12 @@ class Restorer:
         encoder: Encoder,
         file_mode: int,
         tier: NodeLocalTier | None,
+        mirror: MirrorBackend | None = None,
     ) -> None:
         self.directory = directory
+        self.mirror = mirror
+        #: Whether a mirror is set (rank 0 holds the backend; every rank knows there is one).
+        self.mirrored = bool(agreement.comm.bcast(mirror is not None))
         self.agreement = agreement
         self.loader = loader
         self.encoder = encoder
@@ -67,13 +77,26 @@ class Restorer:
         targets = Targets(strict)
         skipped: list[tuple[int, str]] = []
         local_skipped: list[tuple[int, str]] = []  # node-local checkpoints that could not be
-        entries, died = self._listing(guard_first=self.tier is None)
+        entries, died = self._listing(guard_first=self.tier is None and not self.mirrored)
+        remote = self.agreement.from_root(lambda: self._mirror_steps(entries))
         if self.tier is not None and only is None:
             newest = max((e.step for e in entries if e.good_candidate), default=-1)
+            newest = max(newest, *remote) if remote else newest
             local = self.tier.restore(state, newest, local_skipped, targets)
             if local is not None:
                 return local, None  # the next save is a full one, in the directory
-        for entry in entries:
+        order: list[tuple[int, layout.Entry | None]] = [(e.step, e) for e in entries]
+        order += [(step, None) for step in remote]
+        order.sort(key=lambda pair: pair[0], reverse=True)
+        for step, found in order:
+            source = "directory"
+            if found is None:  # only on the mirror: rank 0 pulls it into the directory
+                pulled = self.agreement.from_root(lambda s=step: self._pull(s))
+                if isinstance(pulled, str):
+                    skipped.append((step, pulled))
+                    continue
+                found, source, died = pulled, "mirror", None
+            entry = found
             if not entry.good_candidate:
                 skipped.append((entry.step, f"marked bad earlier: {entry.bad_reason}"))
                 continue
@@ -98,6 +121,8 @@ class Restorer:
                         reason,
                     )
                     self._mark_bad(entry, exc.culprit or [entry.path], reason)
+                    if source == "mirror":
+                        self._mark_mirror_bad(entry, reason)
                 skipped.append((entry.step, reason))
                 continue
             finally:
@@ -112,15 +137,54 @@ class Restorer:
                 skipped=skipped,
                 saved_ranks=loaded.saved_ranks,
                 local_skipped=tuple(local_skipped),
+                source=source,
             ).with_keys(keys)
             return result, loaded.chain
-        if entries:
+        if order:
+            where = f"{self.directory}" + (" and on its mirror" if remote else "")
             detail = "; ".join(f"step {s}: {r}" for s, r in skipped[:4])
             raise CheckpointError(
-                f"none of the {len(entries)} checkpoints in {self.directory} is good ({detail}). "
+                f"none of the {len(order)} checkpoints in {where} is good ({detail}). "
                 "Move them aside to start from scratch, or inspect them with 'hpcckpt verify'"
             )
         return None, None
+
+    def _mirror_steps(self, entries: list[layout.Entry]) -> list[int]:
+        """Rank 0: the steps of the mirror's good checkpoints the directory does not
+        hold, newest first (none when the mirror cannot be reached: it says why)."""
+        if self.mirror is None:
+            return []
+        try:
+            listing = mirror.list_mirrored(self.mirror)
+        except (MirrorUnavailable, OSError) as exc:
+            log.warning(
+                "restore: the mirror %s cannot be read (%s); directory only", self.mirror.url, exc
+            )
+            return []
+        here = {e.step for e in entries}
+        return [m.step for m in listing if m.good and m.step not in here]
+
+    def _pull(self, step: int) -> layout.Entry | str:
+        """Rank 0: the mirror's checkpoint of ``step``, pulled into the directory with
+        the files of its chain it lacks and checked against its manifest; else why not."""
+        assert self.mirror is not None
+        name = layout.checkpoint_name(step)
+        try:
+            path = mirror.pull(self.mirror, name, self.directory)
+        except (CheckpointError, MirrorUnavailable, OSError) as exc:
+            log.warning("restore: %s from the mirror %s: %s", name, self.mirror.url, exc)
+            return f"on the mirror: {exc}"
+        log.info("restore: pulled %s from the mirror %s", name, self.mirror.url)
+        return layout.Entry(step, path, None)
+
+    def _mark_mirror_bad(self, entry: layout.Entry, reason: str) -> None:
+        """Rank 0: a checkpoint pulled from the mirror failed its checks: mark it there."""
+        if self.mirror is None:
+            return
+        try:
+            mirror.mark_bad(self.mirror, entry.path.name, f"failed at restore: {reason}")
+        except (MirrorUnavailable, OSError) as exc:
+            log.warning("restore: cannot mark %s bad on the mirror: %s", entry.path.name, exc)
 
     def _listing(self, guard_first: bool) -> tuple[list[layout.Entry], bool | None]:
         """:meth:`entries` and, with ``guard_first``, whether an earlier restore died

@@ -59,7 +59,9 @@ class RestoreResult:
     path: Path
     skipped: list[tuple[int, str]]  # newer checkpoints found bad, with the reason
     saved_ranks: int = 0  # how many ranks wrote the restored checkpoint
-    source: str = "directory"  # or "cache": a node-local copy newer than the directory's
+    #: "directory", "cache" (a node-local copy newer than the directory's) or "mirror"
+    #: (pulled from the mirror into the directory: it held nothing newer that was good)
+    source: str = "directory"
     rebuilt: tuple[int, ...] = ()  # ranks whose node-local data was rebuilt
     rebuilt_from: str | None = None  # "partner" or "xor"
     moved: tuple[int, ...] = ()  # ranks whose node-local files came from another node

@@ -7,7 +7,9 @@ Rules (all optional; a checkpoint is kept when any rule keeps it):
   good one in each window, so a kept checkpoint stays kept as newer ones arrive;
 - ``keep_every_seconds=T``: the same over windows of T seconds of checkpoint time.
 
-The newest good checkpoint is always kept, whatever the rules. Checkpoints marked
+The newest good checkpoint is always kept, whatever the rules, and so are the
+``protect`` steps (with a mirror: the checkpoint on its way there, not yet verified on
+it, so the only copy is never deleted). Checkpoints marked
 bad are kept for inspection unless ``delete_bad`` is set. With no rule at all,
 nothing is deleted. "Good" here means committed and not marked bad: pruning does not
 re-read the files (restore and ``hpcckpt verify`` do).
@@ -63,8 +65,10 @@ def steps_to_keep(
     keep_every: int | None = None,
     keep_every_seconds: float | None = None,
     delete_bad: bool = False,
+    protect: Iterable[int] = (),
 ) -> set[int]:
-    """The steps to keep among ``candidates`` under the rules above."""
+    """The steps to keep among ``candidates`` under the rules above (``protect``: kept
+    whatever the rules, with their chains)."""
     check_rules(keep_last, keep_every, keep_every_seconds)
     all_ = sorted(candidates, key=lambda c: c.step)
     if keep_last is None and keep_every is None and keep_every_seconds is None:
@@ -90,6 +94,7 @@ def steps_to_keep(
                 seen.add(window)
                 keep.add(c.step)
     present = {c.step for c in all_}
+    keep.update(s for s in protect if s in present)
     for c in all_:  # whatever a kept checkpoint is built on stays too
         if c.step in keep:
             keep.update(n for n in c.needs if n in present)
@@ -148,6 +153,7 @@ def prune_directory(
     keep_every_seconds: float | None = None,
     delete_bad: bool = False,
     dry_run: bool = False,
+    protect: Iterable[int] = (),
 ) -> list[Path]:
     """Delete the checkpoints the rules do not keep (one process); the paths (to be) deleted.
 
@@ -156,7 +162,7 @@ def prune_directory(
     """
     check_rules(keep_last, keep_every, keep_every_seconds)
     cands = candidates(directory, need_time=keep_every_seconds is not None)
-    keep = steps_to_keep(cands, keep_last, keep_every, keep_every_seconds, delete_bad)
+    keep = steps_to_keep(cands, keep_last, keep_every, keep_every_seconds, delete_bad, protect)
     doomed = [Path(directory) / layout.checkpoint_name(c.step) for c in cands if c.step not in keep]
     if not dry_run:
         for path in sorted(doomed, reverse=True):  # deltas before the files they are built on

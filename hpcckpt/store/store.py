@@ -22,6 +22,7 @@ from hpcckpt.store.encoding import Encoder
 from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
 from hpcckpt.store.load import Loader
 from hpcckpt.store.local_tier import NodeLocalTier, Place
+from hpcckpt.store.mirror_backend import MirrorBackend, open_backend
 from hpcckpt.store.options import StoreOptions
 from hpcckpt.store.restore import Restorer
 from hpcckpt.store.results import RestoreResult, SaveResult
@@ -48,7 +49,9 @@ class CheckpointStore:
     ``max_chain_fraction``, ``min_delta_saving``, ``change_detection``
     (:class:`.IncrementalOptions`), ``fs_tuning`` and ``share_group``
     (:class:`.FileOptions`), ``cache``, ``redundancy``, ``redundancy_set`` and
-    ``node_name`` (:class:`.TierOptions`: the node-local tier).
+    ``node_name`` (:class:`.TierOptions`: the node-local tier), ``mirror`` and the
+    ``mirror_*`` keywords (:class:`.MirrorOptions`: the second tier, which restore
+    reads when the directory holds nothing newer that is good).
     """
 
     def __init__(
@@ -79,9 +82,25 @@ class CheckpointStore:
         modes = Modes(self.file_mode, self.dir_mode)
         self.saver = Saver(self.directory, self.agreement, encoder, self.options, modes, self.tier)
         loader = Loader(self.agreement, self.options.arrays.splits, lambda: self.saver.direct_io)
+        #: Rank 0's connection to the mirror (None on the other ranks, or without one).
+        self.mirror: MirrorBackend | None = None
+        mirror = self.options.mirror
+        if mirror.url is not None:
+            error = self.agreement.from_root(self._open_mirror)
+            if error is not None:  # on every rank alike
+                raise ValueError(error)
         self.restorer = Restorer(
-            self.directory, self.agreement, loader, encoder, self.file_mode, self.tier
+            self.directory, self.agreement, loader, encoder, self.file_mode, self.tier, self.mirror
         )
+
+    def _open_mirror(self) -> str | None:
+        """Rank 0: connect to the mirror (nothing is read or written yet); why not."""
+        mirror = self.options.mirror
+        try:
+            self.mirror = open_backend(mirror.url, mirror.mirror_bandwidth)  # type: ignore[arg-type]
+        except ValueError as exc:
+            return str(exc)
+        return None
 
     # -- save ------------------------------------------------------------------------------
     def save(
@@ -133,11 +152,13 @@ class CheckpointStore:
         *,
         delete_bad: bool = False,
         dry_run: bool = False,
+        protect: set[int] | None = None,
     ) -> list[Path]:
         """Delete checkpoints the retention rules do not keep (see :mod:`.retention`).
 
         Rank 0 deletes, every rank gets the list of deleted paths. Never deletes the
-        newest good checkpoint; keeps bad ones unless ``delete_bad``.
+        newest good checkpoint, nor the ``protect`` steps (rank 0's: those on their way
+        to the mirror) and their chains; keeps bad ones unless ``delete_bad``.
         """
         retention.check_rules(keep_last, keep_every, keep_every_seconds)
         result: list[Path] | None = None
@@ -145,7 +166,13 @@ class CheckpointStore:
         if self.rank == 0:
             try:
                 result = retention.prune_directory(
-                    self.directory, keep_last, keep_every, keep_every_seconds, delete_bad, dry_run
+                    self.directory,
+                    keep_last,
+                    keep_every,
+                    keep_every_seconds,
+                    delete_bad,
+                    dry_run,
+                    protect or (),
                 )
             except OSError as exc:
                 error = exc
