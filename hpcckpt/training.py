@@ -1,8 +1,8 @@
 """What a training run needs beyond its model and optimizer to resume exactly.
 
-- :class:`RNGState`: Python's ``random``, numpy's global generator and torch's CPU
-  generator of this rank, captured at save and set back at restore (dropout masks and
-  shuffles then continue as if the run had never stopped);
+- :class:`RNGState`: Python's ``random``, numpy's global generator, torch's CPU
+  generator and the CUDA generators of this rank, captured at save and set back at
+  restore (dropout masks and shuffles then continue as if the run had never stopped);
 - :class:`ResumableSampler`: a ``DistributedSampler`` that knows its position in the
   epoch, so that a run resumed in the middle of an epoch continues with the next batch,
   not the epoch's first, whatever the data loader's worker processes had prefetched.
@@ -28,8 +28,12 @@ class RNGState:
 
     ``state_dict()`` holds ``python`` (``random.getstate()``), ``numpy``
     (``numpy.random.get_state()``) and, when torch is loaded, ``torch``
-    (``torch.get_rng_state()``, the CPU generator). ``load_state_dict`` sets each of them
-    back; a state saved without torch leaves torch's generator alone.
+    (``torch.get_rng_state()``, the CPU generator) and, when CUDA is available, ``cuda``
+    (``torch.cuda.get_rng_state_all()``: one generator state per visible device) with
+    ``cuda_devices``, their number. ``load_state_dict`` sets each of them back; a state
+    saved without torch or without CUDA leaves those generators alone, and CUDA states
+    of more devices than this process sees are refused (a resume would silently draw
+    other numbers on the missing devices).
     """
 
     def state_dict(self) -> dict[str, Any]:
@@ -40,6 +44,9 @@ class RNGState:
         torch = sys.modules.get("torch")
         if torch is not None:
             state["torch"] = torch.get_rng_state()
+            if torch.cuda.is_available():
+                state["cuda"] = torch.cuda.get_rng_state_all()
+                state["cuda_devices"] = len(state["cuda"])
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -50,6 +57,23 @@ class RNGState:
             import torch
 
             torch.set_rng_state(torch.as_tensor(state["torch"], dtype=torch.uint8))
+        if state.get("cuda"):
+            self._load_cuda(list(state["cuda"]))
+
+    @staticmethod
+    def _load_cuda(saved: list[Any]) -> None:
+        import torch
+
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if have < len(saved):
+            raise ValueError(
+                f"RNGState: the checkpoint holds the CUDA generator states of {len(saved)} "
+                f"device(s), and this process sees {have}; restore on as many GPUs "
+                "(CUDA_VISIBLE_DEVICES), or leave RNGState out of the restore "
+                "(restore(..., only=[...])) to start with fresh CUDA generators"
+            )
+        for device, rng in enumerate(saved):
+            torch.cuda.set_rng_state(torch.as_tensor(rng, dtype=torch.uint8).cpu(), device)
 
 
 class ResumableSampler:

@@ -39,6 +39,19 @@ def test_rng_state_restores_python_numpy_and_torch(store):
     assert draws() == expected
 
 
+def test_rng_state_without_cuda_records_no_cuda_generators(store):
+    assert not torch.cuda.is_available()  # this CPU build; gpu_check.py covers CUDA
+    assert "cuda" not in RNGState().state_dict()
+
+
+def test_rng_state_refuses_cuda_generators_of_more_devices_than_it_sees():
+    saved = RNGState().state_dict()
+    saved["cuda"] = [torch.get_rng_state(), torch.get_rng_state()]  # as two GPUs wrote it
+    saved["cuda_devices"] = 2
+    with pytest.raises(ValueError, match=r"CUDA generator states of 2 device\(s\).*sees 0"):
+        RNGState().load_state_dict(saved)
+
+
 @pytest.mark.parametrize("size, replicas", [(50, 1), (50, 3), (7, 4), (0, 2)])
 def test_sampler_splits_like_distributed_sampler_without_shuffle(size, replicas):
     data = list(range(size))

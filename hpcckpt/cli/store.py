@@ -274,14 +274,47 @@ def prune_command(
 @click.command("export")
 @_DIR
 @click.argument("step", type=int)
-@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["hdf5", "safetensors"]),
+    default="hdf5",
+    show_default=True,
+    help="hdf5: the whole state as one flat file OUT; safetensors: the model's "
+    "weights for inference, into directory OUT.",
+)
+@click.option(
+    "--key",
+    default=None,
+    metavar="KEY",
+    help="safetensors: the key of the saved state holding the model, e.g. 'model' or "
+    "'nets/generator' [default: 'model', or the one model-like value of the state].",
+)
+@click.option(
+    "--max-shard-size",
+    default="5GB",
+    show_default=True,
+    metavar="SIZE",
+    help="safetensors: the most tensor bytes per file (5GB decimal, 2GiB binary, or "
+    "bytes); past it the weights are split into numbered files and an index.",
+)
 @_JSON
-def export_command(directory: Path, step: int, out: Path, as_json: bool) -> None:
-    """Write the checkpoint of STEP in DIR as one flat HDF5 file OUT.
+def export_command(
+    directory: Path,
+    step: int,
+    out: Path,
+    fmt: str,
+    key: str | None,
+    max_shard_size: str,
+    as_json: bool,
+) -> None:
+    """Write the checkpoint of STEP in DIR as one flat HDF5 file OUT, or (with
+    --format safetensors) its model's weights as safetensors files in directory OUT.
 
     \b
-    OUT holds the global state, readable without hpcckpt and independent of the
-    rank count:
+    HDF5 (the default): OUT holds the global state, readable without hpcckpt and
+    independent of the rank count:
       /arrays/<path>             "rows" arrays (e.g. distributed fields) as the
                                  global array; attribute rank_offsets
       /arrays/<path>/rank<r>     any other array, one dataset per writing rank
@@ -293,18 +326,60 @@ def export_command(directory: Path, step: int, out: Path, as_json: bool) -> None
     file a full checkpoint would give. See docs/format.md.
 
     \b
-    Example:
+    safetensors: the tensors under one key of the saved state (the model, saved as
+    the object or its state_dict(); --key names it, by default 'model' or the one
+    top-level value with tensors that is not an optimizer), consolidated from every
+    rank's piece (replicated or distributed, any rank count), named as in the
+    model's state_dict() and with their torch dtypes (bfloat16 is BF16):
+      OUT/model.safetensors                   when the weights fit --max-shard-size
+      OUT/model-00001-of-0000N.safetensors    otherwise, with
+      OUT/model.safetensors.index.json        metadata.total_size and weight_map
+    Load with safetensors.torch.load_file and model.load_state_dict, or with
+    Hugging Face tools. Written tensor by tensor: memory is bounded by the largest
+    tensor, not the model. A previous export in OUT is replaced.
+
+    \b
+    Examples:
       hpcckpt export ckpt 1200 state-1200.h5 && h5ls -r state-1200.h5
+      hpcckpt export --format safetensors ckpt 1200 model-1200/
+      hpcckpt export --format safetensors --key model --max-shard-size 2GB ckpt 1200 out/
     """
     from hpcckpt.store import catalog
     from hpcckpt.store.errors import CheckpointError
-    from hpcckpt.store.export import export_checkpoint
 
+    if fmt == "safetensors":
+        from hpcckpt.store.safetensors_export import export_safetensors, parse_shard_size
+
+        try:
+            cap = parse_shard_size(max_shard_size)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--max-shard-size") from None
     try:
-        path = export_checkpoint(catalog.find(directory, step), out)
+        source = catalog.find(directory, step)
+        if fmt == "safetensors":
+            done = export_safetensors(source, out, key=key, max_shard_size=cap)
+        else:
+            from hpcckpt.store.export import export_checkpoint
+
+            if out.is_dir():
+                raise click.BadParameter(
+                    f"{out} is a directory; the HDF5 export writes one file "
+                    "(or use --format safetensors for a directory of weights)",
+                    param_hint="OUT",
+                )
+            path = export_checkpoint(source, out)
     except (FileNotFoundError, CheckpointError) as exc:
         raise click.ClickException(str(exc)) from None
-    if as_json:
+    if fmt == "safetensors":
+        if as_json:
+            _emit({"step": step, "format": "safetensors", **done.as_dict()})
+        else:
+            files = ", ".join(p.name for p in done.files)
+            click.echo(
+                f"exported step {step}: {done.tensors} tensors of {done.key!r} "
+                f"({size(done.total_size)}) to {out}/ ({files})"
+            )
+    elif as_json:
         _emit({"step": step, "out": str(path), "bytes": path.stat().st_size})
     else:
         click.echo(f"exported step {step} to {path}")
