@@ -228,6 +228,67 @@ def test_export_refuses_a_corrupt_checkpoint_and_leaves_nothing(ckdir, tmp_path)
     assert not out.exists() and not list(tmp_path.glob("flat.h5*"))
 
 
+def test_export_safetensors_writes_the_model_weights(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 20), torch.nn.Linear(20, 4))
+    model[1].to(torch.bfloat16)
+    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF)
+    store.save(3, {"model": model, "optim": torch.optim.AdamW(model.parameters()), "step": 3})
+    out = tmp_path / "weights"
+    r = invoke(export_command, "--format", "safetensors", store.directory, "3", out, "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert (doc["format"], doc["key"], doc["files"], doc["index"]) == (
+        "safetensors",
+        "model",
+        ["model.safetensors"],
+        None,
+    )
+    loaded = load_file(out / "model.safetensors")
+    for name, value in model.state_dict().items():
+        assert loaded[name].dtype == value.dtype and torch.equal(loaded[name], value), name
+    r = invoke(
+        export_command,
+        "--format=safetensors",
+        "--max-shard-size",
+        "1KB",
+        "--key",
+        "model",
+        store.directory,
+        "3",
+        out,
+    )
+    assert r.exit_code == 0 and "4 tensors of 'model'" in r.output, r.output
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert sorted(index["weight_map"]) == sorted(model.state_dict())
+    assert not (out / "model.safetensors").exists()  # the previous single file replaced
+
+
+def test_export_safetensors_refuses_bad_options_by_name(ckdir, tmp_path):
+    r = invoke(
+        export_command,
+        "--format",
+        "safetensors",
+        "--max-shard-size",
+        "big",
+        ckdir,
+        "20",
+        tmp_path / "o",
+    )
+    assert r.exit_code == 2 and "--max-shard-size" in r.output and "'5GB'" in r.output
+    r = invoke(
+        export_command, "--format", "safetensors", "--key", "nope", ckdir, "20", tmp_path / "o"
+    )
+    assert r.exit_code == 1 and "no key 'nope'" in r.output and "--key" in r.output
+    assert invoke(export_command, ckdir, "20", tmp_path).exit_code == 2  # HDF5 needs a file
+    text = invoke(export_command, "--help").output
+    assert "--format [hdf5|safetensors]" in text and "default: hdf5" in text
+    assert "--key" in text and "by default 'model'" in text and "index.json" in text
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [2, 3])
 def test_commands_on_checkpoints_written_by_mpirun(tmp_path, n):
