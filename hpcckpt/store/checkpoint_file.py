@@ -66,7 +66,7 @@ from hpcckpt.store.format import (
     delta_name,
     index_name,
 )
-from hpcckpt.store.state_tree import ArraySpec, tensor_dtypes
+from hpcckpt.store.state_tree import ArraySpec, dtensor_pieces, tensor_dtypes
 
 __all__ = [
     "FORMAT",
@@ -136,6 +136,8 @@ class ArrayLayout:
     distributed: bool = False
     torch_dtype: str = ""  # a tensor's torch dtype (raw bits when numpy lacks it)
     replicated: bool = False  # rank 0's copy only: every other rank holds an empty stand-in
+    #: A DTensor: its global shape and each rank's offset in it (None: a replica's stand-in).
+    dtensor: tuple[tuple[int, ...], list[tuple[int, ...] | None]] | None = None
 
     @property
     def global_shape(self) -> tuple[int, ...]:
@@ -188,6 +190,7 @@ def plan_layouts(
                 "cast it to one dtype on every rank"
             )
         shapes = [tuple(s.shape) for s in specs]
+        pieces = _pieces(path, specs, shapes, path in distributed or path in replicated)
         rows = all(len(s) >= 1 for s in shapes) and len({s[1:] for s in shapes}) == 1
         if path in distributed and not rows:
             raise CheckpointError(
@@ -206,9 +209,52 @@ def plan_layouts(
                 path in distributed,
                 specs[0].torch_dtype,
                 path in replicated,
+                pieces,
             )
         )
     return layouts
+
+
+def _pieces(
+    path: str, specs: list[ArraySpec], shapes: list[tuple[int, ...]], declared: bool
+) -> tuple[tuple[int, ...], list[tuple[int, ...] | None]] | None:
+    """A DTensor's global shape and each rank's offset (None for a replica's stand-in),
+    checked: every rank holds it, its pieces lie inside it and fill it once."""
+    kinds = {s.global_shape for s in specs}
+    if kinds == {None}:
+        return None
+    if None in kinds or len(kinds) != 1:
+        raise CheckpointError(
+            f"array {path!r} is a DTensor on some ranks and not on others, or of different "
+            f"global shapes ({sorted(map(str, kinds))}); save the same DTensor on every rank"
+        )
+    if declared:
+        raise CheckpointError(
+            f"array {path!r} is a DTensor: its placements say how it is split; do not "
+            "declare it distributed or replicated"
+        )
+    shape = specs[0].global_shape
+    assert shape is not None
+    filled = 0
+    for rank, (spec, held) in enumerate(zip(specs, shapes, strict=True)):
+        if spec.offset is None:
+            continue
+        inside = len(spec.offset) == len(shape) == len(held) and all(
+            0 <= o and o + n <= g for o, n, g in zip(spec.offset, held, shape, strict=True)
+        )
+        if not inside:
+            raise CheckpointError(
+                f"DTensor {path!r}: rank {rank}'s shard {list(held)} at {list(spec.offset)} "
+                f"does not lie inside the global shape {list(shape)}"
+            )
+        filled += int(np.prod(held, dtype=np.int64))
+    if filled != int(np.prod(shape, dtype=np.int64)):
+        raise CheckpointError(
+            f"DTensor {path!r}: the ranks' shards hold {filled} elements, the global shape "
+            f"{list(shape)} has {int(np.prod(shape, dtype=np.int64))}; every element must "
+            "be stored once"
+        )
+    return shape, [s.offset for s in specs]
 
 
 def write_file(
@@ -263,10 +309,19 @@ def write_file(
     policy = policy or ChainPolicy()
     tree_bytes = json.dumps(tree, separators=(",", ":"), allow_nan=True).encode()
     torch_dtypes = tensor_dtypes(tree)
-    specs = [
-        ArraySpec(p, a.dtype.str, tuple(a.shape), torch_dtypes.get(p, ""))
-        for p, a in arrays.items()
-    ]
+    pieces = dtensor_pieces(tree)
+    specs = []
+    for p, a in arrays.items():
+        piece = pieces.get(p)
+        if piece is None:
+            specs.append(ArraySpec(p, a.dtype.str, tuple(a.shape), torch_dtypes.get(p, "")))
+            continue
+        offset = tuple(piece["offset"]) if piece["holder"] else None
+        specs.append(
+            ArraySpec(
+                p, a.dtype.str, tuple(a.shape), torch_dtypes[p], tuple(piece["shape"]), offset
+            )
+        )
     t_hash = time.perf_counter()
     hashes = dict(hashes or {})
     later = set()  # arrays hashed while their bytes are written
@@ -543,6 +598,12 @@ def _described(lay: ArrayLayout, incremental: bool, block_size: int) -> dict[str
         described["torch_dtype"] = lay.torch_dtype
     if lay.replicated:
         described["replicated"] = True
+    if lay.dtensor is not None:
+        shape, offsets = lay.dtensor
+        described["dtensor"] = {
+            "shape": list(shape),
+            "offsets": [None if o is None else list(o) for o in offsets],
+        }
     return described
 
 

@@ -38,6 +38,14 @@ class ArrayInfo:
     distributed: bool  # declared distributed along axis 0 by the application
     torch_dtype: str = ""  # a torch tensor's dtype (format version 3), "" for numpy
     replicated: bool = False  # rank 0's copy is every rank's value (format version 3)
+    #: A DTensor's global shape (None for other arrays), and where each writing rank's
+    #: piece lies in it (None for a rank that stored no piece: a replica's stand-in).
+    dtensor_shape: tuple[int, ...] | None = None
+    piece_offsets: tuple[tuple[int, ...] | None, ...] = ()
+
+    def holders(self) -> list[int]:
+        """The writing ranks that stored a piece of a DTensor."""
+        return [r for r, o in enumerate(self.piece_offsets) if o is not None]
 
     @property
     def trailing(self) -> tuple[int, ...]:
@@ -175,6 +183,11 @@ def array_info(
         raise _corrupt(path, f"{what}: torch_dtype {torch_dtype!r:.40} is not a dtype name")
     if replicated and (distributed or any(offs[r + 1] > offs[r] for r in range(1, n))):
         raise _corrupt(path, f"{what} is marked replicated but ranks other than 0 hold data")
+    dtensor_shape, piece_offsets = None, ()
+    if attrs.get("dtensor") is not None:
+        if distributed or replicated or not torch_dtype:
+            raise _corrupt(path, f"{what}: a DTensor is neither distributed nor replicated")
+        dtensor_shape, piece_offsets = _pieces(attrs["dtensor"], rank_shapes, what, path)
     return ArrayInfo(
         name,
         column,
@@ -186,7 +199,52 @@ def array_info(
         distributed,
         torch_dtype,
         replicated,
+        dtensor_shape,
+        piece_offsets,
     )
+
+
+def _pieces(
+    described: Any, rank_shapes: tuple[tuple[int, ...], ...], what: str, path: Path
+) -> tuple[tuple[int, ...], tuple[tuple[int, ...] | None, ...]]:
+    """A DTensor's global shape and its writing ranks' offsets, checked: each piece (of
+    its rank's shape) lies inside the global shape, a rank without one holds nothing,
+    and the pieces hold as many elements as the global array."""
+    if not isinstance(described, dict) or not isinstance(described.get("shape"), list):
+        raise _corrupt(path, f"{what}: its 'dtensor' entry has no global 'shape' list")
+    shape = tuple(integer(x, f"{what}: dtensor shape") for x in described["shape"])
+    listed = described.get("offsets")
+    if not isinstance(listed, list) or len(listed) != len(rank_shapes):
+        raise _corrupt(path, f"{what}: its 'dtensor' entry must list {len(rank_shapes)} offsets")
+    offsets: list[tuple[int, ...] | None] = []
+    filled = 0
+    for r, (raw, held) in enumerate(zip(listed, rank_shapes, strict=True)):
+        if raw is None:
+            if int(np.prod(held, dtype=object)) != 0:
+                raise _corrupt(path, f"{what}: rank {r} holds data but no place in the DTensor")
+            offsets.append(None)
+            continue
+        if not isinstance(raw, list):
+            raise _corrupt(path, f"{what}: dtensor offsets[{r}] is not a list")
+        offset = tuple(integer(x, f"{what}: dtensor offsets[{r}]") for x in raw)
+        inside = len(offset) == len(shape) == len(held) and all(
+            o + n <= g for o, n, g in zip(offset, held, shape, strict=True)
+        )
+        if not inside:
+            raise _corrupt(
+                path,
+                f"{what}: rank {r}'s piece {list(held)} at {list(offset)} lies outside the "
+                f"DTensor's global shape {list(shape)}",
+            )
+        filled += int(np.prod(held, dtype=object))
+        offsets.append(offset)
+    if filled != int(np.prod(shape, dtype=object)):
+        raise _corrupt(
+            path,
+            f"{what}: the pieces hold {filled} elements, the global shape {list(shape)} has "
+            f"{int(np.prod(shape, dtype=object))}",
+        )
+    return shape, tuple(offsets)
 
 
 def checked_rank_shapes(

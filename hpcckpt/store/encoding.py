@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from hpcckpt.store import tensors
+from hpcckpt.store import blocks, tensors
 from hpcckpt.store.agreement import Agreement
 from hpcckpt.store.errors import CheckpointError
 from hpcckpt.store.options import ArrayOptions
 from hpcckpt.store.replicated import check_and_stand_in
-from hpcckpt.store.state_tree import Targets, decode_into, encode, is_stateful
+from hpcckpt.store.state_tree import Targets, decode_into, dtensor_pieces, encode, is_stateful
 
 
 @dataclass
@@ -57,10 +57,17 @@ class Encoder:
         except (TypeError, ValueError) as exc:
             error = exc
         mine = sum(a.nbytes for a in arrays.values())
-        state_bytes, said = self.agreement.agree(
-            error, f"encoding the state of step {step}", TypeError, (mine, answer)
+        copies = {p: d for p, d in dtensor_pieces(tree).items() if _has_replicas(d)}
+        state_bytes, said, replicas = self.agreement.agree(
+            error, f"encoding the state of step {step}", TypeError, (mine, answer, len(copies))
         )
         encoded = Encoded(tree, arrays, state_bytes, bool(said))
+        if replicas:  # some DTensor is replicated over a mesh dimension: stored once
+            arrays, hashes, dropped = check_replicas(
+                self.agreement, copies, arrays, self.block_size, step
+            )
+            encoded.arrays, encoded.known_hashes = arrays, hashes
+            encoded.state_bytes -= dropped
         if self.replicated:
             before = arrays
             encoded.arrays, encoded.known_hashes, encoded.replicated = check_and_stand_in(
@@ -83,13 +90,75 @@ class Encoder:
         self.agreement.agree(error, "loading the restored state")
 
 
+def _has_replicas(piece: dict[str, Any]) -> bool:
+    return any(p == "R" and n > 1 for p, n in zip(piece["placements"], piece["mesh"], strict=True))
+
+
+def check_replicas(
+    agreement: Agreement,
+    copies: dict[str, dict[str, Any]],
+    arrays: dict[str, np.ndarray],
+    block_size: int,
+    step: int,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], int]:
+    """Compare the copies of the DTensor pieces several ranks hold (Replicate
+    placements) with the holder's, by block hashes; collective (one allgather of
+    digests, no data). Returns (arrays with empty stand-ins for the copies that are
+    not stored, this rank's block hashes of the pieces it stores, the bytes dropped over
+    all ranks); CheckpointError on every rank when a copy differs."""
+    digests, hashes = {}, {}
+    for path, piece in copies.items():
+        a = arrays[path]
+        hashes[path] = blocks.block_hashes(a, block_size)
+        digests[path] = (
+            tuple(piece["offset"]),
+            bool(piece["holder"]),
+            a.dtype.str,
+            tuple(a.shape),
+            blocks.hashes_checksum(hashes[path]),
+        )
+    everyone = agreement.comm.allgather(digests)
+    problems, dropped = [], 0
+    for path in sorted(copies):
+        held = {}
+        for r, theirs in enumerate(everyone):
+            got = theirs.get(path)
+            if got is not None and got[1]:
+                held[got[0]] = (r, got[2:])
+        for r, theirs in enumerate(everyone):
+            got = theirs.get(path)
+            if got is None or got[1]:
+                continue
+            owner = held.get(got[0])
+            if owner is None or owner[1] != got[2:]:
+                problems.append(
+                    f"DTensor {path!r}: rank {r}'s copy of the shard at {list(got[0])} differs "
+                    f"from rank {owner[0] if owner else '?'}'s, which its Replicate placement "
+                    "says it equals"
+                )
+            else:
+                dropped += int(np.prod(got[3], dtype=np.int64)) * np.dtype(got[2]).itemsize
+    if problems:
+        raise CheckpointError(
+            f"saving step {step}: {'; '.join(problems[:4])}. Synchronize the replicas (a "
+            "collective of the model's replicate dimension) before saving"
+        )
+    out = dict(arrays)
+    for path, piece in copies.items():
+        if not piece["holder"]:
+            a = arrays[path]
+            out[path] = np.empty((0, *a.shape[1:]) if a.ndim else (0,), dtype=a.dtype)
+            del hashes[path]
+    return out, hashes, dropped
+
+
 def state_bytes(value: Any) -> int:
     """The bytes of every numpy array and tensor inside a state, without encoding it (the
     Checkpointer sizes its first cost estimate with it before anything is measured)."""
     if isinstance(value, np.ndarray):
         return value.nbytes
     if tensors.is_tensor(value):
-        return tensors.to_array(value).nbytes
+        return tensors.nbytes(tensors.local_part(value) if tensors.is_dtensor(value) else value)
     if is_stateful(value):
         return state_bytes(value.state_dict())
     if isinstance(value, dict):

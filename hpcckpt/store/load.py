@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from hpcckpt.store import layout, read_plan, tensors
+from hpcckpt.store import layout, pieces, read_plan, tensors
 from hpcckpt.store.agreement import Agreement, Refused
 from hpcckpt.store.blocks import ChainState
 from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
@@ -260,6 +260,7 @@ class Loader:
         reader = None
         problem = fatal = culprit = None
         requests: dict[str, tuple[Any, ...]] = {}
+        boxes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # DTensors: this rank's
         try:
             reader = CheckpointReader(entry.path, direct_io=self.direct_io())
             parts = None if only is None else {escape(k) for k in only}
@@ -267,7 +268,18 @@ class Loader:
             same = reader.nranks == self.nranks
             for name in wanted:
                 info = reader.arrays[name]
-                if name in self.splits and info.layout != "rows":
+                if info.dtensor_shape is not None:
+                    if name in self.splits:
+                        fatal = (
+                            f"array {name!r} is declared distributed, but {entry.path.name} "
+                            "stores it as a DTensor: its placements say how it is split; "
+                            "do not declare it"
+                        )
+                    else:
+                        boxes[name] = pieces.wanted_box(
+                            lookup(state, name, targets), info.dtensor_shape
+                        )
+                elif name in self.splits and info.layout != "rows":
                     fatal = (
                         f"array {name!r} is declared distributed, but {entry.path.name} stores "
                         f"it per rank ({info.layout} layout): restore it with the rank count "
@@ -303,7 +315,11 @@ class Loader:
                 else:
                     trees = [select_keys(reader.tree(r), only) for r in range(saved)]
                     tree = common_tree(trees, saved, self.nranks)
-                    per_rank = [n for n in wanted if n not in ranges and not reader.replicated(n)]
+                    per_rank = [
+                        n
+                        for n in wanted
+                        if n not in ranges and n not in boxes and not reader.replicated(n)
+                    ]
                     if per_rank:
                         raise CheckpointError(
                             f"array {per_rank[0]!r} is per rank (not declared distributed, and "
@@ -320,12 +336,17 @@ class Loader:
                     if name in ranges:
                         lo, hi = ranges[name][self.rank]
                         shape: tuple[int, ...] = (hi - lo, *info.trailing)
+                    elif name in boxes:
+                        shape = boxes[name][1]
                     else:
                         shape = tuple(info.rank_shapes[0 if info.replicated else source])
                     expected[name] = (shape, info.dtype, info.torch_dtype)
                 into = read_targets(state, targets, expected)
+                boxed = pieces.PieceReader(reader)
                 for name in wanted:
-                    if name in ranges:
+                    if name in boxes:
+                        arrays[name] = boxed.box(name, *boxes[name], into.get(name))
+                    elif name in ranges:
                         lo, hi = ranges[name][self.rank]
                         arrays[name] = reader.rows(name, lo, hi, into.get(name))
                     else:
@@ -361,6 +382,8 @@ def read_targets(
         if tensors.is_tensor(held):
             if tensors.dtype_name(held) != torch_dtype:
                 return {}  # check_fits refuses this restore: read nothing into the application
+            if tensors.is_dtensor(held):
+                held = tensors.local_part(held)
             held = tensors.writable_view(held)
         if not isinstance(held, np.ndarray):
             continue

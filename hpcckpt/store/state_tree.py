@@ -14,6 +14,7 @@ split apart, a node kind added on one side could be forgotten on the other.
 from __future__ import annotations
 
 import base64
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,7 @@ from urllib.parse import quote, unquote
 
 import numpy as np
 
-from hpcckpt.store import tensors
+from hpcckpt.store import sharded, tensors
 from hpcckpt.store.errors import CheckpointError
 
 TAG = "$t"
@@ -42,6 +43,10 @@ class ArraySpec:
     dtype: str
     shape: tuple[int, ...]
     torch_dtype: str = ""  # the tensor's torch dtype, "" for a numpy array
+    #: A DTensor's global shape (None for anything else), and the offset of this rank's
+    #: piece in it (None when another rank stores the same box: a replica's stand-in).
+    global_shape: tuple[int, ...] | None = None
+    offset: tuple[int, ...] | None = None
 
 
 def escape(key: str) -> str:
@@ -147,6 +152,8 @@ def _encode(value: Any, path: str, arrays: dict[str, np.ndarray]) -> Any:
         return {TAG: "generator", "state": _jsonable(value.bit_generator.state)}
     if isinstance(value, np.random.RandomState):
         return {TAG: "randomstate", "state": _jsonable(value.get_state(legacy=False))}
+    if tensors.is_dtensor(value):
+        return _encode_dtensor(value, path, where, arrays)
     if tensors.is_tensor(value):
         why = tensors.check_supported(value)
         if why is not None:
@@ -168,6 +175,43 @@ def _encode(value: Any, path: str, arrays: dict[str, np.ndarray]) -> Any:
         "torch tensors, int, float, bool, complex, str, bytes, None, dict, list, tuple, numpy "
         "random generators, or objects with state_dict()/load_state_dict()"
     )
+
+
+def _encode_dtensor(value: Any, path: str, where: str, arrays: dict[str, np.ndarray]) -> Any:
+    """A DTensor: this rank's local shard as the array, the piece it is in the node."""
+    try:
+        piece = sharded.describe(value)
+    except TypeError as exc:
+        raise TypeError(f"state[{where!r}]: {exc}") from None
+    local = tensors.local_part(value)
+    why = tensors.check_supported(local)
+    if why is not None:
+        raise TypeError(f"state[{where!r}]: {why}")
+    arrays[path] = tensors.to_array(local)
+    node = {TAG: "tensor", "path": path, "dtype": tensors.dtype_name(value)}
+    node["dtensor"] = piece.node()
+    if value.requires_grad:
+        node["requires_grad"] = True
+    return node
+
+
+def dtensor_pieces(tree: Any) -> dict[str, dict[str, Any]]:
+    """{array path: the ``dtensor`` entry of its node} of every DTensor of a tree."""
+    out: dict[str, dict[str, Any]] = {}
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict) and node.get(TAG) == "tensor":
+            if isinstance(node.get("dtensor"), dict):
+                out[node["path"]] = node["dtensor"]
+        else:
+            stack.extend(sub for _, sub in children(node))
+    return out
+
+
+#: The entries of a DTensor's node that are this rank's own (its box, whether it stores
+#: it, the mesh it ran on): the ranks' trees may differ there and still be one state.
+PER_RANK_PIECE = ("offset", "holder", "mesh")
 
 
 def _jsonable(obj: Any) -> Any:
@@ -259,12 +303,43 @@ class Targets:
     def state_dict(self, obj: Any) -> Any:
         held = self._dicts.get(id(obj))
         if held is None:
+            init_sharded_optimizer(obj)
             held = self._dicts[id(obj)] = (obj, obj.state_dict())
         return held[1]
 
     def open(self, value: Any) -> Any:
         """``value``, or its state dict when it is a stateful object."""
         return self.state_dict(value) if is_stateful(value) and not is_container(value) else value
+
+
+def init_sharded_optimizer(obj: Any) -> None:
+    """Give a torch optimizer of DTensor parameters that has not stepped yet its state
+    (moments of zeros, as ``torch.distributed.checkpoint``'s ``set_state_dict`` does: one
+    step with zero gradients and a learning rate of 0), so that a restore has DTensors of
+    the right placements to read the saved moments into."""
+    kind = type(obj)
+    if not any(
+        c.__name__ == "Optimizer" and c.__module__ == "torch.optim.optimizer" for c in kind.__mro__
+    ):
+        return
+    params = [p for group in obj.param_groups for p in group["params"]]
+    if obj.state or not any(tensors.is_dtensor(p) for p in params):
+        return
+    if any(p.grad is not None for p in params):
+        return  # a step under way: not this restore's to take
+    torch = sys.modules["torch"]
+    for p in params:
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+    lrs = [group.get("lr") for group in obj.param_groups]
+    for group in obj.param_groups:
+        if "lr" in group:
+            group["lr"] = torch.tensor(0.0) if torch.is_tensor(group["lr"]) else 0.0
+    obj.step()
+    for group, lr in zip(obj.param_groups, lrs, strict=True):
+        if lr is not None:
+            group["lr"] = lr
+    obj.zero_grad(set_to_none=True)
 
 
 def is_container(value: Any) -> bool:
@@ -309,8 +384,9 @@ def check_fits(
                 and tree.get(TAG) == "array"  # a saved tensor does not go into a numpy array
             )
         elif tensors.is_tensor(target):
-            have = f"torch.{tensors.dtype_name(target)}{list(target.shape)}"
-            fits = tuple(target.shape) == data.shape and tensors.dtype_name(target) == tree.get(
+            local = tensors.local_part(target) if tensors.is_dtensor(target) else target
+            have = f"torch.{tensors.dtype_name(target)}{list(local.shape)}"
+            fits = tuple(local.shape) == data.shape and tensors.dtype_name(target) == tree.get(
                 "dtype"
             )
         else:
@@ -553,6 +629,11 @@ def _decode(
         return data
     if tag == "tensor":
         data = arrays[tree["path"]]
+        if tensors.is_dtensor(target):
+            local = tensors.local_part(target)
+            if not tensors.shares_memory(local, data):  # else read straight into it
+                tensors.copy_into(local, data)  # check_fits ran first: same shape and dtype
+            return target
         if tensors.is_tensor(target):
             if not tensors.shares_memory(target, data):  # else read straight into it
                 tensors.copy_into(target, data)  # check_fits ran first: same shape and dtype
@@ -599,9 +680,12 @@ def lookup(state: Any, path: str, targets: Targets | None = None) -> Any:
 
 
 def first_difference(a: Any, b: Any, path: str = "") -> str | None:
-    """The key path where two JSON state trees first differ, or None when they are equal."""
+    """The key path where two JSON state trees first differ, or None when they are equal.
+    Two nodes of one DTensor differ only where they differ beyond the ranks' own pieces."""
     if type(a) is not type(b):
         return path or "<root>"
+    if isinstance(a, dict) and a.get(TAG) == "tensor" and "dtensor" in a and "dtensor" in b:
+        a, b = _shared_piece(a), _shared_piece(b)
     if isinstance(a, dict) and a.get(TAG) in ("dict", "kdict", "tuple", "stateful"):
         if a.get(TAG) != b.get(TAG):
             return path or "<root>"
@@ -627,6 +711,13 @@ def first_difference(a: Any, b: Any, path: str = "") -> str | None:
     return None if a == b else (path or "<root>")
 
 
+def _shared_piece(node: dict[str, Any]) -> dict[str, Any]:
+    piece = node["dtensor"]
+    if not isinstance(piece, dict):
+        return node
+    return {**node, "dtensor": {k: v for k, v in piece.items() if k not in PER_RANK_PIECE}}
+
+
 def summarize(tree: Any) -> Any:
     """A plain JSON view of a state tree for people: arrays and blobs become short strings."""
     if isinstance(tree, list):
@@ -644,6 +735,10 @@ def summarize(tree: Any) -> Any:
         return [summarize(t) for t in tree["v"]]
     if tag == "array":
         return f"<array {tree['path']}>"
+    if tag == "tensor" and isinstance(tree.get("dtensor"), dict):
+        piece = tree["dtensor"]
+        what = f"{tree['dtype']} {piece.get('shape')} {piece.get('placements')}"
+        return f"<dtensor {what} {tree['path']}>"
     if tag == "tensor":
         return f"<tensor {tree['dtype']} {tree['path']}>"
     if tag == "bytes":

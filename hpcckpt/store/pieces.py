@@ -1,0 +1,149 @@
+"""Any box of a DTensor's global array, read from the pieces a checkpoint stores of it.
+
+A checkpoint stores each DTensor as the writing ranks' pieces (:mod:`.sharded`). A restore
+on any mesh, any rank count, asks for this rank's new box: for every stored piece that
+overlaps it, only the piece's elements from the first to the last one of the overlap are
+read (rounded out to whole blocks, each checked against its block hash), seen as the
+overlap, and copied into place. A ``Shard(0)`` box thus reads exactly its own rows; a box
+cut along a later dimension reads the rows of the pieces it crosses. Memory: the box
+itself plus one such span of one piece at a time.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from hpcckpt.store import blocks, sharded, tensors
+from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
+from hpcckpt.store.format import INCREMENTAL, dataset_name
+from hpcckpt.store.reader import CheckpointReader
+
+
+class PieceReader:
+    """Reads boxes of the DTensors of one open checkpoint, verified block by block."""
+
+    def __init__(self, reader: CheckpointReader) -> None:
+        self.reader = reader
+        self._hashes: dict[tuple[str, int], np.ndarray] = {}
+        #: Array bytes read from the file (for the tests and the log: what a box cost).
+        self.bytes_read = 0
+
+    def box(
+        self,
+        name: str,
+        offset: tuple[int, ...],
+        shape: tuple[int, ...],
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """The elements of DTensor ``name`` in the box at ``offset`` of ``shape``, into
+        ``out`` when it is given (C-contiguous, of that shape and the stored dtype)."""
+        info = self.reader.arrays[name]
+        if info.dtensor_shape is None:
+            raise CheckpointError(f"array {name!r} is not a DTensor: it has no boxes")
+        want: sharded.Box = (tuple(offset), tuple(shape))
+        inside = len(offset) == len(shape) == len(info.dtensor_shape) and all(
+            0 <= o and o + n <= g for o, n, g in zip(offset, shape, info.dtensor_shape, strict=True)
+        )
+        if not inside:
+            raise CheckpointError(
+                f"DTensor {name!r}: box {list(shape)} at {list(offset)} lies outside its "
+                f"global shape {list(info.dtensor_shape)}"
+            )
+        if out is None or out.shape != want[1] or out.dtype != info.dtype:
+            out = np.empty(want[1], dtype=info.dtype)
+        found = 0
+        for r in info.holders():
+            piece: sharded.Box = (info.piece_offsets[r], info.rank_shapes[r])  # type: ignore[assignment]
+            part = sharded.intersect(want, piece)
+            if part is None:
+                continue
+            first, stop, strides = sharded.span(piece, part)
+            flat = self._elements(name, r, first, stop)
+            where = tuple(
+                slice(p - o, p - o + n) for p, o, n in zip(part[0], want[0], part[1], strict=True)
+            )
+            out[where] = sharded.strided(flat, part[1], strides)
+            found += sharded.volume(part[1])
+        if found != sharded.volume(want[1]):
+            raise CorruptCheckpoint(
+                f"{self.reader.path.name}: DTensor {name!r}: the stored pieces cover "
+                f"{found} of the {sharded.volume(want[1])} elements of box {list(shape)} at "
+                f"{list(offset)}",
+                culprit=self.reader.path,
+            )
+        return out
+
+    def whole(self, name: str, out: np.ndarray | None = None) -> np.ndarray:
+        """DTensor ``name`` as its global array."""
+        shape = self.reader.arrays[name].dtensor_shape
+        assert shape is not None
+        return self.box(name, (0,) * len(shape), shape, out)
+
+    def _elements(self, name: str, rank: int, first: int, stop: int) -> np.ndarray:
+        """Elements ``[first, stop)`` of rank ``rank``'s piece (C order), verified."""
+        r = self.reader
+        info = r.arrays[name]
+        start = r.raw_start(dataset_name(name), info.dtype) if r.kind != INCREMENTAL else None
+        if r.format_version < 2 or start is None:  # a chain, or not raw: the whole piece
+            whole = r.rank_array(name, rank).reshape(-1)
+            self.bytes_read += whole.nbytes
+            return whole[first:stop]
+        per_row = info.dtype.itemsize * int(np.prod(info.trailing, dtype=np.int64))
+        at = start + (
+            info.rank_offsets[rank] * per_row
+            if info.layout == "rows"
+            else info.rank_offsets[rank] * info.dtype.itemsize
+        )
+        elems = blocks.block_elems(info.dtype.itemsize, r.block_size)
+        count = info.rank_elems(rank)
+        b0, b1 = first // elems, -(-stop // elems)
+        e0, e1 = b0 * elems, min(b1 * elems, count)
+        buf = np.empty(e1 - e0, dtype=info.dtype)
+        want = self._block_hashes(name, rank)[b0:b1]
+        offset, view = at + e0 * info.dtype.itemsize, memoryview(buf).cast("B")
+        got = 0
+        fd = os.open(r.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        try:
+            while got < len(view):
+                n = os.preadv(fd, [view[got:]], offset + got)
+                if n <= 0:
+                    break
+                got += n
+        finally:
+            os.close(fd)
+        self.bytes_read += got
+        if got != len(view):
+            raise CorruptCheckpoint(
+                f"{r.path.name}: DTensor {name!r} of rank {rank} ends past the end of the file",
+                culprit=r.path,
+            )
+        bad = np.nonzero(blocks.block_hashes(buf, r.block_size) != want)[0]
+        if bad.size:
+            raise CorruptCheckpoint(
+                f"{r.path.name}: array {name!r} of rank {rank}, block {b0 + int(bad[0])}, "
+                "fails its checksum",
+                culprit=r.path,
+            )
+        return buf[first - e0 : stop - e0]
+
+    def _block_hashes(self, name: str, rank: int) -> np.ndarray:
+        key = (name, rank)
+        if key not in self._hashes:
+            self._hashes[key] = self.reader.block_hashes(name, rank)
+        return self._hashes[key]
+
+
+def wanted_box(held: Any, shape: tuple[int, ...]) -> sharded.Box:
+    """The box of a DTensor of global ``shape`` that a restore reads into ``held`` (the
+    application's value there): the box of a DTensor's local shard; the whole array for
+    anything else (a plain tensor, or nothing there)."""
+    if tensors.is_dtensor(held) and tuple(int(x) for x in held.shape) == tuple(shape):
+        try:
+            piece = sharded.describe(held)
+        except TypeError as exc:
+            raise CheckpointError(f"restoring into a DTensor: {exc}") from None
+        return piece.offset, piece.local
+    return (0,) * len(shape), tuple(shape)
