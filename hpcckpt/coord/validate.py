@@ -146,6 +146,8 @@ def find_nonfinite(state: Any, limit: int | None = None) -> list[Finding]:
 
 def _leaves(value: Any, prefix: str) -> Iterator[tuple[str, Any]]:
     if tensors.is_tensor(value):
+        if tensors.is_dtensor(value):
+            value = tensors.local_part(value)  # each rank checks its own shard
         array = tensors.to_array(value)
         if value.is_floating_point() and array.dtype.kind not in "fc":  # bfloat16, float8
             array = value.detach().float().cpu().numpy()

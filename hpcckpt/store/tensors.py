@@ -13,8 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from hpcckpt.store import devices
-
 #: Unsigned integer dtype holding the raw bits of an element of each size (bytes).
 _RAW = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
 
@@ -37,9 +35,11 @@ def _torch() -> Any:
 
 
 def _host(tensor: Any) -> Any:
-    """A detached CPU tensor of ``tensor``'s values, with conjugate/negative bits resolved
-    (another device's through host staging: :func:`.devices.to_host`)."""
-    return devices.to_host(tensor).resolve_conj().resolve_neg()
+    """A detached CPU tensor of ``tensor``'s values, with conjugate/negative bits resolved."""
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    return t.resolve_conj().resolve_neg()
 
 
 def check_supported(tensor: Any) -> str | None:
@@ -75,11 +75,9 @@ def storage_dtype(torch_dtype: str) -> np.dtype:
     return to_array(torch.empty(0, dtype=dt)).dtype
 
 
-def from_array(
-    array: np.ndarray, torch_dtype: str, requires_grad: bool = False, device: Any = None
-) -> Any:
-    """A new tensor of ``torch_dtype`` holding ``array``'s elements: on the CPU (sharing
-    the array's memory when it is writable and C-contiguous), or copied onto ``device``."""
+def from_array(array: np.ndarray, torch_dtype: str, requires_grad: bool = False) -> Any:
+    """A new CPU tensor of ``torch_dtype`` holding ``array``'s elements (its memory, when
+    the array is writable and C-contiguous)."""
     torch = _torch()
     dt = getattr(torch, torch_dtype, None)
     if not isinstance(dt, torch.dtype):
@@ -93,7 +91,6 @@ def from_array(
         t = torch.from_numpy(array)
         if t.dtype != dt:
             t = t.view(dt)
-    t = devices.to_device(t, device)
     if requires_grad and t.is_floating_point():
         t.requires_grad_(True)
     return t
@@ -128,8 +125,26 @@ def shares_memory(tensor: Any, array: np.ndarray) -> bool:
 
 def copy_into(tensor: Any, array: np.ndarray) -> None:
     """Overwrite ``tensor``'s elements in place (any device, any strides) with ``array``'s."""
-    devices.copy_back(tensor, from_array(array, dtype_name(tensor)))
+    torch = _torch()
+    src = from_array(array, dtype_name(tensor))
+    with torch.no_grad():
+        tensor.copy_(src.reshape(tensor.shape))
 
 
 def nbytes(tensor: Any) -> int:
     return int(tensor.numel() * tensor.element_size())
+
+
+def is_dtensor(value: Any) -> bool:
+    """Whether ``value`` is a ``torch.distributed.tensor.DTensor`` (FSDP2's parameters and
+    optimizer moments, tensor parallelism), told by its type without importing torch."""
+    return any(
+        c.__name__ == "DTensor" and c.__module__.startswith("torch.distributed")
+        for c in type(value).__mro__
+    )
+
+
+def local_part(dtensor: Any) -> Any:
+    """The tensor a DTensor holds on this rank (its local shard), sharing its memory."""
+    with _torch().no_grad():
+        return dtensor.to_local()
