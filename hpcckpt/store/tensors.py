@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from hpcckpt.store import devices
+
 #: Unsigned integer dtype holding the raw bits of an element of each size (bytes).
 _RAW = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}
 
@@ -35,11 +37,9 @@ def _torch() -> Any:
 
 
 def _host(tensor: Any) -> Any:
-    """A detached CPU tensor of ``tensor``'s values, with conjugate/negative bits resolved."""
-    t = tensor.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    return t.resolve_conj().resolve_neg()
+    """A detached CPU tensor of ``tensor``'s values, with conjugate/negative bits resolved
+    (another device's through host staging: :func:`.devices.to_host`)."""
+    return devices.to_host(tensor).resolve_conj().resolve_neg()
 
 
 def check_supported(tensor: Any) -> str | None:
@@ -75,9 +75,11 @@ def storage_dtype(torch_dtype: str) -> np.dtype:
     return to_array(torch.empty(0, dtype=dt)).dtype
 
 
-def from_array(array: np.ndarray, torch_dtype: str, requires_grad: bool = False) -> Any:
-    """A new CPU tensor of ``torch_dtype`` holding ``array``'s elements (its memory, when
-    the array is writable and C-contiguous)."""
+def from_array(
+    array: np.ndarray, torch_dtype: str, requires_grad: bool = False, device: Any = None
+) -> Any:
+    """A new tensor of ``torch_dtype`` holding ``array``'s elements: on the CPU (sharing
+    the array's memory when it is writable and C-contiguous), or copied onto ``device``."""
     torch = _torch()
     dt = getattr(torch, torch_dtype, None)
     if not isinstance(dt, torch.dtype):
@@ -91,6 +93,7 @@ def from_array(array: np.ndarray, torch_dtype: str, requires_grad: bool = False)
         t = torch.from_numpy(array)
         if t.dtype != dt:
             t = t.view(dt)
+    t = devices.to_device(t, device)
     if requires_grad and t.is_floating_point():
         t.requires_grad_(True)
     return t
@@ -125,10 +128,7 @@ def shares_memory(tensor: Any, array: np.ndarray) -> bool:
 
 def copy_into(tensor: Any, array: np.ndarray) -> None:
     """Overwrite ``tensor``'s elements in place (any device, any strides) with ``array``'s."""
-    torch = _torch()
-    src = from_array(array, dtype_name(tensor))
-    with torch.no_grad():
-        tensor.copy_(src.reshape(tensor.shape))
+    devices.copy_back(tensor, from_array(array, dtype_name(tensor)))
 
 
 def nbytes(tensor: Any) -> int:
