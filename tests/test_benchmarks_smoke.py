@@ -262,3 +262,24 @@ def test_bench_arrays_prints_both_parts(tmp_path: Path) -> None:
     assert "saves of 1 % changed" in proc.stdout, proc.stdout
     assert [(r["nranks"], r["narrays"]) for r in doc["rank0"]] == [(3, 2), (50, 2)]
     assert all(t > 0 for r in doc["rank0"] for t in r["seconds"].values())
+
+
+def test_gpu_check_says_no_cuda_device_and_runs_its_flow_on_the_cpu(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "gpu_check.py")],
+        env=mpi_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]  # nothing checked
+    assert json.loads(proc.stdout)["status"] == "no CUDA device: nothing checked"
+    out = tmp_path / "gpu.json"
+    argv = ["--device", "cpu", "--size", "4M", "--repeat", "1", "--root", str(tmp_path / "s")]
+    proc = mpirun(1, [str(BENCH / "gpu_check.py"), *argv, "--json", str(out)], timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "passed"
+    assert set(doc["checks"]) == {"model_restore", "values_at_save", "cuda_rng", "blocked"}
+    assert doc["checks"]["model_restore"]["tensors"] == 4 * 2 + 4 * 2 * 3
+    assert all(v > 0 for v in doc["checks"]["blocked"]["median_seconds"].values())

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -129,6 +130,18 @@ def test_a_state_dict_under_another_key_is_found_or_named(tmp_path):
     assert_exact(load_file(tmp_path / "d" / SINGLE_FILE), live.state_dict())
     with pytest.raises(CheckpointError, match=r"no key 'nets/gen'.*'generator'.*--key"):
         export_safetensors(path, tmp_path / "e", key="nets/gen")
+
+
+def test_damaged_bytes_are_refused_and_nothing_is_left(tmp_path):
+    path = saved(tmp_path, {"model": {"w": torch.arange(64.0), "b": torch.ones(3)}})
+    with h5py.File(path, "r") as f:
+        offset = f["state/model/w"].id.get_offset()
+    raw = bytearray(path.read_bytes())
+    raw[offset + 9] ^= 0x20
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="checksum"):
+        export_safetensors(path, tmp_path / "out")
+    assert not list((tmp_path / "out").iterdir())
 
 
 def test_scalars_under_the_key_are_skipped_and_said(tmp_path):
