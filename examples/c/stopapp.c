@@ -4,6 +4,7 @@
  *
  *   stopapp term     STEPS SLEEP_MS RESTART_PREFIX OUT_FILE
  *   stopapp periodic STEPS SLEEP_MS RESTART_PREFIX OUT_FILE EVERY
+ *   stopapp series   STEPS SLEEP_MS RESTART_PREFIX OUT_FILE EVERY [PIECE_MS]
  *
  * term     "TERM = save and exit": SIGUSR1 is ignored. The first SIGTERM (or SIGINT) makes
  *          every rank write RESTART_PREFIX.<rank> at the same step, in place, in ten
@@ -14,12 +15,19 @@
  * periodic takes no signal at all (TERM and INT kill it, USR1 is ignored): every EVERY
  *          steps every rank rewrites RESTART_PREFIX.<rank> in place, in four pieces
  *          0.3 s apart; a kill in the middle leaves a cut file behind.
+ * series   takes no signal either, and writes a NEW file every EVERY steps, named by its
+ *          step like a molecular-dynamics code: rank 0 gathers the field and writes
+ *          RESTART_PREFIX.<step>.bin in eight pieces PIECE_MS apart (default 300), fsync'd;
+ *          it never deletes the older ones. At the start rank 0 reads the file with the
+ *          largest step it finds (its own "newest file" wildcard); a cut newest file is an
+ *          error (exit 3), as it is for such codes.
  *
  * Started again (HPCCKPT_RESTART=1, or whenever every rank finds its file) it resumes
  * from the files; a cut or inconsistent file is an error (exit 3 or 4). At the end rank 0
  * writes the whole field to OUT_FILE (raw doubles): however often it was stopped and
  * resumed, the result is bit-identical to an uninterrupted run.
  */
+#include <dirent.h>
 #include <mpi.h>
 #include <signal.h>
 #include <stdio.h>
@@ -84,6 +92,69 @@ static int read_restart(const char *prefix, int rank, long *step, double *u, int
     return ok ? 0 : -1;
 }
 
+/* RESTART_PREFIX.<step>.bin: the whole field (NTOTAL doubles), in PIECES pieces. */
+static int write_series(const char *prefix, long step, const double *all, int ntotal,
+                        long pause) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s.%ld.bin", prefix, step);
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    int ok = fwrite(&step, sizeof step, 1, f) == 1 && fwrite(&ntotal, sizeof ntotal, 1, f) == 1;
+    int pieces = 8, per = (ntotal + pieces - 1) / pieces;
+    for (int lo = 0; ok && lo < ntotal; lo += per) {
+        int len = lo + per <= ntotal ? per : ntotal - lo;
+        ok = fwrite(all + lo, sizeof *all, (size_t)len, f) == (size_t)len && fflush(f) == 0 &&
+             fsync(fileno(f)) == 0;
+        if (ok && lo + per < ntotal) pause_ms(pause);
+    }
+    unsigned magic = MAGIC;
+    ok = ok && fwrite(&magic, sizeof magic, 1, f) == 1 && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    return (fclose(f) == 0 && ok) ? 0 : -1;
+}
+
+/* The largest step of RESTART_PREFIX.<step>.bin in its directory, or -1 if none. */
+static long newest_series(const char *prefix) {
+    char dir[4096], base[4096];
+    const char *slash = strrchr(prefix, '/');
+    if (slash) {
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - prefix), prefix);
+        snprintf(base, sizeof base, "%s.", slash + 1);
+    } else {
+        snprintf(dir, sizeof dir, ".");
+        snprintf(base, sizeof base, "%s.", prefix);
+    }
+    DIR *d = opendir(dir[0] ? dir : "/");
+    if (!d) return -1;
+    long best = -1;
+    size_t blen = strlen(base);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, base, blen) != 0) continue;
+        char *end = NULL;
+        long step = strtol(e->d_name + blen, &end, 10);
+        if (end != e->d_name + blen && strcmp(end, ".bin") == 0 && step > best) best = step;
+    }
+    closedir(d);
+    return best;
+}
+
+/* 0: read; -1: cut or foreign. */
+static int read_series(const char *prefix, long step, double *all, int ntotal) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s.%ld.bin", prefix, step);
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    long got_step = -1;
+    int got = 0;
+    unsigned magic = 0;
+    int ok = fread(&got_step, sizeof got_step, 1, f) == 1 && got_step == step &&
+             fread(&got, sizeof got, 1, f) == 1 && got == ntotal &&
+             fread(all, sizeof *all, (size_t)ntotal, f) == (size_t)ntotal &&
+             fread(&magic, sizeof magic, 1, f) == 1 && magic == MAGIC;
+    fclose(f);
+    return ok ? 0 : -1;
+}
+
 static void initial(double *u, int rank, int n) {
     for (int i = 1; i <= n; i++) {
         long global = (long)rank * n + (i - 1);
@@ -98,16 +169,19 @@ int main(int argc, char **argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     int term = argc == 6 && strcmp(argv[1], "term") == 0;
     int periodic = argc == 7 && strcmp(argv[1], "periodic") == 0;
-    if (!term && !periodic) {
+    int series = (argc == 7 || argc == 8) && strcmp(argv[1], "series") == 0;
+    if (!term && !periodic && !series) {
         if (rank == 0)
             fprintf(stderr, "usage: stopapp term STEPS SLEEP_MS PREFIX OUT\n"
-                            "       stopapp periodic STEPS SLEEP_MS PREFIX OUT EVERY\n");
+                            "       stopapp periodic STEPS SLEEP_MS PREFIX OUT EVERY\n"
+                            "       stopapp series STEPS SLEEP_MS PREFIX OUT EVERY [PIECE_MS]\n");
         MPI_Finalize();
         return 2;
     }
     long steps = atol(argv[2]), sleep_ms = atol(argv[3]);
     const char *prefix = argv[4], *out = argv[5];
-    long every = periodic ? atol(argv[6]) : 0;
+    long every = (periodic || series) ? atol(argv[6]) : 0;
+    long piece_ms = series && argc == 8 ? atol(argv[7]) : 300;
 
     signal(SIGUSR1, SIG_IGN);
     if (term) {
@@ -124,16 +198,41 @@ int main(int argc, char **argv) {
     double *u = calloc((size_t)n + 2, sizeof *u), *next = calloc((size_t)n + 2, sizeof *u);
     if (!u || !next) MPI_Abort(MPI_COMM_WORLD, 1);
     long start = 0;
-    int got = read_restart(prefix, rank, &start, u + 1, n), worst = 0;
+    double *all = rank == 0 ? malloc((size_t)n * size * sizeof *all) : NULL;
+    if (rank == 0 && !all) MPI_Abort(MPI_COMM_WORLD, 1);
+    if (series) {
+        long newest = rank == 0 ? newest_series(prefix) : -1;
+        int bad = 0;
+        if (rank == 0 && newest >= 0) bad = read_series(prefix, newest, all, n * size) != 0;
+        MPI_Bcast(&newest, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+        MPI_Bcast(&bad, 1, MPI_INT, 0, MPI_COMM_WORLD);
+        if (bad) {
+            if (rank == 0) fprintf(stderr, "stopapp: %s.%ld.bin is cut\n", prefix, newest);
+            MPI_Abort(MPI_COMM_WORLD, 3);
+        }
+        if (newest >= 0) {
+            MPI_Scatter(all, n, MPI_DOUBLE, u + 1, n, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+            start = newest;
+            if (rank == 0) printf("stopapp: resuming after step %ld\n", start);
+        } else {
+            initial(u, rank, n);
+            if (rank == 0) printf("stopapp: starting from the beginning\n");
+        }
+        fflush(stdout);
+    }
+    int got = series ? 0 : read_restart(prefix, rank, &start, u + 1, n), worst = 0;
     MPI_Allreduce(&got, &worst, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     int best = 0;
     MPI_Allreduce(&got, &best, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     const char *resume = getenv("HPCCKPT_RESTART");
-    if (worst < 0 || worst != best || (resume && strcmp(resume, "1") == 0 && best != 0)) {
+    if (!series &&
+        (worst < 0 || worst != best || (resume && strcmp(resume, "1") == 0 && best != 0))) {
         if (rank == 0) fprintf(stderr, "stopapp: restart files missing or cut\n");
         MPI_Abort(MPI_COMM_WORLD, 3);
     }
-    if (best == 0) {
+    if (series) {
+        /* read above */
+    } else if (best == 0) {
         long lo = start, hi = start;
         MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_LONG, MPI_MIN, MPI_COMM_WORLD);
         MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_LONG, MPI_MAX, MPI_COMM_WORLD);
@@ -172,6 +271,16 @@ int main(int argc, char **argv) {
                 fflush(stdout);
             }
         }
+        if (series && done % every == 0 && done < steps) {
+            MPI_Gather(u + 1, n, MPI_DOUBLE, all, n, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+            int err = rank == 0 ? write_series(prefix, done, all, n * size, piece_ms) : 0;
+            if (rank == 0) {
+                printf("stopapp: restart file %s.%ld.bin written%s\n", prefix, done,
+                       err ? " (FAILED)" : "");
+                fflush(stdout);
+            }
+            MPI_Barrier(MPI_COMM_WORLD);
+        }
         if (term) {
             int want = stop_signals > 0, any = 0;
             MPI_Allreduce(&want, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
@@ -193,7 +302,6 @@ int main(int argc, char **argv) {
         }
     }
 
-    double *all = rank == 0 ? malloc((size_t)n * size * sizeof *all) : NULL;
     MPI_Gather(u + 1, n, MPI_DOUBLE, all, n, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     if (rank == 0) {
         FILE *f = fopen(out, "wb");

@@ -173,11 +173,18 @@ class AppMode:
             return
         self.register(cost, stop=False)
 
-    def register(self, cost: float | None, stop: bool) -> bool:
-        """Keep the complete set aside (checksummed); one log line and one event."""
+    def register(
+        self,
+        cost: float | None,
+        stop: bool,
+        paths: list[str] | None = None,
+        **fields: Any,
+    ) -> bool:
+        """Keep the complete set aside (checksummed; ``paths``: only these files, one
+        write of a series); one log line and one event (``fields`` added to it)."""
         ctx = self.ctx
         try:
-            got = self.files.register(attempt=self.attempt, seconds=cost)
+            got = self.files.register(attempt=self.attempt, seconds=cost, paths=paths)
         except OSError as exc:
             ctx.log(f"warning: cannot keep the restart files aside: {exc}", WARN)
             ctx.event(events.RESTART_SET_FAILED, error=str(exc), stop=stop)
@@ -194,6 +201,7 @@ class AppMode:
             bytes=got.bytes,
             seconds=None if cost is None else round(cost, 6),
             stop=stop,
+            **fields,
         )
         return True
 

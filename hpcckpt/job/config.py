@@ -28,6 +28,7 @@ from hpcckpt.slurm.runner import REQUEUE_TIMEOUT
 __all__ = [
     "EXIT_CONTINUE_FAILED",
     "EXIT_INTERNAL",
+    "EXIT_NO_PROGRESS",
     "EXIT_NOT_EXECUTABLE",
     "EXIT_NOT_FOUND",
     "EXIT_NO_FINISH",
@@ -45,6 +46,7 @@ __all__ = [
 
 EXIT_USAGE = 2
 EXIT_CONTINUE_FAILED = 3  # requeue or chain submission failed (the checkpoint is safe)
+EXIT_NO_PROGRESS = 4  # runs in a row stopped before keeping anything new: not continued
 EXIT_INTERNAL = 70  # the wrapper itself failed (EX_SOFTWARE)
 EXIT_NOT_EXECUTABLE = 126
 EXIT_NOT_FOUND = 127

@@ -15,8 +15,8 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping
 
-from hpcckpt.job import budget, poison
-from hpcckpt.job.config import EXIT_CONTINUE_FAILED, WrapperConfig
+from hpcckpt.job import budget, poison, stalled
+from hpcckpt.job.config import EXIT_CONTINUE_FAILED, EXIT_NO_PROGRESS, WrapperConfig
 from hpcckpt.job.outcome import EXIT_OK, StepResult, crash_exit_code
 from hpcckpt.job.reporting import DETAIL, WARN, Reporter
 from hpcckpt.rundir import events
@@ -156,19 +156,51 @@ class Continuation:
         cont = self.continue_job("crash", step)
         return EXIT_OK if cont == EXIT_OK else cont
 
-    def after_stop(self, step: int | None) -> int:
-        """The application checkpointed on a stop request: continue the job later."""
+    def after_stop(self, step: int | None, facts: stalled.RunFacts | None = None) -> int:
+        """The step stopped: continue the job later, unless runs in a row stopped before
+        keeping anything new (:mod:`hpcckpt.job.stalled`); ``facts``: the run's numbers
+        for that message."""
+        facts = facts if facts is not None else stalled.RunFacts()
+        try:
+            log: list | None = list(events.read_events(self.config.ckpt_dir))
+        except OSError:
+            log = None
+        decision = stalled.decide_after_stop(log, attempt=self.attempt, facts=facts)
         at_step = f" at step {step}" if step is not None else ""
+        said = (
+            f"stopped{at_step} after checkpoint"
+            if decision.progress
+            else f"stopped{at_step}; nothing new was kept ({decision.kept})"
+        )
         how = self.how
         if how is None:
             why = "requeue disabled (--no-requeue)" if self.slurm_env.in_job else "outside Slurm"
-            self.reporter.log(f"stopped{at_step} after checkpoint; run again to resume ({why})")
-            self.reporter.event(events.STOPPED, step=step, requeued=False, reason=why)
+            self.reporter.log(f"{said}; run again to resume ({why})")
+            self.reporter.event(
+                events.STOPPED, step=step, requeued=False, reason=why, progress=decision.progress
+            )
             return EXIT_OK
         if self._cancelled(EXIT_OK):
             return EXIT_OK
-        self.reporter.log(f"stopped{at_step} after checkpoint")
-        return self.continue_job("stop", step)
+        self.reporter.log(said)
+        if decision.give_up:
+            self.reporter.log(decision.message, WARN)
+            self.reporter.event(
+                events.GIVE_UP,
+                cause=stalled.STALLED_CAUSE,
+                reason=decision.message,
+                stalled_runs=decision.stalled,
+                max_stalled=stalled.MAX_STALLED_STOPS,
+                run_seconds=_rounded(facts.run_seconds),
+                stop_before_end=_rounded(facts.stop_before_end),
+                first_write=_rounded(facts.first_write),
+                write_cut=facts.write_cut,
+                wrapper_exit=EXIT_NO_PROGRESS,
+            )
+            return EXIT_NO_PROGRESS
+        if decision.message:
+            self.reporter.log(decision.message, WARN)
+        return self.continue_job("stop", step, progress=decision.progress)
 
     def _cancelled(self, code: int) -> bool:
         """After a TERM: was the job cancelled (``scancel``)? Then say so and do not continue
@@ -193,16 +225,18 @@ class Continuation:
         self.reporter.event(events.CANCELLED, job_id=job, wrapper_exit=code)
         return True
 
-    def continue_job(self, cause: str, step: int | None) -> int:
-        """Requeue this job or submit the next link of the chain; 0 or EXIT_CONTINUE_FAILED."""
+    def continue_job(self, cause: str, step: int | None, *, progress: bool = True) -> int:
+        """Requeue this job or submit the next link of the chain; 0 or EXIT_CONTINUE_FAILED.
+        ``progress``: the run kept something new (recorded in the event, counted by
+        :func:`hpcckpt.job.stalled.stalled_stops`)."""
         job = self.slurm_env.job_id
         assert job is not None
         at_step = f" at step {step}" if step is not None else ""
         if self.how == "chain":
-            return self._chain(job, cause, step, at_step)
+            return self._chain(job, cause, step, at_step, progress)
         target = jobid.target(self.environ) or job  # an array task: <array job id>_<task id>
         self.reporter.log(f"requeueing job {target} (scontrol requeue)")
-        if not self._recorded(events.REQUEUE, "requeueing", job, step, cause):
+        if not self._recorded(events.REQUEUE, "requeueing", job, step, cause, progress):
             return EXIT_CONTINUE_FAILED
         try:
             slurm.requeue(target, timeout=self.config.requeue_timeout, environ=self.environ)
@@ -222,22 +256,27 @@ class Continuation:
         )
         return EXIT_OK
 
-    def _recorded(self, kind: str, doing: str, job: str, step: int | None, cause: str) -> bool:
+    def _recorded(
+        self, kind: str, doing: str, job: str, step: int | None, cause: str, progress: bool
+    ) -> bool:
         """Record the continuation; after a crash it must be recorded (the restart budget
         counts restarts from the log), else the job does not continue."""
-        if self.reporter.event(kind, job_id=job, step=step, cause=cause) or cause != "crash":
+        fields = {} if progress else {"progress": False}
+        if self.reporter.event(kind, job_id=job, step=step, cause=cause, **fields):
+            return True
+        if cause != "crash":
             return True
         self.reporter.log(
             f"not {doing} after a crash: the restart could not be counted in the log", WARN
         )
         return False
 
-    def _chain(self, job: str, cause: str, step: int | None, at_step: str) -> int:
+    def _chain(self, job: str, cause: str, step: int | None, at_step: str, progress: bool) -> int:
         after = jobid.target(self.environ) or job  # an array task: <array job id>_<task id>
         self.reporter.log(
             f"submitting the next job of the chain (sbatch --dependency=afterany:{after})"
         )
-        if not self._recorded(events.CHAIN, "chaining", job, step, cause):
+        if not self._recorded(events.CHAIN, "chaining", job, step, cause, progress):
             return EXIT_CONTINUE_FAILED
         try:
             new, spec, count = chain.submit_next(
@@ -262,3 +301,7 @@ class Continuation:
             events.CHAIN_SUBMITTED, job_id=job, next_job=new, chain_next=count, cause=cause
         )
         return EXIT_OK
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)

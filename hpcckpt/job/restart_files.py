@@ -17,7 +17,14 @@ directory):
   that rewrites its file in place (``open(..., "w")``) would truncate a hard link too.
 - **checked at start** (:meth:`RestartFiles.ensure_good`): the live files are compared
   with the newest manifest; if any is missing or differs (the previous attempt died
-  while writing), the newest good set is copied back first.
+  while writing), the damaged file is moved aside and the newest good set is copied back.
+- **cut files of a series set aside** (:meth:`RestartFiles.set_aside_cut`): a code that
+  writes a *new* file each time (``restart.1000.bin``, ``restart.2000.bin``) and reads the
+  newest one it finds would read a file cut mid-write. So at the start, a live file that
+  is newer than the newest good set and in no kept set (its checksum matches no kept
+  copy), or that was still being written when the previous step died (``unfinished.json``,
+  written by the wrapper), is moved into ``DIR/restart-sets/cut/``: never deleted, and the
+  application's older files are never touched.
 """
 
 from __future__ import annotations
@@ -36,6 +43,10 @@ import xxhash
 
 SETS_DIR = "restart-sets"
 MANIFEST = "manifest.json"
+#: Where cut files of a series are moved at the start (under the sets directory).
+CUT_DIR = "cut"
+#: The files a write under way had touched when the step died (written by the wrapper).
+UNFINISHED = "unfinished.json"
 DEFAULT_SETTLE = 2.0
 DEFAULT_KEEP = 2
 _CHUNK = 4 << 20
@@ -163,9 +174,12 @@ class RestartFiles:
         return max(0.0, pending.last_change_wall - pending.signal_wall_ns / 1e9)
 
     # -- registering -----------------------------------------------------------------
-    def register(self, *, attempt: str, seconds: float | None) -> RegisteredSet:
-        """Checksum the live files and copy them into a new set; prune old sets."""
-        files = self.current()
+    def register(
+        self, *, attempt: str, seconds: float | None, paths: Sequence[str] | None = None
+    ) -> RegisteredSet:
+        """Checksum the live files (``paths``: only these, the files one write burst of a
+        series wrote) and copy them into a new set; prune old sets."""
+        files = sorted(paths) if paths is not None else self.current()
         if not files:
             raise OSError("no restart files match " + " ".join(self.patterns))
         newest = self.newest()
@@ -176,7 +190,9 @@ class RestartFiles:
         target.mkdir(parents=True, mode=0o700)
         entries = []
         total = 0
+        newest_ns = 0
         for i, path in enumerate(files):
+            newest_ns = max(newest_ns, os.stat(path).st_mtime_ns)
             name = f"{i:04d}-{os.path.basename(path)}"
             shutil.copy2(path, target / name)
             digest = checksum(target / name)
@@ -189,6 +205,7 @@ class RestartFiles:
             "attempt": attempt,
             "seconds": None if seconds is None else round(seconds, 6),
             "bytes": total,
+            "newest_mtime_ns": newest_ns,
             "files": entries,
         }
         tmp = target / f".{MANIFEST}.tmp"
@@ -222,16 +239,19 @@ class RestartFiles:
     # -- at start --------------------------------------------------------------------
     def verify_live(self, manifest: dict[str, Any]) -> list[str]:
         """Problems of the live files against ``manifest`` (empty: they match)."""
+        return [problem for _, problem in self._live_problems(manifest)]
+
+    def _live_problems(self, manifest: dict[str, Any]) -> list[tuple[str, str]]:
         problems = []
         for entry in manifest.get("files", []):
             path = entry["path"]
             st = _stat(path)
             if st is None:
-                problems.append(f"{path} is missing")
+                problems.append(("", f"{path} is missing"))
             elif st[0] != entry["size"]:
-                problems.append(f"{path} has {st[0]} bytes, not {entry['size']}")
+                problems.append((path, f"{path} has {st[0]} bytes, not {entry['size']}"))
             elif checksum(path) != entry["xxh3_128"]:
-                problems.append(f"{path} has a different checksum")
+                problems.append((path, f"{path} has a different checksum"))
         return problems
 
     def ensure_good(self) -> tuple[int | None, list[str]]:
@@ -249,10 +269,11 @@ class RestartFiles:
             if bad:
                 wrong.append(f"set {number} is damaged ({', '.join(bad)}); trying an older one")
                 continue
-            problems = self.verify_live(manifest)
-            if not problems:
+            found = self._live_problems(manifest)
+            if not found:
                 return number, wrong
-            wrong.extend(problems)
+            wrong.extend(problem for _, problem in found)
+            self.move_aside([path for path, _ in found if path])  # never deleted
             for entry in manifest["files"]:
                 dest = Path(entry["path"])
                 dest.parent.mkdir(parents=True, exist_ok=True)
@@ -261,3 +282,71 @@ class RestartFiles:
                 os.replace(tmp, dest)
             return number, wrong
         return None, wrong
+
+    # -- a series: files cut mid-write -------------------------------------------------
+    @property
+    def cut_dir(self) -> Path:
+        return self.sets_dir / CUT_DIR
+
+    def note_unfinished(self, paths: Sequence[str]) -> None:
+        """Record the files a write under way had touched when the step died (empty: none)."""
+        target = self.sets_dir / UNFINISHED
+        if not paths:
+            target.unlink(missing_ok=True)
+            return
+        self.sets_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = target.with_name(f".{UNFINISHED}.tmp")
+        tmp.write_text(json.dumps(sorted(paths)))
+        os.replace(tmp, target)
+
+    def cut_candidates(self) -> list[str]:
+        """Live files of the series that a step died writing (see the module doc)."""
+        kept = self.sets()
+        digests = {e["xxh3_128"] for _, _, m in kept for e in m.get("files", [])}
+        kept_paths = {e["path"] for _, _, m in kept[-1:] for e in m.get("files", [])}
+        try:
+            unfinished = set(json.loads((self.sets_dir / UNFINISHED).read_text()))
+        except (OSError, ValueError):
+            unfinished = set()
+        newest_ns = None
+        if kept:
+            manifest = kept[-1][2]
+            newest_ns = manifest.get("newest_mtime_ns") or int(manifest["time"] * 1e9)
+        out = []
+        for path in self.current():
+            if path in kept_paths:
+                continue  # a file of the newest set: ensure_good's business
+            st = _stat(path)
+            if st is None:
+                continue
+            newer = newest_ns is not None and st[1] > newest_ns
+            if not (newer or path in unfinished):
+                continue  # the application's older files are never touched
+            if checksum(path) in digests:
+                continue  # a good copy of a kept file
+            out.append(path)
+        return out
+
+    def move_aside(self, paths: Sequence[str]) -> list[tuple[str, str]]:
+        """Move ``paths`` into ``DIR/restart-sets/cut/`` (never deleted); (from, to) pairs."""
+        moved: list[tuple[str, str]] = []
+        if not paths:
+            return moved
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        target = self.cut_dir / stamp
+        target.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for path in paths:
+            dest = target / os.path.basename(path)
+            n = 1
+            while dest.exists():
+                dest = target / f"{os.path.basename(path)}.{n}"
+                n += 1
+            shutil.move(path, dest)
+            moved.append((path, str(dest)))
+        return moved
+
+    def set_aside_cut(self) -> list[tuple[str, str]]:
+        """At the start: move the series' cut files aside; (from, to) of each moved file."""
+        moved = self.move_aside(self.cut_candidates())
+        (self.sets_dir / UNFINISHED).unlink(missing_ok=True)
+        return moved

@@ -38,6 +38,7 @@ from hpcckpt.job.reporting import WARN, Reporter
 from hpcckpt.job.stop import StopRequest
 from hpcckpt.rundir import events
 from hpcckpt.rundir.env import INTERVAL_ENV
+from hpcckpt.signames import signal_name
 from hpcckpt.slurm import commands, jobid
 from hpcckpt.slurm.env import SlurmEnv
 from hpcckpt.slurm.runner import SlurmError
@@ -61,6 +62,7 @@ class StopsContext(Reporter, Protocol):
     stop: StopRequest
     app: AppMode
     child_started: float | None
+    own: OwnScheduleMode | None
 
     def handle_signal(self, signum: int, t: float | None, heard: str | None = None) -> None: ...
 
@@ -101,6 +103,12 @@ class WrapperStops:
         """The script's ``--signal`` lead when that signal may kill a non-``exec``'d shell."""
         return self.shell.signal_lead if self.shell is not None and not self.shell.exec_ok else None
 
+    def _own_rule(self) -> OwnScheduleMode | None:
+        """The application takes no signal, and no ``B:`` signal may kill the shell first:
+        the end-time stop follows its writes (job/ownlead.py)."""
+        own = self.w.own
+        return own if own is not None and self._signal_lead() is None else None
+
     def _default_cost(self) -> float:
         return endstop.DEFAULT_COST if self.w.config.app_mode else 0.0
 
@@ -118,6 +126,9 @@ class WrapperStops:
         if end is None:
             return None
         self._read_end = end.timestamp()  # the end-time stop starts from this reading
+        own = self._own_rule()
+        if own is not None:
+            return end.timestamp() - own.measured().lead() - time.time()
         got = endstop.plan(
             end.timestamp(),
             self._history(),
@@ -142,7 +153,14 @@ class WrapperStops:
         if target is None or not continues:
             return
 
+        own = w.own
+
         def fetch_end() -> float | None:
+            if own is not None and own.kill_wait is None:
+                try:
+                    own.kill_wait = commands.kill_wait(environ=w.environ)
+                except (SlurmError, ValueError):
+                    pass  # the lead then counts no KillWait
             end = commands.end_time(target, environ=w.environ)
             return None if end is None else end.timestamp()
 
@@ -173,17 +191,26 @@ class WrapperStops:
                 )
                 self._unarmed_noted = True
             return
+        own = self._own_rule()
+        words = own.describe_rule() if own is not None else plan.describe()
         if self._armed_for is None:
-            self.w.log(f"end-time stop armed: {plan.describe()}")
+            self.w.log(f"end-time stop armed: {words}")
         elif abs(plan.end - self._armed_for) >= 1.0:
             moved = plan.end - self._armed_for
             self.w.log(
                 f"the job's end time moved {'later' if moved > 0 else 'earlier'} by "
                 f"{abs(moved):.0f} s (its time limit was changed): end-time stop now "
-                f"{plan.describe()}"
+                f"{words}"
             )
             self.w.event(events.END_TIME_MOVED, end_time=round(plan.end, 3), by=round(moved, 3))
         self._armed_for = plan.end
+        if own is not None:
+            decision = own.decide(plan.end)
+            if decision is not None and (own.deferred or not self.w.stop.requested):
+                end.fired = True
+                end.close()
+                own.fire(decision)
+            return
         stop = plan.stop_at + (0.0 if self.w.config.app_mode else API_BACKSTOP)
         if time.time() < stop:
             return
@@ -243,26 +270,53 @@ class WrapperStops:
 
 
 class OwnScheduleMode:
-    """``--restart-files`` without ``--app-signal``: see :mod:`hpcckpt.job.ownschedule`."""
+    """``--restart-files`` without ``--app-signal``: see :mod:`hpcckpt.job.ownschedule`
+    (which sets are kept) and :mod:`hpcckpt.job.ownlead` (when the step ends)."""
 
     def __init__(self, wrapper: StopsContext) -> None:
         self.w = wrapper
         self.watch: Any = None
         self.ended = False
+        self.history: list[dict[str, Any]] = []
+        self.step_started = time.time()
+        self.kill_wait: float | None = None  # read by the end-time stop's reader thread
+        self.end: float | None = None  # the job's end time, once known
+        self.deferred = False  # a warning signal waits for the end-time rule
+        self.rule_fired: Any = None  # ownlead.EndDecision that ended the step
+        self.ended_at: float | None = None  # Unix seconds: when the wrapper ended the step
 
     def prepare(self, stop_in: float | None = None) -> dict[str, str]:
-        """After ``prepare_app``: start watching; the step's ``HPCCKPT_INTERVAL``, fitted to
-        the ``stop_in`` seconds left before the end-time stop."""
+        """After ``prepare_app``: set cut files of a series aside, start watching; the
+        step's ``HPCCKPT_INTERVAL``, fitted to the ``stop_in`` seconds left before the
+        end-time stop."""
         from hpcckpt.job.ownschedule import OwnScheduleWatch  # xxhash only when needed
 
         w = self.w
-        self.watch = OwnScheduleWatch(w.app.files, time.time_ns(), w.config.settle)
+        files = w.app.files
         try:
-            history = list(events.read_events(w.config.ckpt_dir))
+            moved = files.set_aside_cut()
+        except OSError as exc:
+            w.log(f"warning: cannot move cut restart files aside: {exc}", WARN)
+            moved = []
+        for src, dest in moved:
+            w.log(
+                f"restart files: {src} was being written when the last step ended and is in "
+                f"no kept set: moved aside to {dest} (the application reads the newest "
+                "complete file)"
+            )
+        if moved:
+            w.event(events.RESTART_FILES_CUT, files=[src for src, _ in moved],
+                    moved_to=[dest for _, dest in moved])  # fmt: skip
+        newest = files.newest()
+        members = None if newest is None else [e["path"] for e in newest[2].get("files", [])]
+        self.step_started = time.time()
+        self.watch = OwnScheduleWatch(files, time.time_ns(), w.config.settle, members)
+        try:
+            self.history = list(events.read_events(w.config.ckpt_dir))
         except OSError:
-            history = []
+            self.history = []
         schedule = PeriodicSchedule(
-            AUTO, start=0.0, nodes=w.slurm_env.num_nodes, mtbf=w.config.mtbf, history=history
+            AUTO, start=0.0, nodes=w.slurm_env.num_nodes, mtbf=w.config.mtbf, history=self.history
         )
         interval = schedule.exported(stop_in)
         fitted = "" if stop_in is None else f", fitted to {stop_in:.0f} s before the end-time stop"
@@ -273,27 +327,118 @@ class OwnScheduleMode:
         )
         return {INTERVAL_ENV: str(interval)}
 
+    # -- the end-time rule (job/ownlead.py) ------------------------------------------------
+    def measured(self) -> Any:
+        from hpcckpt.job import ownlead
+
+        spans = [] if self.watch is None else [(x.began, x.ended) for x in self.watch.writes]
+        return ownlead.measured(self.history, spans, kill_wait=self.kill_wait)
+
+    def describe_rule(self) -> str:
+        """The armed line's words."""
+        m = self.measured()
+        return (
+            "the application takes no signal: the step ends right after a complete restart "
+            "write when the next one could not end in time, at the latest "
+            f"{m.lead():.0f} s before the job's end time ({m.describe()})"
+        )
+
+    def decide(self, end: float, now: float | None = None) -> Any:
+        """ownlead.EndDecision when the step should end now, else None."""
+        from hpcckpt.job import ownlead
+
+        self.end = end
+        watch = self.watch
+        if watch is None:
+            return None
+        last = watch.writes[-1].ended if watch.writes else None
+        return ownlead.decide(
+            time.time() if now is None else now,
+            end,
+            self.measured(),
+            settle=self.w.config.settle,
+            step_started=self.step_started,
+            last_write_end=last,
+            writing_since=watch.write_began,
+        )
+
     def stop_text(self) -> str:
-        if self.watch is not None and self.watch.writing:
+        name = self.w.stop.name
+        warning = name not in ("TERM", "INT") and name in {
+            signal_name(self.w.config.stop_signal),
+            "USR1",
+            "USR2",
+        }
+        if warning and self.end is not None and self.rule_fired is None:
+            self.deferred = True
+            return (
+                "the application takes no signal, and ending it now would only lose the work "
+                "since its last write: the step runs on until the end-time rule ends it "
+                f"({self.describe_rule()})"
+            )
+        if self.watch is not None and self.watch.writing and self.rule_fired is None:
             return (
                 "the application takes no signal: ending the step once the restart files "
                 "being written are complete"
             )
+        if self.rule_fired is not None:
+            return (
+                "the application takes no signal: ending the step now "
+                f"({self.rule_fired.lost:.0f} s of work since its last complete write is lost)"
+            )
         return "the application takes no signal: ending the step now (no restart write under way)"
+
+    def fire(self, decision: Any) -> None:
+        """The end-time rule says: end the step now (one event, then the stop request)."""
+        w = self.w
+        self.rule_fired = decision
+        left = (self.end or time.time()) - time.time()
+        w.event(
+            events.END_TIME_STOP,
+            end_time=None if self.end is None else round(self.end, 3),
+            left=round(left, 3),
+            lost=round(decision.lost, 3),
+            rule=decision.why,
+            own_schedule=True,
+        )
+        if self.deferred:
+            self.deferred = False
+            w.log(f"end-time stop: {decision.why}; ending the step now")
+            return
+        w.handle_signal(
+            int(w.config.stop_signal),
+            time.monotonic(),
+            heard=f"end-time stop ({left:.0f} s before the job's end time, {decision.why})",
+        )
 
     def tick(self) -> None:
         w = self.w
         alive = w.step_alive()
         done = self.watch.tick(alive) if self.watch is not None else None
         if done is not None:
-            w.app.register(w.app.files.cost(done), stop=False)
+            span = self.watch.writes[-1]
+            w.app.register(
+                w.app.files.cost(done),
+                stop=False,
+                paths=sorted(done.seen),
+                began=round(span.began, 3),
+                ended=round(span.ended, 3),
+                after_start=round(span.ended - self.step_started, 3),
+            )
         forwarded = w.stop.forwarded_at
         if forwarded is None or self.ended or not alive:
             return
+        if self.deferred:
+            return  # the end-time rule (WrapperStops.tick) decides
         writing = self.watch is not None and self.watch.writing
-        if writing and time.monotonic() - forwarded < w.config.restart_timeout:
+        if (
+            writing
+            and self.rule_fired is None
+            and time.monotonic() - forwarded < w.config.restart_timeout
+        ):
             return
         self.ended = True
+        self.ended_at = time.time()
         why = "the stop request" + (" (a restart write did not finish)" if writing else "")
         w.app.ended_by_wrapper = True
         w.end_step(why)
@@ -301,9 +446,32 @@ class OwnScheduleMode:
     def result(self, rc: int) -> StepResult:
         exited = describe_returncode(rc)
         w = self.w
+        if self.watch is not None and w.app.files is not None:
+            try:
+                w.app.files.note_unfinished(self.watch.unfinished)
+            except OSError as exc:
+                w.log(f"warning: cannot record the restart write under way: {exc}", WARN)
+        if self.ended_at is None:
+            self.ended_at = time.time()
         if w.stop.forwarded:
             how = "ended by the wrapper" if w.app.ended_by_wrapper else exited
             return StepResult(Outcome.STOPPED, rc, None, f"stopped on request; {how}")
         if rc == 0:
             return StepResult(Outcome.FINISHED, rc, None, f"{exited} without a stop request")
         return StepResult(Outcome.CRASHED, rc, None, exited)
+
+    def facts(self, wrapper_started: float) -> Any:
+        """The run's numbers for the no-progress decision (job/stalled.py)."""
+        from hpcckpt.job.stalled import RunFacts
+
+        watch = self.watch
+        first = None
+        if watch is not None and watch.first_seen is not None:
+            first = watch.first_seen - self.step_started
+        ended = self.ended_at or time.time()
+        return RunFacts(
+            run_seconds=None if self.end is None else self.end - wrapper_started,
+            stop_before_end=None if self.end is None else self.end - ended,
+            first_write=first,
+            write_cut=bool(watch is not None and watch.unfinished),
+        )

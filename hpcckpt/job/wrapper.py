@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 from hpcckpt import procfs
-from hpcckpt.job import delivery, hang, leadtime, poison, relaunch, step
+from hpcckpt.job import delivery, hang, leadtime, poison, relaunch, stalled, step
 from hpcckpt.job.appmode import AppMode
 from hpcckpt.job.config import (
     EXIT_INTERNAL,
@@ -642,6 +642,28 @@ class Wrapper:
             self.stops.preempted_app_stop(rc)  # Slurm's TERM went to the tasks directly
         return self.app.outcome(rc, stop_sent=self.stop.forwarded)
 
+    def _run_facts(self) -> stalled.RunFacts:
+        """What this run shows, for the no-progress decision (job/stalled.py)."""
+        started = time.time() - self.elapsed()
+        if self.own is not None:
+            return self.own.facts(started)
+        plan = self.stops.end.plan if self.stops is not None and self.stops.end else None
+        end = None if plan is None else plan.end
+        timing = {
+            "run_seconds": None if end is None else end - started,
+            "stop_before_end": None if end is None else end - time.time(),
+        }
+        if self.config.app_mode:  # --app-signal: seen only through --restart-files
+            return stalled.RunFacts(observable=bool(self.config.restart_files), **timing)
+        try:
+            log = events.read_events(self.config.ckpt_dir)
+            ran = any(
+                e.get("event") == events.START and e.get("attempt") == self.attempt for e in log
+            )
+        except OSError:
+            ran = False
+        return stalled.RunFacts(restart_files=False, observable=ran, **timing)
+
     def finish(self, rc: int) -> int:
         if self.stop.held:
             self.log(
@@ -672,7 +694,7 @@ class Wrapper:
                     f"note: the step ended with {describe_returncode(rc)} after {what} "
                     "complete: a stop, not a crash"
                 )
-            return self.continuing.after_stop(step)
+            return self.continuing.after_stop(step, self._run_facts())
         if result.outcome is Outcome.POISONED:  # rejected state: never requeue into it
             return self.continuing.after_poison(result, step)
         runtime = time.monotonic() - (self.child_started or self.t0)

@@ -64,6 +64,15 @@ def show_job(
     return parse.parse_show_job(out)
 
 
+def kill_wait(
+    *, timeout: float = QUERY_TIMEOUT, environ: Env = None, env: Env = None
+) -> float | None:
+    """Slurm's ``KillWait`` (``scontrol show config``): seconds from the TERM at the time
+    limit to the SIGKILL. None when scontrol does not say."""
+    out = _run("scontrol", ["show", "config"], timeout, environ, env)
+    return parse.config_seconds(out, "KillWait")
+
+
 def requeue_allowed(
     job: str, *, timeout: float = QUERY_TIMEOUT, environ: Env = None, env: Env = None
 ) -> bool | None:

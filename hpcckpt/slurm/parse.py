@@ -48,6 +48,21 @@ def parse_show_job(text: str) -> dict[str, str]:
     return info
 
 
+def config_seconds(text: str, key: str) -> float | None:
+    """A duration of ``scontrol show config`` (``KillWait = 30 sec``) in seconds; None when
+    the key is missing or its value is not ``N sec``."""
+    for line in text.splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name.strip() == key:
+            words = value.split()
+            if len(words) == 2 and words[1] == "sec" and words[0].isdigit():
+                return float(words[0])
+            if len(words) == 1 and words[0].isdigit():
+                return float(words[0])
+            return None
+    return None
+
+
 def requeue_allowed(job: Mapping[str, str]) -> bool | None:
     """``scontrol show job`` fields: may the job be requeued (``Requeue=1``)? None when
     they do not say. ``Requeue=0``: submitted with ``--no-requeue``, or without

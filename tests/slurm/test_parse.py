@@ -70,3 +70,11 @@ def test_is_cancelled(state, reason, cancelled):
 )
 def test_requeue_allowed(fields, allowed):
     assert parse.requeue_allowed({"JobId": "7", **fields}) is allowed
+
+
+def test_config_seconds_reads_killwait_from_scontrol_show_config():
+    text = "Configuration data as of 2026-11-26T05:00:00\nInactiveLimit           = 0 sec\n"
+    text += "KillWait                = 30 sec\nKillOnBadExit           = 0\n"
+    assert parse.config_seconds(text, "KillWait") == 30.0
+    assert parse.config_seconds(text, "MessageTimeout") is None
+    assert parse.config_seconds("KillWait = (null)\n", "KillWait") is None

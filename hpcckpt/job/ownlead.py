@@ -1,0 +1,166 @@
+"""When to end the step of an application that takes no signal: a lead that fits it.
+
+Such a code writes restart files on its own schedule and dies on TERM. Ending its step
+early saves nothing it has not written: the work since its last complete write is lost
+however the step ends. So the wrapper ends the step only
+
+- **right after a complete write, when the next one could not end in time**: the next
+  write is expected ``period x 1.25`` after the last one ended, and known complete
+  ``settle`` seconds and one poll later; if that is past the latest stop, the step ends
+  now and loses (almost) nothing;
+- **at the latest stop**, ``lead`` seconds before the job's end time, where ``lead =
+  max(0, take-down + requeue - KillWait) + 5 s``: the time to take the step down (TERM
+  ends such a code at once: 2 s) and to requeue (measured: from a ``step_end`` to its
+  ``requeue`` event; 5 s before any) that Slurm's ``KillWait`` after its own TERM at the
+  limit does not already give, plus 5 s for end times in whole seconds and a poll. A write
+  under way then may finish when its measured duration says it ends before the end time.
+
+Never before the application's first write when there is time for it: with no write seen
+in a run, only the latest stop ends it. The numbers: the write period (median of the last
+few starts-to-start within one run) and duration (the longest recent write) from the
+``restart_set`` events and this run's writes, KillWait from ``scontrol show config``.
+
+Pure functions: no I/O here.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hpcckpt.rundir import events as ev
+
+#: Seconds to take a step that takes no signal down (TERM ends it at once).
+TAKEDOWN = 2.0
+#: Seconds the wrapper needs to requeue, before one was measured.
+DEFAULT_REQUEUE = 5.0
+#: End times come in whole seconds and the wrapper looks once a second.
+SLACK = 5.0
+#: The next write is expected this many periods after the last one.
+PERIOD_SAFETY = 1.25
+#: One pass of the wrapper's main loop.
+POLL = 1.0
+#: How many recent writes (and requeues) the numbers come from.
+RECENT = 5
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What the wrapper knows of the application's writes and of Slurm (None: not known)."""
+
+    period: float | None = None  # seconds from one write's start to the next's
+    duration: float | None = None  # the longest recent write
+    requeue: float | None = None  # the longest recent requeue (step end -> requeue event)
+    kill_wait: float | None = None  # Slurm's KillWait
+
+    def lead(self) -> float:
+        """Seconds before the end time of the latest stop (see the module doc)."""
+        requeue = self.requeue if self.requeue is not None else DEFAULT_REQUEUE
+        return max(0.0, TAKEDOWN + requeue - (self.kill_wait or 0.0)) + SLACK
+
+    def describe(self) -> str:
+        """The numbers used, in words."""
+        kw = "unknown" if self.kill_wait is None else f"{self.kill_wait:g} s"
+        rq = (
+            f"{DEFAULT_REQUEUE:g} s, default"
+            if self.requeue is None
+            else f"{self.requeue:.1f} s, measured"
+        )
+        if self.period is None and self.duration is None:
+            writes = "no write period measured yet"
+        else:
+            period = "unknown" if self.period is None else f"{self.period:.1f} s"
+            dur = "unknown" if self.duration is None else f"{self.duration:.1f} s"
+            writes = f"write period {period}, write duration {dur}, measured"
+        return f"KillWait {kw}, requeue {rq}, take-down {TAKEDOWN:g} s; {writes}"
+
+
+def measured(
+    history: Iterable[Mapping[str, Any]],
+    spans: Sequence[tuple[float, float]] = (),
+    *,
+    kill_wait: float | None = None,
+) -> Measured:
+    """The numbers from the event log and this run's writes (``spans``: (began, ended),
+    Unix seconds, in order)."""
+    by_attempt: dict[Any, list[tuple[float, float]]] = {}
+    ends: dict[Any, float] = {}
+    requeues: list[float] = []
+    for record in history:
+        kind = record.get("event")
+        if kind == ev.RESTART_SET and isinstance(record.get("began"), (int, float)):
+            ended = record.get("ended", record["began"])
+            by_attempt.setdefault(record.get("attempt"), []).append(
+                (float(record["began"]), float(ended))
+            )
+        elif kind == ev.STEP_END and isinstance(record.get("time"), (int, float)):
+            ends[record.get("attempt")] = float(record["time"])
+        elif kind == ev.REQUEUE and record.get("attempt") in ends:
+            took = float(record.get("time", 0.0)) - ends[record.get("attempt")]
+            if 0 <= took < 600:
+                requeues.append(took)
+    runs = [*by_attempt.values(), list(spans)]
+    periods: list[float] = []
+    durations: list[float] = []
+    for run in runs:
+        durations.extend(max(0.0, e - b) for b, e in run)
+        periods.extend(b2 - b1 for (b1, _), (b2, _) in zip(run, run[1:], strict=False))
+    recent = [p for p in periods if p > 0][-RECENT:]
+    return Measured(
+        period=statistics.median(recent) if recent else None,
+        duration=max(durations[-RECENT:]) if durations else None,
+        requeue=max(requeues[-RECENT:]) if requeues else None,
+        kill_wait=kill_wait,
+    )
+
+
+@dataclass(frozen=True)
+class EndDecision:
+    why: str  # the log line's reason, with the numbers it used
+    lost: float  # seconds of work since the last complete write (or the step's start)
+
+
+def decide(
+    now: float,
+    end: float,
+    m: Measured,
+    *,
+    settle: float,
+    step_started: float,
+    last_write_end: float | None,
+    writing_since: float | None,
+) -> EndDecision | None:
+    """End the step now? None: not yet. All times are Unix seconds."""
+    latest = end - m.lead()
+    since = now - (last_write_end if last_write_end is not None else step_started)
+    if writing_since is not None:
+        if now < latest:
+            return None
+        if m.duration is not None and writing_since + m.duration + settle <= end:
+            return None  # it ends before the job does: it will be kept
+        return EndDecision(
+            f"{end - now:.0f} s before the job's end time, the latest stop ({m.lead():.0f} s "
+            f"lead: {m.describe()}); a write under way since "
+            f"{now - writing_since:.0f} s cannot end before the end time",
+            since,
+        )
+    if now >= latest:
+        return EndDecision(
+            f"{end - now:.0f} s before the job's end time, the latest stop ({m.lead():.0f} s "
+            f"lead: {m.describe()}); no write under way",
+            since,
+        )
+    if last_write_end is None or m.period is None:
+        return None
+    next_known = last_write_end + m.period * PERIOD_SAFETY + settle + POLL
+    if next_known <= latest:
+        return None
+    return EndDecision(
+        f"right after a complete write ({since:.0f} s ago): the next one (every "
+        f"{m.period:.1f} s) would be complete {next_known - now:.0f} s from now, after the "
+        f"latest stop {latest - now:.0f} s from now ({m.lead():.0f} s before the job's end "
+        f"time: {m.describe()})",
+        since,
+    )
