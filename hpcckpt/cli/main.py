@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from hpcckpt._version import __version__
-from hpcckpt.cli import cluster, interval, report, run, store
+from hpcckpt.cli import cluster, interval, mirror, report, run, store
 from hpcckpt.job import early_signals
 
 WRAPPER_COMMANDS = {"run", "srun"}
@@ -27,6 +27,7 @@ def cli(ctx: click.Context) -> None:
 
     \b
     Inspect checkpoints:   hpcckpt ls DIR, hpcckpt verify DIR
+    The mirror:            hpcckpt mirror ls|verify|pull MIRROR
     Choose an interval:    hpcckpt interval --mtbf 12h --cost 5m
     Try it locally:        hpcckpt cluster up
     """
@@ -35,6 +36,6 @@ def cli(ctx: click.Context) -> None:
         early_signals.release()
 
 
-for _module in (run, cluster, interval, store, report):
+for _module in (run, cluster, interval, store, mirror, report):
     for _command in _module.COMMANDS:
         cli.add_command(_command)

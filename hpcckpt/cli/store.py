@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from hpcckpt.cli.mirror import MIRROR_OPTION, open_mirror, tiers_text
 from hpcckpt.report.format import size
 
 _DIR = click.argument(
@@ -36,8 +37,9 @@ def _when(t: float | None) -> str:
 
 @click.command("ls")
 @_DIR
+@MIRROR_OPTION
 @_JSON
-def ls_command(directory: Path, as_json: bool) -> None:
+def ls_command(directory: Path, mirror_url: str | None, as_json: bool) -> None:
     """List the checkpoints in DIR, oldest first.
 
     \b
@@ -57,12 +59,25 @@ def ls_command(directory: Path, as_json: bool) -> None:
                save deletes it
 
     \b
-    Example:
+    With a mirror (--mirror, or $HPCCKPT_MIRROR), a TIERS column says where each
+    checkpoint is: "dir" (this directory), "mirror" (verified on the mirror),
+    or the tier's status where it is not good there ("mirror:bad",
+    "mirror:incomplete"...); checkpoints only the mirror holds are listed too,
+    with STATUS "absent" ('hpcckpt mirror pull' fetches one). --json gives each
+    row's "tiers": {"directory": status, "mirror": status or null}.
+
+    \b
+    Examples:
       hpcckpt ls $SCRATCH/run1/ckpt
+      hpcckpt ls $SCRATCH/run1/ckpt --mirror s3://ckpts/run1
     """
     from hpcckpt.store import catalog
 
     rows = catalog.list_directory(directory)
+    backend = open_mirror(mirror_url) if mirror_url else None
+    unreachable = catalog.with_tiers(directory, rows, backend)
+    if unreachable:
+        click.echo(f"the mirror could not be listed: {unreachable}", err=True)
     if as_json:
         _emit(rows)
         return
@@ -72,6 +87,7 @@ def ls_command(directory: Path, as_json: bool) -> None:
     click.echo(
         f"{'STEP':>10}  {'TIME (UTC)':20}  {'FILE SIZE':>10}  {'RANKS':>5}  {'KIND':11}  "
         f"{'BASE':>10}  {'DIRTY':>6}  {'ARRAYS WRITTEN':>14}  STATUS"
+        + (f"    {'TIERS':18}" if backend else "")
     )
     for row in rows:
         step = "-" if row["step"] is None else str(row["step"])
@@ -83,7 +99,9 @@ def ls_command(directory: Path, as_json: bool) -> None:
             f"{row['kind'] or '-':11}  {base:>10}  {dirty:>6}  {size(row['written']):>14}  "
             f"{row['status']}"
         )
-        if row["status"] in ("bad", "rejected") and row["reason"]:
+        if backend:
+            line = f"{line:<{len(line) - len(row['status']) + 10}}{tiers_text(row['tiers']):18}"
+        if row["status"] in ("bad", "rejected", "absent") and row["reason"]:
             line += f"  ({row['reason'][:80]})"
         click.echo(line)
 
@@ -91,8 +109,11 @@ def ls_command(directory: Path, as_json: bool) -> None:
 @click.command("inspect")
 @_DIR
 @click.argument("step", type=int, required=False)
+@MIRROR_OPTION
 @_JSON
-def inspect_command(directory: Path, step: int | None, as_json: bool) -> None:
+def inspect_command(
+    directory: Path, step: int | None, mirror_url: str | None, as_json: bool
+) -> None:
     """Show what the checkpoint of STEP in DIR holds (default: the newest).
 
     \b
@@ -103,7 +124,9 @@ def inspect_command(directory: Path, step: int | None, as_json: bool) -> None:
     Scalars: the values of rank 0, or one value per rank where ranks differ.
     Meta: the attributes of /meta (format version, step, time in ISO 8601 UTC,
     reason...; --json gives the time as Unix seconds). Reads structure and scalars
-    only; 'hpcckpt verify' checks the data.
+    only; 'hpcckpt verify' checks the data. Tiers: where the checkpoint is, the
+    directory and, with --mirror (or $HPCCKPT_MIRROR), its copy on the mirror:
+    status there, when it was mirrored, its checksum.
 
     \b
     Example:
@@ -113,9 +136,13 @@ def inspect_command(directory: Path, step: int | None, as_json: bool) -> None:
     from hpcckpt.store.errors import CheckpointError
 
     try:
-        info = catalog.describe(catalog.find(directory, step))
+        path = catalog.find(directory, step)
+        info = catalog.describe(path)
     except (FileNotFoundError, CheckpointError) as exc:
         raise click.ClickException(str(exc)) from None
+    info["tiers"] = {"directory": str(path)}
+    if mirror_url:
+        info["tiers"]["mirror"] = catalog.mirror_tier(path, open_mirror(mirror_url))
     if as_json:
         _emit(info)
         return
@@ -125,6 +152,14 @@ def inspect_command(directory: Path, step: int | None, as_json: bool) -> None:
     )
     if info["chain"]:
         click.echo(f"incremental: built on {', '.join(info['chain'])}")
+    click.echo("tiers:")
+    click.echo(f"  directory: {info['tiers']['directory']}")
+    if "mirror" in info["tiers"]:
+        m = info["tiers"]["mirror"]
+        state = m["status"] or "not mirrored"
+        detail = f", mirrored {_when(m['mirrored_at'])}" if m.get("mirrored_at") else ""
+        why = f" ({m['reason']})" if m["status"] != "good" and m.get("reason") else ""
+        click.echo(f"  mirror: {m['url']}: {state}{detail}{why}")
     click.echo("arrays:")
     for a in info["arrays"]:
         dist = ", distributed" if a["distributed"] else ""

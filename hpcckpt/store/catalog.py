@@ -10,13 +10,19 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hpcckpt.store import layout
+from hpcckpt.store import layout, mirror
 from hpcckpt.store.errors import CheckpointError
+from hpcckpt.store.mirror_backend import MirrorBackend, MirrorUnavailable
 from hpcckpt.store.reader import CheckpointReader
+from hpcckpt.store.retention import checkpoint_chain
 from hpcckpt.store.state_tree import scalar_leaves
 
 GOOD, BAD, PARTIAL = "good", "bad", "partial"
 REJECTED = "rejected"  # kept aside by the poisoned-state guard, never restored
+ABSENT = "absent"  # not in the directory (a row of a checkpoint only the mirror holds)
+#: A tier's status when the mirror holds another checkpoint under the same name (another
+#: uid: written again after a restart from an older step), or could not be asked.
+OTHER, UNREACHABLE = "another checkpoint", "unreachable"
 
 
 def list_directory(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -75,6 +81,81 @@ def list_directory(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
     rows.extend(_rejected_rows(root))  # kept aside by the poisoned-state guard (coord/validate.py)
     rows.sort(key=lambda row: (row["step"] if row["step"] is not None else -1, row["file"]))
     return rows
+
+
+def with_tiers(
+    directory: str | os.PathLike[str],
+    rows: list[dict[str, Any]],
+    backend: MirrorBackend | None,
+) -> str | None:
+    """Add each row's ``tiers``: where the checkpoint is and its status in each.
+
+    ``tiers["directory"]`` is the row's status (None when only the mirror holds it);
+    with a mirror, ``tiers["mirror"]`` is its status there ("good", "bad", "incomplete",
+    "broken chain", "another checkpoint" of that step, None: not mirrored, or
+    "unreachable"). Checkpoints only the mirror holds get rows of their own (status
+    "absent"). Returns why the mirror could not be listed, or None.
+    """
+    for row in rows:
+        row["tiers"] = {"directory": row["status"]}
+    if backend is None:
+        return None
+    try:
+        listing = {m.name: m for m in mirror.list_mirrored(backend)}
+    except MirrorUnavailable as exc:
+        for row in rows:
+            row["tiers"]["mirror"] = UNREACHABLE
+        return str(exc)
+    root = Path(directory)
+    for row in rows:
+        m = listing.get(row["file"]) if row["status"] in (GOOD, BAD) else None
+        if m is None:
+            row["tiers"]["mirror"] = None
+            continue
+        listing.pop(row["file"])
+        same = m.uid is None or checkpoint_chain(root / row["file"])[0] in (None, m.uid)
+        row["tiers"]["mirror"] = m.status if same else OTHER
+        row["mirror_reason"] = m.reason if same else f"uid {m.uid} on the mirror"
+    for m in listing.values():
+        rows.append(
+            {
+                "step": m.step,
+                "file": m.name,
+                "size": m.size,
+                "time": m.time,
+                "ranks": None,
+                "kind": "incremental" if m.chain else "full",
+                "base": m.chain[0][1] if m.chain else None,
+                "written": None,
+                "dirty": None,
+                "status": ABSENT,
+                "reason": "only on the mirror ('hpcckpt mirror pull' fetches it)",
+                "tiers": {"directory": None, "mirror": m.status},
+                "mirror_reason": m.reason,
+            }
+        )
+    rows.sort(key=lambda row: (row["step"] if row["step"] is not None else -1, row["file"]))
+    return None
+
+
+def mirror_tier(path: Path, backend: MirrorBackend) -> dict[str, Any]:
+    """What the mirror holds of the checkpoint file ``path`` (for ``inspect``): its
+    status there (None: not mirrored), when it was mirrored, and why it is not good."""
+    try:
+        listing = {m.name: m for m in mirror.list_mirrored(backend)}
+    except MirrorUnavailable as exc:
+        return {"url": backend.url, "status": UNREACHABLE, "reason": str(exc)}
+    m = listing.get(path.name)
+    if m is None:
+        return {"url": backend.url, "status": None, "reason": "not mirrored"}
+    same = m.uid is None or checkpoint_chain(path)[0] in (None, m.uid)
+    return {
+        "url": backend.url,
+        "status": m.status if same else OTHER,
+        "reason": m.reason if same else f"uid {m.uid} on the mirror",
+        "mirrored_at": m.mirrored_at,
+        "checksum": m.to_dict()["checksum"],
+    }
 
 
 def _rejected_rows(root: Path) -> list[dict[str, Any]]:
