@@ -54,7 +54,7 @@ class PieceReader:
             )
         if out is None or out.shape != want[1] or out.dtype != info.dtype:
             out = np.empty(want[1], dtype=info.dtype)
-        found = 0
+        found, parts = 0, []
         for r in info.holders():
             piece: sharded.Box = (info.piece_offsets[r], info.rank_shapes[r])  # type: ignore[assignment]
             part = sharded.intersect(want, piece)
@@ -67,11 +67,15 @@ class PieceReader:
             )
             out[where] = sharded.strided(flat, part[1], strides)
             found += sharded.volume(part[1])
-        if found != sharded.volume(want[1]):
+            parts.append(part)
+        overlap = any(
+            sharded.intersect(a, b) is not None for i, a in enumerate(parts) for b in parts[:i]
+        )
+        if overlap or found != sharded.volume(want[1]):
             raise CorruptCheckpoint(
-                f"{self.reader.path.name}: DTensor {name!r}: the stored pieces cover "
-                f"{found} of the {sharded.volume(want[1])} elements of box {list(shape)} at "
-                f"{list(offset)}",
+                f"{self.reader.path.name}: DTensor {name!r}: the stored pieces "
+                f"{'overlap in' if overlap else f'cover {found} of the elements of'} box "
+                f"{list(shape)} at {list(offset)}",
                 culprit=self.reader.path,
             )
         return out

@@ -189,7 +189,9 @@ def main() -> int:
         result["error"] = str(exc)
         return finish(result, comm, 3)
     params = [p for _, p in sorted(model.named_parameters())]
-    result["local"] = comm.gather(sha([local(p) for p in params] + [local(m) for m in moments(opt)]))
+    result["local"] = comm.gather(
+        sha([local(p) for p in params] + [local(m) for m in moments(opt)])
+    )
     result["full"] = comm.gather(sha([full(p) for p in params] + [full(m) for m in moments(opt)]))
     return finish(result, comm, 0)
 

@@ -98,9 +98,7 @@ def main() -> int:
     try:
         if args.what == "save":
             state = {
-                "t": {
-                    k: distribute_tensor(expected(k), mesh, placements[k]) for k in SHAPES
-                },
+                "t": {k: distribute_tensor(expected(k), mesh, placements[k]) for k in SHAPES},
                 "n": 5,
             }
             if args.perturb and comm.Get_rank() == 1:
