@@ -5,9 +5,9 @@ The safetensors format is written here directly (no torch, no safetensors packag
 ``shape`` and ``data_offsets``, then the tensors' raw little-endian bytes. Each tensor
 is read from the checkpoint as its global array (every writing rank's piece, verified
 against its checksums) and written before the next is read, so memory is bounded by the
-largest tensor, not the model. Past ``max_shard_size`` the weights are split into
-``model-00001-of-0000N.safetensors`` files with the Hugging Face index
-``model.safetensors.index.json`` (``metadata.total_size``, ``weight_map``).
+largest tensor (plus one rank's piece of it), not the model. Past ``max_shard_size`` the
+weights are split into ``model-00001-of-0000N.safetensors`` files with the Hugging Face
+index ``model.safetensors.index.json`` (``metadata.total_size``, ``weight_map``).
 
 The weights are the tensors under one key of the saved state (``"model"`` by default),
 named as in the model's ``state_dict()``: ``model.load_state_dict(load_file(...))``
@@ -244,16 +244,26 @@ def weights(
 def global_shape(reader: CheckpointReader, path: str) -> tuple[int, ...]:
     """The shape of array ``path`` as one global array."""
     info = reader.arrays[path]
+    if info.dtensor_shape is not None:
+        return tuple(int(n) for n in info.dtensor_shape)
     if info.layout == "rows" and info.distributed and not info.replicated:
         return tuple(int(n) for n in info.shape)
     return tuple(int(n) for n in info.rank_shapes[0])
 
 
 def global_array(reader: CheckpointReader, path: str) -> np.ndarray:
-    """Array ``path`` as one global array, verified: a distributed array's rows from
-    every writing rank, the one copy of a replicated array; an array every rank saved
-    with the same bytes is that array, one differing between ranks has no global value."""
+    """Array ``path`` as one global array, verified: a DTensor's pieces put in place, a
+    distributed array's rows from every writing rank, the one copy of a replicated
+    array; an array every rank saved with the same bytes is that array, one differing
+    between ranks has no global value."""
     info = reader.arrays[path]
+    if info.dtensor_shape is not None:
+        whole = np.empty(info.dtensor_shape, dtype=info.dtype)
+        for rank in info.holders():
+            offset, held = info.piece_offsets[rank], info.rank_shapes[rank]
+            box = tuple(slice(o, o + n) for o, n in zip(offset, held, strict=True))  # type: ignore[arg-type]
+            whole[box] = reader.rank_array(path, rank)
+        return whole
     if info.layout == "rows" and info.distributed and not info.replicated:
         out = np.empty(info.shape, dtype=info.dtype)
         offs = info.rank_offsets

@@ -1,7 +1,7 @@
 """store/safetensors_export.py: a checkpoint's model as safetensors files, loaded with
 the safetensors package and ``load_state_dict``, bit for bit the live model's weights;
-from 1 rank and from 2 (distributed rows, replicated); shards and their index; memory
-bounded by the largest tensor."""
+from 1 rank and from 2 (distributed rows, replicated, FSDP2 DTensor shards); shards and
+their index; memory bounded by the largest tensor."""
 
 from __future__ import annotations
 
@@ -196,7 +196,7 @@ def test_bad_shard_sizes_are_refused(text):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("mode", ["rows", "replicated"])
+@pytest.mark.parametrize("mode", ["rows", "replicated", "fsdp"])
 def test_a_checkpoint_of_two_ranks_exports_the_global_weights(tmp_path, mode):
     ref = tmp_path / "live.safetensors"
     r = mpirun(2, [APP, mode, tmp_path / "ck", ref])

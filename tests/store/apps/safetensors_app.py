@@ -4,10 +4,13 @@
                                            (declared distributed, uneven split)
     safetensors_app.py replicated DIR REF  model + AdamW declared replicated
     safetensors_app.py perrank DIR REF     weights that differ between ranks, undeclared
+    safetensors_app.py fsdp DIR REF        the model sharded with FSDP2 (fully_shard, gloo):
+                                           DTensor shards, uneven rows
 
 Every rank builds the same model (seed 0, float32 and bfloat16 layers) and takes one
-AdamW step on the same batch; rank 0 writes the live model's full state_dict to REF
-(safetensors.torch.save_file) for the test to compare the export against, bit for bit.
+AdamW step on the same batch; rank 0 writes the live model's full state_dict (FSDP2:
+the gathered tensors) to REF (safetensors.torch.save_file) for the test to compare the
+export against, bit for bit.
 """
 
 import sys
@@ -48,12 +51,50 @@ def rows(n: int) -> tuple[int, int]:
     return n * cuts[rank] // cuts[-1], n * cuts[rank + 1] // cuts[-1]
 
 
-model, optim = build()
+def start_gloo() -> None:
+    import os
+    import socket
+
+    import torch.distributed as dist
+
+    port = None
+    if rank == 0:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(comm.bcast(port))
+    dist.init_process_group("gloo", rank=rank, world_size=size)
+
+
+if mode == "fsdp":
+    from torch.distributed.fsdp import fully_shard
+
+    start_gloo()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(12, 7),  # 7 rows: uneven shards on 2 ranks
+        torch.nn.LayerNorm(7),
+        torch.nn.Linear(7, 5).to(torch.bfloat16),
+    )
+    model.register_buffer("count", torch.tensor(3, dtype=torch.int64))
+    for layer in model:
+        fully_shard(layer)  # one group per dtype
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x = torch.randn(5, 12)
+    model[2](model[1](model[0](x)).to(torch.bfloat16)).float().square().mean().backward()
+    optim.step()
+else:
+    model, optim = build()
 if mode == "perrank":
     with torch.no_grad():
         model[0].weight.add_(rank)
+full = {
+    k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().contiguous()
+    for k, v in model.state_dict().items()
+}
 if rank == 0:
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, ref)
+    save_file(full, ref)
 
 if mode == "rows":
     state, distributed = {}, []
@@ -68,6 +109,9 @@ if mode == "rows":
     store.save(1, {"model": state, "step": 1})
 elif mode == "replicated":
     store = CheckpointStore(directory, comm, replicated=["model", "optim"])
+    store.save(1, {"model": model, "optim": optim, "step": 1})
+elif mode == "fsdp":
+    store = CheckpointStore(directory, comm)
     store.save(1, {"model": model, "optim": optim, "step": 1})
 elif mode == "perrank":
     store = CheckpointStore(directory, comm)
