@@ -162,10 +162,13 @@ class Checkpointer:
     ``s3://bucket/prefix``; ``$HPCCKPT_MIRROR`` for a whole job) gets a verified copy of
     every ``mirror_every``-th committed checkpoint (or one per ``mirror_interval``),
     written by a thread of rank 0 after the commit, never by the ranks' critical path,
-    within ``mirror_bandwidth``; the directory keeps a checkpoint until it is verified
-    there. ``restore`` takes the mirror's checkpoint when the directory holds nothing
-    newer that is good. ``finish()`` and a stop wait up to ``mirror_wait`` seconds for
-    the newest checkpoint to reach the mirror.
+    within ``mirror_bandwidth``, retried with a backoff up to ``mirror_retry_max``
+    seconds when the mirror refuses; the directory keeps a checkpoint until it is
+    verified there. ``restore`` takes the mirror's checkpoint when the directory holds
+    nothing newer that is good. ``finish()`` and a stop wait up to ``mirror_wait``
+    seconds (``$HPCCKPT_MIRROR_WAIT``) for the newest checkpoint to reach the mirror.
+    The mirror keeps ``mirror_keep_last`` newest, one per ``mirror_keep_every`` steps
+    and ``mirror_thinning`` tiers by age (``"6h:all,7d:1d,*:1w"``); by default, all.
     """
 
     def __init__(

@@ -42,6 +42,7 @@ from hpcckpt.rundir.env import (
     DRAIN_EVERY_ENV,
     END_TIME_ENV,
     MIRROR_ENV,
+    MIRROR_WAIT_ENV,
     REDUNDANCY_ENV,
     SIGNAL_ENV,
 )
@@ -73,6 +74,7 @@ class JobEnvironment:
     drain_every: str | None = None  # $HPCCKPT_DRAIN_EVERY
     call_timeout: str | None = None  # $HPCCKPT_CALL_TIMEOUT
     mirror: str | None = None  # $HPCCKPT_MIRROR
+    mirror_wait: str | None = None  # $HPCCKPT_MIRROR_WAIT
     log_level: int = verbosity.NORMAL  # $HPCCKPT_LOG_LEVEL
     job_id: str | None = None  # Slurm's; None outside Slurm
     nodes: int = 1  # nodes in the allocation
@@ -92,6 +94,7 @@ class JobEnvironment:
             drain_every=env.get(DRAIN_EVERY_ENV) or None,
             call_timeout=env.get(CALL_TIMEOUT_ENV) or None,
             mirror=env.get(MIRROR_ENV) or None,
+            mirror_wait=env.get(MIRROR_WAIT_ENV) or None,
             log_level=verbosity.level_from_env(env),
             job_id=slurm.job_id(env),
             nodes=slurm.node_count(env),
@@ -290,13 +293,18 @@ def tier_from_env(env: JobEnvironment, **given: Any) -> TierOptions:
 
 
 def mirror_from_env(env: JobEnvironment, **given: Any) -> MirrorOptions:
-    """The mirror from the arguments, else ``$HPCCKPT_MIRROR`` (ValueError naming the
-    variable when it is malformed)."""
-    if given.get("mirror") is None and env.mirror:
-        try:
-            return MirrorOptions(**{**given, "mirror": env.mirror})
-        except ValueError as exc:
-            raise ValueError(f"{MIRROR_ENV}={env.mirror!r}: {exc}") from None
+    """The mirror from the arguments, else ``$HPCCKPT_MIRROR`` and
+    ``$HPCCKPT_MIRROR_WAIT`` (ValueError naming the variable when it is malformed)."""
+    for key, name, text in (
+        ("mirror", MIRROR_ENV, env.mirror),
+        ("mirror_wait", MIRROR_WAIT_ENV, env.mirror_wait),
+    ):
+        if given.get(key) is None and text:
+            try:
+                MirrorOptions(**{key: text})
+            except ValueError as exc:
+                raise ValueError(f"{name}={text!r}: {exc}") from None
+            given[key] = text
     return MirrorOptions(**given)
 
 

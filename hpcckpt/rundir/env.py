@@ -38,6 +38,9 @@ CALL_TIMEOUT_ENV = "HPCCKPT_CALL_TIMEOUT"
 #: The mirror (second tier) of every Checkpointer of the job: a directory or
 #: s3://bucket/prefix (``mirror=`` wins; ``hpcckpt srun --mirror`` sets it).
 MIRROR_ENV = "HPCCKPT_MIRROR"
+#: Seconds finish() and a stop wait for the newest checkpoint to reach the mirror
+#: (``mirror_wait=`` wins; ``hpcckpt srun --mirror-wait`` sets it).
+MIRROR_WAIT_ENV = "HPCCKPT_MIRROR_WAIT"
 
 # -- chains of jobs (hpcckpt/slurm/chain.py) ------------------------------------------------
 #: This job's position in a chain of jobs (0 for the first).
