@@ -20,7 +20,9 @@
  *          RESTART_PREFIX.<step>.bin in eight pieces PIECE_MS apart (default 300), fsync'd;
  *          it never deletes the older ones. At the start rank 0 reads the file with the
  *          largest step it finds (its own "newest file" wildcard); a cut newest file is an
- *          error (exit 3), as it is for such codes.
+ *          error (exit 3), as it is for such codes. With STOPAPP_SLOW_STEP=N in the
+ *          environment, the write after step N takes 100 times longer (a big state on a
+ *          busy file system): what a test needs to have a write cut at a time limit.
  *
  * Started again (HPCCKPT_RESTART=1, or whenever every rank finds its file) it resumes
  * from the files; a cut or inconsistent file is an error (exit 3 or 4). At the end rank 0
@@ -273,7 +275,9 @@ int main(int argc, char **argv) {
         }
         if (series && done % every == 0 && done < steps) {
             MPI_Gather(u + 1, n, MPI_DOUBLE, all, n, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-            int err = rank == 0 ? write_series(prefix, done, all, n * size, piece_ms) : 0;
+            const char *slow = getenv("STOPAPP_SLOW_STEP");
+            long pause = slow && atol(slow) == done ? piece_ms * 100 : piece_ms;
+            int err = rank == 0 ? write_series(prefix, done, all, n * size, pause) : 0;
             if (rank == 0) {
                 printf("stopapp: restart file %s.%ld.bin written%s\n", prefix, done,
                        err ? " (FAILED)" : "");

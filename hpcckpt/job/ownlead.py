@@ -10,10 +10,11 @@ however the step ends. So the wrapper ends the step only
   now and loses (almost) nothing;
 - **at the latest stop**, ``lead`` seconds before the job's end time, where ``lead =
   max(0, take-down + requeue - KillWait) + 5 s``: the time to take the step down (TERM
-  ends such a code at once: 2 s) and to requeue (measured: from a ``step_end`` to its
-  ``requeue`` event; 5 s before any) that Slurm's ``KillWait`` after its own TERM at the
-  limit does not already give, plus 5 s for end times in whole seconds and a poll. A write
-  under way then may finish when its measured duration says it ends before the end time.
+  ends such a code at once: 2 s) and to requeue (``scontrol requeue``: 5 s; the wrapper
+  cannot time it, Slurm ends the run as it returns) that Slurm's ``KillWait`` after its
+  own TERM at the limit does not already give, plus 5 s for end times in whole seconds
+  and a poll. A write under way then may finish when its measured duration says it ends
+  before the end time (and it has not yet taken three times that long).
 
 Never before the application's first write when there is time for it: with no write seen
 in a run, only the latest stop ends it. The numbers: the write period (median of the last
@@ -34,15 +35,17 @@ from hpcckpt.rundir import events as ev
 
 #: Seconds to take a step that takes no signal down (TERM ends it at once).
 TAKEDOWN = 2.0
-#: Seconds the wrapper needs to requeue, before one was measured.
+#: Seconds the wrapper needs to requeue (``scontrol requeue``).
 DEFAULT_REQUEUE = 5.0
 #: End times come in whole seconds and the wrapper looks once a second.
 SLACK = 5.0
 #: The next write is expected this many periods after the last one.
 PERIOD_SAFETY = 1.25
+#: A write under way this many measured durations long is not waited for any more.
+OVERRUN = 3.0
 #: One pass of the wrapper's main loop.
 POLL = 1.0
-#: How many recent writes (and requeues) the numbers come from.
+#: How many recent writes the numbers come from.
 RECENT = 5
 
 
@@ -52,22 +55,17 @@ class Measured:
 
     period: float | None = None  # seconds from one write's start to the next's
     duration: float | None = None  # the longest recent write
-    requeue: float | None = None  # the longest recent requeue (step end -> requeue event)
+    requeue: float = DEFAULT_REQUEUE  # seconds for scontrol requeue
     kill_wait: float | None = None  # Slurm's KillWait
 
     def lead(self) -> float:
         """Seconds before the end time of the latest stop (see the module doc)."""
-        requeue = self.requeue if self.requeue is not None else DEFAULT_REQUEUE
-        return max(0.0, TAKEDOWN + requeue - (self.kill_wait or 0.0)) + SLACK
+        return max(0.0, TAKEDOWN + self.requeue - (self.kill_wait or 0.0)) + SLACK
 
     def describe(self) -> str:
         """The numbers used, in words."""
         kw = "unknown" if self.kill_wait is None else f"{self.kill_wait:g} s"
-        rq = (
-            f"{DEFAULT_REQUEUE:g} s, default"
-            if self.requeue is None
-            else f"{self.requeue:.1f} s, measured"
-        )
+        rq = f"{self.requeue:g} s"
         if self.period is None and self.duration is None:
             writes = "no write period measured yet"
         else:
@@ -86,21 +84,12 @@ def measured(
     """The numbers from the event log and this run's writes (``spans``: (began, ended),
     Unix seconds, in order)."""
     by_attempt: dict[Any, list[tuple[float, float]]] = {}
-    ends: dict[Any, float] = {}
-    requeues: list[float] = []
     for record in history:
-        kind = record.get("event")
-        if kind == ev.RESTART_SET and isinstance(record.get("began"), (int, float)):
+        if record.get("event") == ev.RESTART_SET and isinstance(record.get("began"), (int, float)):
             ended = record.get("ended", record["began"])
             by_attempt.setdefault(record.get("attempt"), []).append(
                 (float(record["began"]), float(ended))
             )
-        elif kind == ev.STEP_END and isinstance(record.get("time"), (int, float)):
-            ends[record.get("attempt")] = float(record["time"])
-        elif kind == ev.REQUEUE and record.get("attempt") in ends:
-            took = float(record.get("time", 0.0)) - ends[record.get("attempt")]
-            if 0 <= took < 600:
-                requeues.append(took)
     runs = [*by_attempt.values(), list(spans)]
     periods: list[float] = []
     durations: list[float] = []
@@ -111,7 +100,6 @@ def measured(
     return Measured(
         period=statistics.median(recent) if recent else None,
         duration=max(durations[-RECENT:]) if durations else None,
-        requeue=max(requeues[-RECENT:]) if requeues else None,
         kill_wait=kill_wait,
     )
 
@@ -138,12 +126,19 @@ def decide(
     if writing_since is not None:
         if now < latest:
             return None
-        if m.duration is not None and writing_since + m.duration + settle <= end:
+        expected = None if m.duration is None else writing_since + m.duration + settle
+        overrun = expected is not None and now > writing_since + OVERRUN * m.duration + settle
+        if expected is not None and expected <= end and not overrun:
             return None  # it ends before the job does: it will be kept
         return EndDecision(
             f"{end - now:.0f} s before the job's end time, the latest stop ({m.lead():.0f} s "
             f"lead: {m.describe()}); a write under way since "
-            f"{now - writing_since:.0f} s cannot end before the end time",
+            f"{now - writing_since:.0f} s "
+            + (
+                "is far longer than the writes measured"
+                if overrun
+                else "cannot end before the end time"
+            ),
             since,
         )
     if now >= latest:

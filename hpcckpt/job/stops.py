@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -87,6 +88,7 @@ class WrapperStops:
         self._armed_for: float | None = None  # the end time the last "armed" line named
         self._unarmed_noted = False  # said once that no end time could be read
         self._read_end: float | None = None  # by seconds_to_stop, for the end-time stop
+        self._kill_wait_reader: threading.Thread | None = None  # own schedule: KillWait
         self.shell = batchshell.check(wrapper.environ, os.getpid())
         if self.shell is not None and not self.shell.exec_ok:
             wrapper.log(f"warning: {self.shell.problem()}", WARN)
@@ -153,14 +155,20 @@ class WrapperStops:
         if target is None or not continues:
             return
 
-        own = w.own
+        own = self._own_rule()
+        if own is not None and own.kill_wait is None:
 
-        def fetch_end() -> float | None:
-            if own is not None and own.kill_wait is None:
+            def read_kill_wait() -> None:
                 try:
                     own.kill_wait = commands.kill_wait(environ=w.environ)
                 except (SlurmError, ValueError):
                     pass  # the lead then counts no KillWait
+
+            reader = threading.Thread(target=read_kill_wait, name="hpcckpt-killwait", daemon=True)
+            self._kill_wait_reader = reader
+            reader.start()
+
+        def fetch_end() -> float | None:
             end = commands.end_time(target, environ=w.environ)
             return None if end is None else end.timestamp()
 
@@ -192,6 +200,9 @@ class WrapperStops:
                 self._unarmed_noted = True
             return
         own = self._own_rule()
+        reader = self._kill_wait_reader
+        if own is not None and reader is not None and reader.is_alive():
+            return  # the lead counts KillWait: plan once it is read (one scontrol)
         words = own.describe_rule() if own is not None else plan.describe()
         if self._armed_for is None:
             self.w.log(f"end-time stop armed: {words}")

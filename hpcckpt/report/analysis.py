@@ -89,6 +89,8 @@ def analyze(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
       ``young_lower_bound_seconds`` (with no failure), ``note``;
     - ``restores``: every restore of a checkpoint, with its tier ("directory", "cache",
       "cache (rebuilt from xor)") and the node-local checkpoints skipped before it.
+    - ``gave_up``: why the wrapper stopped continuing the job (the last ``give_up``
+      event: ``cause``, ``reason``, ``attempt``), None when it never gave up.
     """
     events = [dict(e) for e in events if isinstance(e, Mapping) and valid_event(e)]
     unknown = Counter(e["event"] for e in events if e["event"] not in _KNOWN)
@@ -221,7 +223,21 @@ def analyze(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "interval": _interval_analysis(attempts, checkpoints["mean_seconds"], mtbf, run),
         "node_failures": analyze_node_failures(events, rows, t0),
         "restores": tiers.analyze_restores(events, t0),
+        "gave_up": gave_up(events),
     }
+
+
+def gave_up(events: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The last ``give_up`` event: why the wrapper stopped continuing the job (``cause``:
+    ``no_progress``, ``poisoned``, else ``crash``), or None when it never gave up."""
+    last = None
+    for ev in events:
+        if ev.get("event") == "give_up":
+            last = ev
+    if last is None:
+        return None
+    cause = last.get("cause") or ("poisoned" if last.get("poisoned") else "crash")
+    return {"cause": cause, "reason": last.get("reason"), "attempt": last.get("attempt")}
 
 
 def _interval_analysis(

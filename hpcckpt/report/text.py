@@ -58,6 +58,11 @@ def format_report(report: Mapping[str, Any]) -> str:
             f"{saved:>8} {a['checkpoints']:>5} {dur(lost) if lost else '0':>8}  {outcome}"
         )
     lines.extend(node_failure_lines(report))
+    given_up = report.get("gave_up")
+    if given_up:
+        lines.append("")
+        lines.append(f"Not continued ({_CAUSES.get(given_up['cause'], given_up['cause'])})")
+        lines.append(f"  {given_up['reason'] or '(no reason recorded)'}")
     lines.append("")
     lines.append("Checkpoints")
     if ck["count"]:
@@ -156,6 +161,12 @@ def format_report(report: Mapping[str, Any]) -> str:
         )
     return "\n".join(lines)
 
+
+_CAUSES = {
+    "no_progress": "runs in a row stopped before keeping anything new",
+    "crash": "after a crash",
+    "poisoned": "the application rejected its state",
+}
 
 _ACTIONS = {
     "relaunch": "relaunched on the spare node(s) inside the allocation",

@@ -13,7 +13,7 @@ def test_the_lead_counts_what_killwait_does_not_give():
     # no KillWait known: take-down 2 s + requeue 5 s (default) + 5 s
     assert Measured().lead() == pytest.approx(12.0)
     assert Measured(requeue=1.0, kill_wait=1.0).lead() == pytest.approx(7.0)
-    assert "KillWait 30 s, requeue 5 s, default" in Measured(kill_wait=30).describe()
+    assert "KillWait 30 s, requeue 5 s, take-down 2 s" in Measured(kill_wait=30).describe()
 
 
 def test_numbers_come_from_the_events_and_this_runs_writes():
@@ -21,14 +21,12 @@ def test_numbers_come_from_the_events_and_this_runs_writes():
         {"event": "restart_set", "attempt": "a", "began": 100.0, "ended": 101.0},
         {"event": "restart_set", "attempt": "a", "began": 115.0, "ended": 116.5},
         {"event": "restart_set", "attempt": "b", "began": 500.0, "ended": 501.0},
-        {"event": "step_end", "attempt": "a", "time": 150.0},
-        {"event": "requeue", "attempt": "a", "time": 150.8},
         {"event": "restart_set", "attempt": "c", "seconds": 1.0},  # app-signal: no began
     ]
     m = ownlead.measured(history, [(600.0, 601.0), (616.0, 617.0)], kill_wait=10)
     assert m.period == pytest.approx(15.5)  # 15 and 16, never across runs (500 -> 600)
     assert m.duration == pytest.approx(1.5)
-    assert m.requeue == pytest.approx(0.8) and m.kill_wait == 10
+    assert m.kill_wait == 10 and m.lead() == ownlead.SLACK
     assert ownlead.measured([]).period is None
 
 
@@ -62,3 +60,10 @@ def test_a_write_under_way_at_the_latest_stop_finishes_when_it_can():
     slow = Measured(period=15.0, duration=9.0, kill_wait=10)
     got = decide(56.0, slow, writing_since=50.0, last_write_end=40.0)
     assert got is not None and "cannot end before the end time" in got.why and got.lost == 16.0
+
+
+def test_a_write_far_longer_than_measured_is_not_waited_for():
+    m = Measured(period=15.0, duration=1.0, kill_wait=10)
+    assert decide(55.0, m, writing_since=54.0) is None  # 1 s + settle: ends at 57 s
+    got = decide(55.5, m, writing_since=50.0)  # 5.5 s for a 1 s write: overrun
+    assert got is not None and "far longer than the writes measured" in got.why

@@ -36,3 +36,23 @@ def test_steps_restored_reached_and_saved() -> None:
     assert "  restored  reached    saved ckpts" in header
     assert "       new        ?     1729     1 " in lines[at + 1]  # crashed: how far, unknown
     assert "      1729     1999     1729     0 " in lines[at + 2]  # ran to 1999, saved 1729
+
+
+def test_a_job_given_up_for_no_progress_says_why() -> None:
+    from tests.report.test_model import ev
+
+    reason = "giving up: 3 runs in a row ended before the application wrote a restart set"
+    events = [
+        ev(0, "wrapper_start", attempt="a"),
+        ev(60, "step_end", attempt="a", outcome="stopped"),
+        ev(60, "requeue", attempt="a", cause="stop", progress=False),
+        ev(70, "wrapper_start", attempt="b"),
+        ev(130, "step_end", attempt="b", outcome="stopped"),
+        ev(130, "give_up", attempt="b", cause="no_progress", reason=reason),
+    ]
+    r = analyze(events)
+    assert r["gave_up"] == {"cause": "no_progress", "reason": reason, "attempt": "b"}
+    text = format_report(r)
+    assert "Not continued (runs in a row stopped before keeping anything new)" in text
+    assert reason in text
+    assert analyze(events[:3])["gave_up"] is None
