@@ -18,7 +18,7 @@ import click
 from hpcckpt.job import budget, config, wrapper
 from hpcckpt.policy import parse_duration
 from hpcckpt.rundir import verbosity
-from hpcckpt.rundir.env import DIR_ENV
+from hpcckpt.rundir.env import DIR_ENV, MIRROR_ENV, MIRROR_WAIT_ENV
 from hpcckpt.slurm import srun_options
 from hpcckpt.slurm.env import SlurmEnv
 from hpcckpt.slurm.runner import REQUEUE_TIMEOUT
@@ -271,6 +271,23 @@ def _options(func: Callable[..., Any]) -> Callable[..., Any]:
             "GPU jobs (NCCL uses USR1).",
         ),
         click.option(
+            "--mirror",
+            envvar=MIRROR_ENV,
+            show_envvar=True,
+            metavar="URL",
+            help="A second tier for the checkpoints: a directory on another file system or "
+            "s3://bucket/prefix; exported to the step as HPCCKPT_MIRROR (the Checkpointer "
+            "copies checkpoints there in the background and restores from it).",
+        ),
+        click.option(
+            "--mirror-wait",
+            envvar=MIRROR_WAIT_ENV,
+            type=click.FloatRange(min=0),
+            metavar="SECONDS",
+            help="How long the application's finish() and last stop wait for the newest "
+            "checkpoint to reach the mirror (default 300); exported as HPCCKPT_MIRROR_WAIT.",
+        ),
+        click.option(
             "--ckpt-dir",
             envvar=DIR_ENV,
             show_envvar=True,
@@ -321,8 +338,23 @@ def _launch(command: list[str], opts: dict[str, Any]) -> None:
         hang_save_timeout=opts["hang_save_timeout"],
         progress_files=list(opts["progress_files"]),
         verbosity=opts["verbosity"] if opts["verbosity"] is not None else verbosity.NORMAL,
+        environ=_mirror_environ(opts["mirror"], opts["mirror_wait"]),
     )
     sys.exit(wrapper.run_wrapper(cfg))
+
+
+def _mirror_environ(mirror: str | None, wait: float | None) -> dict[str, str] | None:
+    """The wrapper's environment with the mirror for the step (None: unchanged)."""
+    if mirror is None and wait is None:
+        return None
+    env = dict(os.environ)
+    if mirror is not None:
+        if not mirror.strip():
+            raise click.UsageError("--mirror is empty: give a directory or s3://bucket/prefix")
+        env[MIRROR_ENV] = mirror
+    if wait is not None:
+        env[MIRROR_WAIT_ENV] = repr(float(wait))
+    return env
 
 
 @click.command("run", cls=_WrapperCommand, context_settings=_CONTEXT)

@@ -51,7 +51,7 @@ ATTEMPTS = 3
 #: Error codes of a full store or an exceeded quota (AWS, Ceph RGW, MinIO).
 FULL = ("QuotaExceeded", "EntityTooLarge", "InsufficientStorage", "XMinioStorageFull")
 
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,62}$")
+_BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.\-_]{0,254}$")
 
 
 def parse_s3_url(url: str) -> tuple[str, str]:
@@ -59,8 +59,8 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     match = re.fullmatch(r"s3://([^/]+)/*(.*)", url.strip())
     if match is None or not _BUCKET.match(match.group(1)):
         raise ValueError(
-            f"mirror URL {url!r} is not s3://bucket/prefix (a bucket name is 2-63 lower-case "
-            "letters, digits, dots, dashes)"
+            f"mirror URL {url!r} is not s3://bucket/prefix (a bucket name is letters, digits, "
+            "dots, dashes and underscores)"
         )
     return match.group(1), match.group(2).strip("/")
 
