@@ -7,12 +7,14 @@ real mpirun.
 A tiny MLP (seed 0) with dropout is sharded with ``fully_shard`` over all ranks (its
 weights uneven: 31 rows); AdamW, a cosine schedule, per-rank dropout (torch seeded per
 rank, in ``RNGState``) and per-rank batches from a ``ResumableSampler`` are the state.
+``--log`` appends each step's losses as it goes (a run that is killed keeps them).
 ``--api objects`` saves the model and optimizer objects; ``--api dcp`` their state dicts
-from ``torch.distributed.checkpoint.state_dict.get_state_dict`` and sets them back with
-``set_state_dict``. ``--stop-at S`` saves step S and exits; ``--hang-at S`` saves step S,
-writes DIR/saved-S and waits to be killed. ``--only`` restores just those keys (a resume
-on another rank count: the per-rank keys start afresh). ``--reference`` restores the
-model and optimizer as global tensors (no DTensor there) and shards them itself with
+from ``torch.distributed.checkpoint.state_dict.get_state_dict`` (taken at each save, as
+with DCP: the optimizer's learning rate is a plain float in them) and sets them back
+with ``set_state_dict``. ``--stop-at S`` saves step S and exits; ``--hang-at S`` saves
+step S, writes DIR/saved-S and waits to be killed (in a run that restored nothing).
+``--only`` restores just those keys (a resume on another rank count: the per-rank keys
+start afresh). ``--reference`` restores the model and optimizer as global tensors (no DTensor there) and shards them itself with
 ``distribute_tensor``: the same values reached without hpcckpt's resharding.
 
 Rank 0 writes RESULT.json: ``losses`` {step: [loss per rank]}, ``local`` (sha256 of each
@@ -54,6 +56,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--api", choices=["objects", "dcp"], default="objects")
     ap.add_argument("--only", default="")
     ap.add_argument("--reference", action="store_true")
+    ap.add_argument("--log", help="rank 0 appends each step's losses here, as JSON lines")
     return ap.parse_args()
 
 
@@ -173,12 +176,17 @@ def main() -> int:
             sched.step()
             sampler.advance(len(idx))
             result["losses"][step] = comm.gather(float(loss.detach()))
+            if args.log and rank == 0:
+                with open(args.log, "a") as fh:
+                    fh.write(json.dumps({"step": step, "losses": result["losses"][step]}) + "\n")
             state["step"] = step
             if ck.due(step) or step in (args.stop_at, args.hang_at):
+                if args.api == "dcp":  # as with DCP: the state dicts of this moment
+                    state["model"], state["optim"] = get_state_dict(model, opt)
                 ck.save(step, state)
                 if step == args.stop_at:
                     break
-                if step == args.hang_at:
+                if step == args.hang_at and restored is None:
                     comm.Barrier()
                     if rank == 0:
                         (open(os.path.join(args.directory, f"saved-{step}"), "w")).close()
