@@ -14,8 +14,9 @@ with DCP: the optimizer's learning rate is a plain float in them) and sets them 
 with ``set_state_dict``. ``--stop-at S`` saves step S and exits; ``--hang-at S`` saves
 step S, writes DIR/saved-S and waits to be killed (in a run that restored nothing).
 ``--only`` restores just those keys (a resume on another rank count: the per-rank keys
-start afresh). ``--reference`` restores the model and optimizer as global tensors (no DTensor there) and shards them itself with
-``distribute_tensor``: the same values reached without hpcckpt's resharding.
+start afresh). ``--reference`` restores the model and optimizer as global tensors (no
+DTensor there) and shards them itself with ``distribute_tensor``: the same values
+reached without hpcckpt's resharding.
 
 Rank 0 writes RESULT.json: ``losses`` {step: [loss per rank]}, ``local`` (sha256 of each
 rank's shards of parameters and optimizer state), ``full`` (sha256 of the gathered
