@@ -30,12 +30,13 @@ import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from hpcckpt.job import batchshell, endstop
+from hpcckpt.job import batchshell, endstop, ownlead
 from hpcckpt.job.appmode import AppMode
 from hpcckpt.job.config import WrapperConfig
 from hpcckpt.job.outcome import Outcome, StepResult, describe_returncode
 from hpcckpt.job.periodic import AUTO, PeriodicSchedule
 from hpcckpt.job.reporting import WARN, Reporter
+from hpcckpt.job.stalled import RunFacts
 from hpcckpt.job.stop import StopRequest
 from hpcckpt.rundir import events
 from hpcckpt.rundir.env import INTERVAL_ENV
@@ -340,8 +341,6 @@ class OwnScheduleMode:
 
     # -- the end-time rule (job/ownlead.py) ------------------------------------------------
     def measured(self) -> Any:
-        from hpcckpt.job import ownlead
-
         spans = [] if self.watch is None else [(x.began, x.ended) for x in self.watch.writes]
         return ownlead.measured(self.history, spans, kill_wait=self.kill_wait)
 
@@ -356,8 +355,6 @@ class OwnScheduleMode:
 
     def decide(self, end: float, now: float | None = None) -> Any:
         """ownlead.EndDecision when the step should end now, else None."""
-        from hpcckpt.job import ownlead
-
         self.end = end
         watch = self.watch
         if watch is None:
@@ -473,8 +470,6 @@ class OwnScheduleMode:
 
     def facts(self, wrapper_started: float) -> Any:
         """The run's numbers for the no-progress decision (job/stalled.py)."""
-        from hpcckpt.job.stalled import RunFacts
-
         watch = self.watch
         first = None
         if watch is not None and watch.first_seen is not None:
