@@ -59,7 +59,9 @@ def test_json_report(ckpt_dir: Path) -> None:
         "node_failures",
         "interval",
         "restores",
+        "gave_up",
     }
+    assert data["gave_up"] is None  # it never gave up
     assert data["directory"] == str(ckpt_dir)
     assert [a["outcome"] for a in data["attempts"]] == ["crashed", "stopped", "finished"]
     assert data["checkpoints"]["count"] == 7
