@@ -131,6 +131,15 @@ def test_every_documented_keyword_works(tmp_path, monkeypatch):
         "node_name": "n0",
         "drain_every": 2,
         "local_fraction": 0.5,
+        "mirror": tmp_path / "mirror",
+        "mirror_every": 2,
+        "mirror_interval": None,  # every Nth or an interval, not both
+        "mirror_bandwidth": "500M",
+        "mirror_wait": "5s",
+        "mirror_retry_max": "1m",
+        "mirror_keep_last": 3,
+        "mirror_keep_every": 100,
+        "mirror_thinning": "6h:all,7d:1d,*:1w",
     }
     assert sorted(values) == sorted(documented_keywords())
     ck = Checkpointer(tmp_path / "ck", MPI.COMM_SELF, **values)
@@ -143,6 +152,10 @@ def test_every_documented_keyword_works(tmp_path, monkeypatch):
         assert o.guard.call_timeout == 30.0
         assert o.staging.staging_budget == 64 << 20 and o.levels.drain_every == 2
         assert ck.cache == tmp_path / "cache-n0"
+        m = o.store.mirror
+        assert m.mirror == str(tmp_path / "mirror") and m.mirror_every == 2
+        assert m.mirror_bandwidth == 500e6 and m.mirror_wait == 5.0 and m.mirror_retry_max == 60
+        assert (m.mirror_keep_last, m.mirror_keep_every) == (3, 100)
         state = {"u": np.arange(8.0), "model": {"w": np.ones(3)}}
         ck.save(3, state)  # node-local only (drain_every=2)
         assert ck.last_save is not None and ck.last_save.tier == "cache"
