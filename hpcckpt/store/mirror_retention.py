@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from hpcckpt.store.retention import Candidate
+from hpcckpt.store.retention import Candidate, newest_good, one_per_window, with_chains
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -91,22 +91,9 @@ def steps_to_keep(
     all_ = sorted(candidates, key=lambda c: c.step)
     if keep_last is None and keep_every is None and tiers is None:
         return {c.step for c in all_}
-    sound: set[int] = set()
-    for c in all_:  # chains point to older steps
-        if not c.bad and all(n in sound for n in c.needs):
-            sound.add(c.step)
-    good = [c for c in all_ if c.step in sound]
-    keep = {c.step for c in all_ if c.step not in sound and not delete_bad}
-    if good:
-        keep.add(good[-1].step)
-    if keep_last is not None:
-        keep.update(c.step for c in good[-int(keep_last) :])
+    good, keep = newest_good(all_, keep_last, delete_bad)
     if keep_every is not None:
-        seen: set[int] = set()
-        for c in good:
-            if c.step // keep_every not in seen:
-                seen.add(c.step // keep_every)
-                keep.add(c.step)
+        keep |= one_per_window(good, keep_every, "step")
     if tiers is not None:
         seen_tier: set[tuple[int, int]] = set()
         for c in sorted(good, key=lambda c: (c.time, c.step)):  # oldest first
@@ -122,8 +109,4 @@ def steps_to_keep(
             if window not in seen_tier:
                 seen_tier.add(window)
                 keep.add(c.step)
-    present = {c.step for c in all_}
-    for c in sorted(all_, key=lambda c: c.step, reverse=True):  # newest first: chains close
-        if c.step in keep:
-            keep.update(n for n in c.needs if n in present)
-    return keep
+    return with_chains(all_, keep)

@@ -73,7 +73,22 @@ def steps_to_keep(
     all_ = sorted(candidates, key=lambda c: c.step)
     if keep_last is None and keep_every is None and keep_every_seconds is None:
         return {c.step for c in all_}
-    # An incremental checkpoint is good only when every file of its chain is.
+    good, keep = newest_good(all_, keep_last, delete_bad)
+    for width, key in ((keep_every, "step"), (keep_every_seconds, "time")):
+        if width is not None:
+            keep |= one_per_window(good, width, key)
+    present = {c.step for c in all_}
+    keep.update(s for s in protect if s in present)
+    return with_chains(all_, keep)
+
+
+def newest_good(
+    all_: list[Candidate], keep_last: int | None, delete_bad: bool
+) -> tuple[list[Candidate], set[int]]:
+    """The good checkpoints of ``all_`` (sorted by step), oldest first, and the steps kept
+    whatever the other rules: the newest good one, the ``keep_last`` newest good ones and,
+    unless ``delete_bad``, the bad ones. An incremental checkpoint is good only when every
+    file of its chain is."""
     sound: set[int] = set()
     for c in all_:  # chains point to older steps
         if not c.bad and all(n in sound for n in c.needs):
@@ -84,18 +99,25 @@ def steps_to_keep(
         keep.add(good[-1].step)
     if keep_last is not None:
         keep.update(c.step for c in good[-int(keep_last) :])
-    for width, key in ((keep_every, "step"), (keep_every_seconds, "time")):
-        if width is None:
-            continue
-        seen: set[int] = set()
-        for c in good:  # oldest first: the first one seen in a window is kept
-            window = math.floor(getattr(c, key) / width)
-            if window not in seen:
-                seen.add(window)
-                keep.add(c.step)
+    return good, keep
+
+
+def one_per_window(good: Iterable[Candidate], width: float, key: str) -> set[int]:
+    """The oldest checkpoint of each window of ``width`` (in steps or seconds: ``key``)."""
+    seen: set[int] = set()
+    keep: set[int] = set()
+    for c in good:  # oldest first: the first one seen in a window is kept
+        window = math.floor(getattr(c, key) / width)
+        if window not in seen:
+            seen.add(window)
+            keep.add(c.step)
+    return keep
+
+
+def with_chains(all_: Iterable[Candidate], keep: set[int]) -> set[int]:
+    """``keep`` and whatever a kept checkpoint is built on."""
     present = {c.step for c in all_}
-    keep.update(s for s in protect if s in present)
-    for c in all_:  # whatever a kept checkpoint is built on stays too
+    for c in sorted(all_, key=lambda c: c.step, reverse=True):  # newest first: chains close
         if c.step in keep:
             keep.update(n for n in c.needs if n in present)
     return keep
