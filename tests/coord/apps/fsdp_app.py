@@ -2,12 +2,15 @@
 real mpirun.
 
     fsdp_app.py DIR --out RESULT.json [--steps N] [--every K] [--stop-at S] [--hang-at S]
-                [--api objects|dcp] [--only KEY,KEY] [--reference]
+                [--api objects|dcp] [--only KEY,KEY] [--reference] [--log FILE]
+                [--sleep SECONDS]
 
 A tiny MLP (seed 0) with dropout is sharded with ``fully_shard`` over all ranks (its
 weights uneven: 31 rows); AdamW, a cosine schedule, per-rank dropout (torch seeded per
 rank, in ``RNGState``) and per-rank batches from a ``ResumableSampler`` are the state.
-``--log`` appends each step's losses as it goes (a run that is killed keeps them).
+``--log`` appends each step's losses as it goes (a run that is killed keeps them);
+``--sleep`` waits after each step (a run long enough for a signal to land mid-way). A
+stop signal (under the ``hpcckpt`` wrapper) saves at the next step and ends the run.
 ``--api objects`` saves the model and optimizer objects; ``--api dcp`` their state dicts
 from ``torch.distributed.checkpoint.state_dict.get_state_dict`` (taken at each save, as
 with DCP: the optimizer's learning rate is a plain float in them) and sets them back
@@ -58,6 +61,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--only", default="")
     ap.add_argument("--reference", action="store_true")
     ap.add_argument("--log", help="rank 0 appends each step's losses here, as JSON lines")
+    ap.add_argument("--sleep", type=float, default=0.0, help="seconds to wait after each step")
     return ap.parse_args()
 
 
@@ -181,11 +185,13 @@ def main() -> int:
                 with open(args.log, "a") as fh:
                     fh.write(json.dumps({"step": step, "losses": result["losses"][step]}) + "\n")
             state["step"] = step
+            if args.sleep:
+                time.sleep(args.sleep)
             if ck.due(step) or step in (args.stop_at, args.hang_at):
                 if args.api == "dcp":  # as with DCP: the state dicts of this moment
                     state["model"], state["optim"] = get_state_dict(model, opt)
                 ck.save(step, state)
-                if step == args.stop_at:
+                if step == args.stop_at or ck.stop_requested:
                     break
                 if step == args.hang_at and restored is None:
                     comm.Barrier()
@@ -193,7 +199,10 @@ def main() -> int:
                         (open(os.path.join(args.directory, f"saved-{step}"), "w")).close()
                     time.sleep(600)  # killed here by the test
             step += 1
-        ck.close()
+        if step >= args.steps:
+            ck.finish()  # done: the wrapper must not requeue
+        else:
+            ck.close()
     except CheckpointError as exc:
         result["error"] = str(exc)
         return finish(result, comm, 3)
