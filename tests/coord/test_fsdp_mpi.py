@@ -5,8 +5,10 @@ A run stopped at a checkpoint (cleanly, or by SIGKILL of the whole mpirun) and r
 makes every loss, and ends with parameters and AdamW moments, bit-identical to an
 uninterrupted run, with the model and optimizer saved as objects or as the state dicts
 of ``torch.distributed.checkpoint.state_dict.get_state_dict`` (set back with
-``set_state_dict``). Resumed on another rank count (2 -> 3, 2 -> 1), the run equals one
-that starts there from the same checkpoint's global tensors sharded by torch itself.
+``set_state_dict``); also when a byte of the newest checkpoint's shards is flipped (its
+checksums find it and the one before it is taken). Resumed on another rank count
+(2 -> 3, 2 -> 1), the run equals one that starts there from the same checkpoint's
+global tensors sharded by torch itself.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import subprocess
 import time
 from pathlib import Path
 
+import h5py
 import pytest
 
+from hpcckpt.rundir.events import read_events
 from tests.mpi_helpers import ROOT, mpi_env, mpirun, mpirun_cmd
 
 pytestmark = [pytest.mark.mpi]
@@ -83,6 +87,34 @@ def test_a_killed_run_resumes_bit_identical(runs, tmp_path):
     logged = [json.loads(line) for line in log.read_text().splitlines()]
     assert [e["step"] for e in logged] == list(range(STEPS))
     assert {str(e["step"]): e["losses"] for e in logged} == runs["objects"]["losses"]
+    assert second["local"] == runs["objects"]["local"]
+    assert second["full"] == runs["objects"]["full"]
+
+
+def flip_a_shard_byte(path: Path) -> str:
+    """Flip one byte in the middle of the stored shards of a weight; its array path."""
+    with h5py.File(path, "r") as f:
+        found = []
+        f.visititems(lambda name, obj: found.append((name, obj)) if "weight" in name
+                     and isinstance(obj, h5py.Dataset) and obj.size else None)  # fmt: skip
+        name, ds = found[0]
+        at = ds.id.get_offset() + ds.size * ds.dtype.itemsize // 2
+    with open(path, "r+b") as fh:
+        fh.seek(at)
+        byte = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    return name
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(runs, tmp_path):
+    d = tmp_path / "d"
+    run(2, d, tmp_path / "a.json", "--every", "2", "--stop-at", "5")  # saves 1, 3, 5
+    assert flip_a_shard_byte(d / "ckpt-0000000005.h5")
+    second = run(2, d, tmp_path / "b.json")
+    assert second["restored"] == 3 and second["error"] is None
+    assert [e["step"] for e in read_events(d) if e["event"] == "skip_bad"] == [5]
+    assert second["losses"] == {k: v for k, v in runs["objects"]["losses"].items() if int(k) > 3}
     assert second["local"] == runs["objects"]["local"]
     assert second["full"] == runs["objects"]["full"]
 
