@@ -50,7 +50,7 @@ def test_a_signalled_requeued_job_resumes_bit_identical(slurm_cluster, tmp_path)
 
     env = job_env(slurm_cluster)
     ckpt, log, out, joblog = (tmp_path / n for n in ("ckpt", "losses.jsonl", "out.json", "job.out"))
-    app = [sys.executable, APP, ckpt, "--out", out, "--steps", STEPS, "--sleep", "1.5",
+    app = [sys.executable, APP, ckpt, "--out", out, "--steps", STEPS, "--sleep", "2",
            "--log", log]  # fmt: skip
     wrapper = [f"{VENV_BIN}/hpcckpt", "srun", "--ckpt-dir", ckpt, "--", "--mpi=pmix", "-n", "2",
                *app]  # fmt: skip
