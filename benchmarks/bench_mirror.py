@@ -2,14 +2,22 @@
 ``upload_file`` of the same files, the ranks' blocked time with and without a mirror,
 and the slowdown of the application's compute while the mirror copies.
 
-    .venv/bin/python benchmarks/bench_mirror.py [--size 128M] [--files 2] [--reps 5]
-        [--parts 8M,16M,32M,64M --concurrency 1,2,4,8] [--parts-reps 3]
-        [--json FILE] [--dir SCRATCH] [--skip blocked,slowdown,parts]
+    .venv/bin/python benchmarks/bench_mirror.py [--size 128M] [--files 2] [--reps 3]
+        [--json FILE] [--dir SCRATCH] [--mirror-dir DIR] [--skip throughput,slowdown,blocked]
+        [--etag-hash MD5|""]
+        [--with-parts --parts 8M,16M,32M,64M --concurrency 1,2,4,8 --parts-reps 3]
+
+One process, no MPI (the mirror is one background thread of rank 0; the blocked time is
+that of one rank's ``save()``). About 3 minutes at the defaults on 2 cores.
 
 The S3 server is ``rclone serve s3`` over a folder of ``--dir`` (the same server the
 tests start, tests/s3_server.py), on this machine: every byte goes over loopback and
-the server's CPU competes with the client's. Checkpoint files are real checkpoints
-written by ``CheckpointStore`` (``--files`` of ``--size`` random float64 each).
+the server's CPU competes with the client's. That server hashes the whole object for its
+ETag on every request, even a range read (``--etag-hash``, MD5 by default, as in the
+tests), which a real S3 store does not (it keeps the ETag): ``--etag-hash ""`` turns it
+off (through ``RCLONE_ETAG_HASH``) to measure without that artifact. Checkpoint files
+are real checkpoints written by ``CheckpointStore`` (``--files`` of ``--size`` random
+float64 each).
 
 Measurements, in an order shuffled per repetition (seeded); medians over ``--reps``,
 ratios per repetition then the median:
@@ -22,21 +30,29 @@ ratios per repetition then the median:
   against its own checksums, its xxh3 taken, sent, read back from the store and
   compared, then its manifest written;
 - ``mirror_nosource``: the same without the check of the source file
-  (``verify_source=False``), to split where the time goes.
+  (``verify_source=False``), to split where the time goes;
+- ``copy``: ``shutil.copyfile`` of each file into ``--mirror-dir``, then ``fsync``: the
+  peer of a directory mirror;
+- ``dir_mirror``: ``mirror.upload`` to a directory backend on ``--mirror-dir`` (the same
+  verified copy: checked, written to a temporary name, fsynced, renamed, read back).
 
-``throughput = bytes / seconds``; the goal is ``mirror / boto3 >= 0.9``.
+``throughput = bytes / seconds``; the goals are ``mirror / boto3 >= 0.9`` and
+``dir_mirror / copy >= 0.9``.
 
-``parts``: ``put_file`` at each part size x concurrency (one file, ``--parts-reps``),
-against ``boto3`` in the same repetition: how the backend's defaults were chosen.
+``parts`` (only with ``--with-parts``): ``put_file`` at each part size x concurrency
+(one file, ``--parts-reps``), against ``boto3`` in the same repetition: how the
+backend's defaults were chosen.
 
 ``slowdown``: a fixed compute kernel (a Jacobi stencil over two arrays, about 1 s alone)
 run alone, and run while a background thread mirrors the files (as rank 0's mirror
 worker does, in the same process), uncapped and capped at ``--cap``; the pairs are
 adjacent, order alternating: slowdown = with / alone - 1.
 
-``blocked``: ``Checkpointer.save`` (one process) of ``--size`` per save, several saves
-with a compute kernel between them, without a mirror and with the S3 mirror (every
-save mirrored in the background): the seconds save() blocked, median per run.
+``blocked``: ``Checkpointer.save`` (one process) of ``--size`` per save, ``--saves``
+saves ``--gap`` seconds apart (a sleep stands for the application's compute), without a
+mirror and with the S3 mirror (every save mirrored in the background, so later saves
+run while the worker still copies): the seconds save() blocked, median per run; and the
+seconds ``finish()`` then waited for the newest checkpoint to reach the mirror.
 """
 
 from __future__ import annotations
@@ -68,6 +84,8 @@ NOTES = [
     "competes with the client's on 2 cores shared by other work: figures are noisy",
     "throughput = file bytes / wall seconds of the whole call; ratio per repetition, then "
     "the median",
+    "rclone serve s3 hashes the whole object per request for its ETag unless --etag-hash "
+    "is empty (a real S3 store keeps the ETag): see args.etag_hash",
 ]
 
 
@@ -82,6 +100,13 @@ class Bench:
         self.args = args
         self.root = Path(args.dir).resolve() / f"bench-mirror-{os.getpid()}"
         self.root.mkdir(parents=True)
+        os.environ["RCLONE_ETAG_HASH"] = args.etag_hash  # rclone reads its flags from here
+        self.mirror_dir = (
+            Path(args.mirror_dir).resolve() / f"bench-mirror-{os.getpid()}"
+            if args.mirror_dir
+            else self.root / "mirror-dir"
+        )
+        self.mirror_dir.mkdir(parents=True)
         self.server = S3Server(self.root / "s3")
         self.server.start()
         os.environ.update(self.server.env())
@@ -96,6 +121,7 @@ class Bench:
 
     def close(self) -> None:
         self.server.stop()
+        shutil.rmtree(self.mirror_dir, ignore_errors=True)
         shutil.rmtree(self.root, ignore_errors=True)
 
     def _checkpoints(self) -> list[Path]:
@@ -124,13 +150,23 @@ class Bench:
     # -- throughput ---------------------------------------------------------------------
     def run_method(self, method: str, prefix: str) -> float:
         from hpcckpt.store import mirror
+        from hpcckpt.store.mirror_backend import DirectoryBackend
         from hpcckpt.store.object_store import S3Backend
 
         self.clear()
+        for old in self.mirror_dir.iterdir():
+            shutil.rmtree(old)
         backend = S3Backend(f"s3://{self.bucket}/{prefix}")
+        target = self.mirror_dir / prefix
+        target.mkdir()
         t0 = time.perf_counter()
         for path in self.files:
-            if method == "boto3":
+            if method == "copy":
+                shutil.copyfile(path, target / path.name)
+                _util.fsync_path(target / path.name)
+            elif method == "dir_mirror":
+                mirror.upload(DirectoryBackend(target), path)
+            elif method == "boto3":
                 self.client.upload_file(str(path), self.bucket, f"{prefix}/{path.name}")
             elif method == "put_file":
                 backend.put_file(path, path.name)
@@ -143,7 +179,7 @@ class Bench:
         return time.perf_counter() - t0
 
     def throughput(self) -> dict[str, Any]:
-        methods = ["boto3", "put_file", "mirror", "mirror_nosource"]
+        methods = ["boto3", "put_file", "mirror", "mirror_nosource", "copy", "dir_mirror"]
         rng = random.Random(7)
         per_rep: list[dict[str, float]] = []
         for rep in range(self.args.reps):
@@ -158,14 +194,16 @@ class Bench:
             )
         out: dict[str, Any] = {"bytes": self.total, "samples": per_rep, "methods": {}}
         for m in methods:
+            peer = "copy" if m in ("copy", "dir_mirror") else "boto3"
             secs = [r[m] for r in per_rep]
-            ratios = [r["boto3"] / r[m] for r in per_rep]
+            ratios = [r[peer] / r[m] for r in per_rep]
             out["methods"][m] = {
+                "peer": peer,
                 "median_s": median(secs),
                 "median_MBps": self.total / median(secs) / 1e6,
                 "min_s": min(secs),
                 "max_s": max(secs),
-                "ratio_to_boto3": median(ratios),
+                "ratio_to_peer": median(ratios),
                 "ratios": ratios,
             }
         return out
@@ -220,10 +258,8 @@ class Bench:
     def slowdown(self) -> dict[str, Any]:
         import numpy as np
 
-        from hpcckpt.store import mirror
-        from hpcckpt.store.mirror_backend import parse_bandwidth
+        from hpcckpt.store.mirror_backend import Throttle, parse_bandwidth
         from hpcckpt.store.object_store import S3Backend
-        from hpcckpt.store.mirror_backend import Throttle
 
         a = np.random.default_rng(0).random((1024, 2048))
         b = np.empty_like(a)
@@ -241,38 +277,23 @@ class Bench:
         cases = {"uncapped": None, f"cap {self.args.cap}": parse_bandwidth(self.args.cap)}
         out: dict[str, Any] = {"kernel_sweeps": sweeps, "cases": {}}
         for label, cap in cases.items():
-            alone, during, copy_s = [], [], []
+            alone: list[float] = []
+            during: list[float] = []
+            copy_s: list[float] = []
+            ended_early = 0
             for rep in range(self.args.reps):
                 self.clear()
                 backend = S3Backend(f"s3://{self.bucket}/slow{rep}", Throttle(cap))
-                done = threading.Event()
-                spent: list[float] = []
-
-                def copy() -> None:
-                    t0 = time.perf_counter()
-                    for path in self.files:
-                        mirror.upload(backend, path)
-                    spent.append(time.perf_counter() - t0)
-                    done.set()
-
-                def with_copy() -> float:
-                    worker = threading.Thread(target=copy)
-                    worker.start()
-                    secs = kernel(sweeps)
-                    copying = not done.is_set()
-                    worker.join()
-                    if not copying:
-                        print(f"    ({label}: the copy ended before the kernel did)")
-                    return secs
-
                 if rep % 2 == 0:
                     alone.append(kernel(sweeps))
-                    during.append(with_copy())
+                    secs, spent, copying = self._kernel_during_copy(backend, kernel, sweeps)
                 else:
-                    during.append(with_copy())
+                    secs, spent, copying = self._kernel_during_copy(backend, kernel, sweeps)
                     alone.append(kernel(sweeps))
-                copy_s.append(spent[0])
-            slow = [d / a_ - 1 for d, a_ in zip(during, alone)]
+                during.append(secs)
+                copy_s.append(spent)
+                ended_early += not copying
+            slow = [d / a_ - 1 for d, a_ in zip(during, alone, strict=True)]
             out["cases"][label] = {
                 "alone_s": alone,
                 "during_s": during,
@@ -280,6 +301,7 @@ class Bench:
                 "median_slowdown": median(slow),
                 "slowdowns": slow,
                 "median_copy_MBps": self.total / median(copy_s) / 1e6,
+                "copy_ended_before_kernel": ended_early,
             }
             print(
                 f"  {label}: kernel alone {median(alone):.2f} s, during the copy "
@@ -288,6 +310,30 @@ class Bench:
                 flush=True,
             )
         return out
+
+    def _kernel_during_copy(
+        self, backend: Any, kernel: Any, sweeps: int
+    ) -> tuple[float, float, bool]:
+        """The kernel's seconds while a thread mirrors every file (as rank 0's worker does),
+        the copy's seconds, and whether the copy still ran when the kernel ended."""
+        from hpcckpt.store import mirror
+
+        spent: list[float] = []
+
+        def copy() -> None:
+            t0 = time.perf_counter()
+            for path in self.files:
+                mirror.upload(backend, path)
+            spent.append(time.perf_counter() - t0)
+
+        worker = threading.Thread(target=copy)
+        worker.start()
+        secs = kernel(sweeps)
+        copying = worker.is_alive()
+        worker.join()
+        if not spent:
+            raise RuntimeError("the background copy failed (see its traceback above)")
+        return secs, spent[0], copying
 
     # -- blocked time -----------------------------------------------------------------
     def blocked(self) -> dict[str, Any]:
@@ -319,7 +365,7 @@ class Bench:
                     drained.append(time.perf_counter() - t0)
                 runs[kind].append(median(times))
                 shutil.rmtree(directory, ignore_errors=True)
-        ratio = [s / n_ for s, n_ in zip(runs["s3"], runs["none"])]
+        ratio = [s / n_ for s, n_ in zip(runs["s3"], runs["none"], strict=True)]
         out = {
             "saves_per_run": saves,
             "gap_s": self.args.gap,
@@ -340,18 +386,27 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", default="128M", help="bytes of float64 per checkpoint file")
     ap.add_argument("--files", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--parts", default="8M,16M,32M,64M")
     ap.add_argument("--concurrency", default="1,2,4,8")
     ap.add_argument("--parts-reps", type=int, default=3)
-    ap.add_argument("--cap", default="100M", help="the bandwidth cap of the slowdown case")
+    ap.add_argument("--cap", default="25M", help="the bandwidth cap of the slowdown case")
     ap.add_argument("--saves", type=int, default=4, help="saves per blocked-time run")
     ap.add_argument("--gap", type=float, default=1.0, help="seconds between saves")
-    ap.add_argument("--skip", default="", help="comma list of: throughput,parts,slowdown,blocked")
+    ap.add_argument("--skip", default="", help="comma list of: throughput,slowdown,blocked")
+    ap.add_argument("--with-parts", action="store_true", help="also the part-size matrix")
     ap.add_argument("--dir", default="/tmp", help="where the checkpoints and the S3 data go")
+    ap.add_argument("--mirror-dir", default=None, help="the directory mirror (default: in --dir)")
+    ap.add_argument(
+        "--etag-hash",
+        default="MD5",
+        help='the S3 server\'s ETag hash, computed per request ("": none, as a real store)',
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     skip = {s for s in args.skip.split(",") if s}
+    if not args.with_parts:
+        skip.add("parts")
     started = dt.datetime.now(dt.timezone.utc)
     bench = Bench(args)
     result: dict[str, Any] = {
@@ -371,9 +426,12 @@ def main(argv: list[str] | None = None) -> int:
         bench.close()
     result["finished"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     if "throughput" in result:
-        print("\nthroughput (median of %d):" % args.reps)
+        print(f"\nthroughput (median of {args.reps}):")
         for m, row in result["throughput"]["methods"].items():
-            print(f"  {m:16} {row['median_MBps']:7.0f} MB/s   {row['ratio_to_boto3']:.2f} x boto3")
+            print(
+                f"  {m:16} {row['median_MBps']:7.0f} MB/s   "
+                f"{row['ratio_to_peer']:.2f} x {row['peer']}"
+            )
     out = (
         Path(args.json)
         if args.json

@@ -48,6 +48,10 @@ MANIFEST_VERSION = 1
 #: The checksum of a whole file (end to end: computed on the bytes read locally and on
 #: the bytes read back from the mirror, never the store's own checksum).
 ALGORITHM = "xxh3_64"
+#: Bytes per request when a copy is read back from the mirror: every request costs a round
+#: trip, and some servers (rclone serve s3 over files) hash the whole object per request,
+#: so few large ranges; this is also the read-back's memory (benchmarks/bench_mirror.py).
+READBACK = 64 << 20
 
 
 class MirrorCopyBad(CheckpointError):
@@ -129,7 +133,7 @@ def remote_checksum(backend: MirrorBackend, key: str, size: int) -> str:
     h = xxhash.xxh3_64()
     offset = 0
     while offset < size:
-        chunk = backend.read_range(key, offset, min(CHUNK, size - offset))
+        chunk = backend.read_range(key, offset, min(READBACK, size - offset))
         if not chunk:
             raise MirrorCopyBad(f"{key} on the mirror ends at byte {offset} of {size}")
         h.update(chunk)
