@@ -1,5 +1,6 @@
 """``hpcckpt run`` / ``hpcckpt srun`` (hpcckpt/cli/run.py): what their command line refuses
-before any step starts, and how it says what to type instead."""
+before any step starts, how it says what to type instead, and what it exports to the step
+(the mirror: ``--mirror``, ``--mirror-wait``, ``HPCCKPT_MIRROR``)."""
 
 from __future__ import annotations
 
@@ -75,3 +76,43 @@ def test_srun_outside_a_slurm_allocation_is_refused_at_once(tmp_path):
         f"    hpcckpt run --ckpt-dir {tmp_path / 'ck'} -- mpirun -n 2 python app.py\n"
     ), r.stderr
     assert not calls.exists() and not (tmp_path / "ck").exists()
+
+
+def _step_sees_mirror(tmp_path: Path, *options: str, **environ: str) -> str:
+    """What the step of ``hpcckpt run OPTIONS`` finds in HPCCKPT_MIRROR and _WAIT."""
+    seen = tmp_path / "seen"
+    show = f'printf "%s|%s" "${{HPCCKPT_MIRROR-unset}}" "${{HPCCKPT_MIRROR_WAIT-unset}}" > {seen}'
+    argv = [sys.executable, "-m", "hpcckpt.cli.entry", "run", "--ckpt-dir", str(tmp_path / "ck")]
+    env = clean_env(**environ)
+    subprocess.run([*argv, *options, "--", "sh", "-c", show], cwd=ROOT, env=env,
+                   capture_output=True, text=True, timeout=60)  # fmt: skip
+    return seen.read_text()
+
+
+def test_mirror_and_its_wait_are_exported_to_the_step(tmp_path):
+    options = ("--mirror", "s3://bucket/run", "--mirror-wait", "7")
+    assert _step_sees_mirror(tmp_path, *options) == "s3://bucket/run|7.0"
+
+
+def test_the_mirror_comes_from_hpcckpt_mirror_and_the_option_wins(tmp_path):
+    assert _step_sees_mirror(tmp_path, HPCCKPT_MIRROR="/project/m") == "/project/m|unset"
+    seen = _step_sees_mirror(tmp_path, "--mirror", "/project/b", HPCCKPT_MIRROR="/project/a")
+    assert seen == "/project/b|unset"
+    assert _step_sees_mirror(tmp_path) == "unset|unset"
+
+
+@pytest.mark.parametrize("command", ["run", "srun"])
+def test_an_empty_mirror_is_a_usage_error(tmp_path, command):
+    code, out = invoke(command, "--ckpt-dir", str(tmp_path / "ck"), "--mirror", " ", "--", "a")
+    assert code == 2 and out.endswith(
+        "Error: --mirror is empty: give a directory or s3://bucket/prefix\n"
+    ), out
+    code, out = invoke(
+        command, "--ckpt-dir", str(tmp_path / "ck"), "--mirror-wait", "-1", "--", "a"
+    )
+    assert code == 2 and "Invalid value for '--mirror-wait'" in out, out
+
+
+def test_help_names_the_mirror_and_its_environment_variable():
+    code, out = invoke("srun", "--help")
+    assert code == 0 and "--mirror URL" in out and "HPCCKPT_MIRROR" in out, out
