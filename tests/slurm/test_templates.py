@@ -219,3 +219,15 @@ def test_submit_fills_in_the_venv_made_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     text = render_cli("requeue", "--venv", "venvs/my venv")
     assert f"VENV='{tmp_path}/venvs/my venv'" in text.splitlines()
+
+
+@pytest.mark.parametrize("name", ["chain", "mpirun", "python-api", "requeue"])
+def test_python_templates_offer_a_mirror_on_a_commented_line(name):
+    """The templates of Python applications show the mirror (docs/tiers.md) as a line to
+    uncomment; uncommented, it exports HPCCKPT_MIRROR, which the wrapper passes on."""
+    lines = templates.find(name).read_text().splitlines()
+    (line,) = [x for x in lines if x.startswith("# export HPCCKPT_MIRROR=")]
+    show = line[2:].split("  #")[0] + '; printf %s "$HPCCKPT_MIRROR"'
+    env = {"USER": "me", "PATH": os.environ["PATH"]}
+    r = subprocess.run(["bash", "-euc", show], env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout == "s3://my-bucket/me/run1", r.stderr
