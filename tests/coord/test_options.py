@@ -329,3 +329,14 @@ def test_keywords_route_to_their_class():
     }
     assert owners["keep_last"].__name__ == "RetentionOptions"
     assert owners["cache"].__name__ == "TierOptions"
+
+
+def test_the_mirror_keyword_wins_over_hpcckpt_mirror_and_its_wait():
+    env = opts.JobEnvironment.from_env(
+        {"HPCCKPT_MIRROR": "/project/env", "HPCCKPT_MIRROR_WAIT": "12"}
+    )
+    from_env = opts.mirror_from_env(env)
+    assert (from_env.mirror, from_env.mirror_wait) == ("/project/env", 12.0)
+    given = opts.mirror_from_env(env, mirror="s3://b/run", mirror_wait=3)
+    assert (given.mirror, given.mirror_wait) == ("s3://b/run", 3.0)
+    assert opts.mirror_from_env(opts.JobEnvironment.from_env({})).mirror is None
