@@ -189,3 +189,16 @@ def test_the_mirror_keeps_what_a_kept_delta_is_built_on(tmp_path, store):
         mirror.upload(backend, save(store, s).path)
     assert prune_mirror(backend, MirrorOptions(str(tmp_path / "m"), mirror_keep_last=1), 0.0) == []
     assert [m.step for m in mirror.list_mirrored(backend)] == [3, 2, 1]
+
+
+def test_a_stops_checkpoint_is_copied_whatever_mirror_every_says(tmp_path, store):
+    (tmp_path / "m").mkdir()
+    worker = MirrorWorker(
+        DirectoryBackend(tmp_path / "m"), MirrorOptions(str(tmp_path / "m"), mirror_every=5)
+    )
+    try:
+        assert not worker.committed(1, save(store, 1).path)
+        assert worker.committed(2, save(store, 2).path, force=True) and worker.wait(30)
+    finally:
+        worker.close()
+    assert mirror.newest_good(DirectoryBackend(tmp_path / "m")).step == 2
