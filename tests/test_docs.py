@@ -98,3 +98,14 @@ def test_the_map_names_every_module() -> None:
     }
     missing = sorted(modules - _map_entries())
     assert not missing, f"docs/structure.md does not name these modules: {missing}"
+
+
+def test_the_tests_docs_tiers_names_exist() -> None:
+    """docs/tiers.md names the test behind each promise: each of them is there."""
+    text = (DOCS / "tiers.md").read_text()
+    current, missing = None, []
+    for path, name in re.findall(r"`(tests/[\w/]+\.py)?(?:::(\w+))?`", text):
+        current = path or current
+        if name and f"def {name}(" not in (ROOT / current).read_text():
+            missing.append(f"{current}::{name}")
+    assert current is not None and not missing, missing
