@@ -390,9 +390,11 @@ class OwnScheduleMode:
                 "being written are complete"
             )
         if self.rule_fired is not None:
+            kept = self.watch is not None and self.watch.writes
+            since = "its last complete write" if kept else "its start"
             return (
                 "the application takes no signal: ending the step now "
-                f"({self.rule_fired.lost:.0f} s of work since its last complete write is lost)"
+                f"({self.rule_fired.lost:.0f} s of work since {since} is lost)"
             )
         return "the application takes no signal: ending the step now (no restart write under way)"
 
@@ -416,7 +418,7 @@ class OwnScheduleMode:
         w.handle_signal(
             int(w.config.stop_signal),
             time.monotonic(),
-            heard=f"end-time stop ({left:.0f} s before the job's end time, {decision.why})",
+            heard=f"end-time stop ({decision.why})",  # the rule names the end time
         )
 
     def tick(self) -> None:
