@@ -4,8 +4,8 @@ A stop (time limit, the end-time stop, preemption) is progress only when the run
 something new: a committed checkpoint (``checkpoint`` event) or a restart set
 (``restart_set`` event) carrying the run's attempt token. A job whose runs all end before
 the application's first write would otherwise be requeued for ever, each run repeating
-the same work from the same place. So every requeue or chain after a stop records
-``progress`` (true or false); the stops without progress since the last one with progress
+the same work from the same place. So a requeue or chain after a stop that kept nothing
+records ``progress: false``; the stops without progress since the last one with progress
 are counted across requeues and ``--chain`` links, from the last fresh submission (a
 ``wrapper_start`` with restart number 0), as the crash budget is
 (:mod:`hpcckpt.job.budget`). At :data:`MAX_STALLED_STOPS` in a row the wrapper gives up,
