@@ -21,8 +21,9 @@
  *          it never deletes the older ones. At the start rank 0 reads the file with the
  *          largest step it finds (its own "newest file" wildcard); a cut newest file is an
  *          error (exit 3), as it is for such codes. With STOPAPP_SLOW_STEP=N in the
- *          environment, the write after step N takes 100 times longer (a big state on a
- *          busy file system): what a test needs to have a write cut at a time limit.
+ *          environment, the write after step N takes 100 times longer, in 100 times the
+ *          pieces (a big state trickling onto a busy file system, no pause longer than
+ *          PIECE_MS): what a test needs to have a write cut at a time limit.
  *
  * Started again (HPCCKPT_RESTART=1, or whenever every rank finds its file) it resumes
  * from the files; a cut or inconsistent file is an error (exit 3 or 4). At the end rank 0
@@ -96,13 +97,13 @@ static int read_restart(const char *prefix, int rank, long *step, double *u, int
 
 /* RESTART_PREFIX.<step>.bin: the whole field (NTOTAL doubles), in PIECES pieces. */
 static int write_series(const char *prefix, long step, const double *all, int ntotal,
-                        long pause) {
+                        int pieces, long pause) {
     char path[4096];
     snprintf(path, sizeof path, "%s.%ld.bin", prefix, step);
     FILE *f = fopen(path, "wb");
     if (!f) return -1;
     int ok = fwrite(&step, sizeof step, 1, f) == 1 && fwrite(&ntotal, sizeof ntotal, 1, f) == 1;
-    int pieces = 8, per = (ntotal + pieces - 1) / pieces;
+    int per = (ntotal + pieces - 1) / pieces;
     for (int lo = 0; ok && lo < ntotal; lo += per) {
         int len = lo + per <= ntotal ? per : ntotal - lo;
         ok = fwrite(all + lo, sizeof *all, (size_t)len, f) == (size_t)len && fflush(f) == 0 &&
@@ -276,8 +277,10 @@ int main(int argc, char **argv) {
         if (series && done % every == 0 && done < steps) {
             MPI_Gather(u + 1, n, MPI_DOUBLE, all, n, MPI_DOUBLE, 0, MPI_COMM_WORLD);
             const char *slow = getenv("STOPAPP_SLOW_STEP");
-            long pause = slow && atol(slow) == done ? piece_ms * 100 : piece_ms;
-            int err = rank == 0 ? write_series(prefix, done, all, n * size, pause) : 0;
+            /* slow: 100 times the pieces, each PIECE_MS apart: a steady trickle of bytes,
+               never a pause a watcher could take for the write's end */
+            int pieces = slow && atol(slow) == done ? 800 : 8;
+            int err = rank == 0 ? write_series(prefix, done, all, n * size, pieces, piece_ms) : 0;
             if (rank == 0) {
                 printf("stopapp: restart file %s.%ld.bin written%s\n", prefix, done,
                        err ? " (FAILED)" : "");
