@@ -6,7 +6,9 @@ set rewritten in place). Each case compares the final field with an uninterrupte
 
 from __future__ import annotations
 
+import os
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,16 @@ def series_job(tmp_path: Path, stopapp: Path, mode: list[str], *, header: str = 
     return write_script(tmp_path / "job.sbatch", "exec " + shlex.join(wrapper), header)
 
 
+def keep_log(tmp_path: Path, name: str) -> None:
+    """With HPCCKPT_TEST_KEEP_LOG=DIR, the job's log as a user reads it and its event log
+    are copied to DIR/<name>.log and DIR/<name>.events.jsonl (for the notes of a change)."""
+    where = os.environ.get("HPCCKPT_TEST_KEEP_LOG")
+    if where:
+        Path(where).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(tmp_path / "job.out", Path(where) / f"{name}.log")
+        shutil.copyfile(tmp_path / "ckpt" / "events.jsonl", Path(where) / f"{name}.events.jsonl")
+
+
 def submit(script: Path, tmp_path: Path, env: dict[str, str], *extra: str) -> str:
     log = tmp_path / "job.out"
     return sbatch(["--time=1", "-n", "2", "--requeue", "--open-mode=append", f"--output={log}",
@@ -85,6 +97,7 @@ def test_series_shorter_writes_than_the_run_continues_across_segments(
     kept = sorted((ckpt / "restart-sets").glob("[0-9]*"))
     assert len(kept) == 2, kept  # bounded retention of the kept copies
     assert (tmp_path / "out.bin").read_bytes() == expected
+    keep_log(tmp_path, "series-across-segments")
 
 
 def test_series_first_write_later_than_a_run_gives_up_after_three_runs(
@@ -110,6 +123,7 @@ def test_series_first_write_later_than_a_run_gives_up_after_three_runs(
     assert "no restart write of the application was seen" in text and "longer --time" in text
     assert "after checkpoint" not in text and "nothing new was kept" in text, text
     assert not events_of(ckpt, "restart_set") and not list(tmp_path.glob("restart.*.bin"))
+    keep_log(tmp_path, "series-gives-up")
 
 
 def test_series_file_cut_by_slurms_term_is_moved_aside_and_the_run_resumes(
