@@ -339,4 +339,8 @@ def test_the_mirror_keyword_wins_over_hpcckpt_mirror_and_its_wait():
     assert (from_env.mirror, from_env.mirror_wait) == ("/project/env", 12.0)
     given = opts.mirror_from_env(env, mirror="s3://b/run", mirror_wait=3)
     assert (given.mirror, given.mirror_wait) == ("s3://b/run", 3.0)
-    assert opts.mirror_from_env(opts.JobEnvironment.from_env({})).mirror is None
+    default = opts.mirror_from_env(opts.JobEnvironment.from_env({}))
+    assert default.mirror is None and default.mirror_wait == 300.0  # docs/tiers.md
+    assert (default.mirror_every, default.mirror_retry_max) == (1, 60.0)
+    keep = (default.mirror_keep_last, default.mirror_keep_every, default.mirror_thinning)
+    assert keep == (None, None, None)  # no rule: the mirror keeps everything
