@@ -2,7 +2,6 @@
 
     python benchmarks/bench_fsdp.py [--size 256M] [--repeat 3] [--root DIR] [--json FILE]
         [--no-drop-caches]
-    make bench-fsdp
 
 An MLP of 4 square layers, each sharded with ``fully_shard`` (FSDP2, gloo on the CPU),
 and its AdamW state after a step: about ``--size`` bytes of parameters and moments per
@@ -12,7 +11,10 @@ under ``mpirun`` three times:
 1. ``main``, 2 ranks, ``--repeat`` times, methods interleaved in a rotated order, the
    optimizer stepping before every save:
    - ``save``: ``Checkpointer.save(step, {"model": model, "optim": optim})`` (durable,
-     committed) against ``dcp.save`` of ``get_state_dict(model, optim)`` (fsynced);
+     committed) against ``dcp.save`` of ``get_state_dict(model, optim)`` (fsynced); each
+     into a new file, neither deleting an older one in the timed call (``keep_last=None``;
+     DCP's directories are removed untimed): unlinking a 512 MiB file costs up to 0.5 s
+     here, which a ``keep_last`` save pays when it prunes;
    - ``restore``: ``Checkpointer.restore`` of that state against ``dcp.load`` +
      ``set_state_dict``, after the page cache was dropped (cold; see ``--no-drop-caches``);
    - ``async``: the time the ranks are blocked in ``Checkpointer(async_save=True).save``
@@ -236,7 +238,7 @@ def work(args: argparse.Namespace) -> None:
 
     def checkpointer(where: Path, **kw: Any) -> Any:
         return hpcckpt.Checkpointer(
-            where, comm, every_steps=1, keep_last=1, incremental=False, validate=None, **kw
+            where, comm, every_steps=1, keep_last=None, incremental=False, validate=None, **kw
         )
 
     runs: dict[str, dict[str, list[float]]] = {t: {} for t in TOOLS}
@@ -260,7 +262,7 @@ def work(args: argparse.Namespace) -> None:
             for method in _util.rotate(methods, rep):
                 train()
                 if method == "hpcckpt":
-                    record("hpcckpt", "save", _util.timed(comm, lambda: ck.save(rep, state)))
+                    record("hpcckpt", "save", _util.timed(comm, lambda r=rep: ck.save(r, state)))
                     want = fingerprint()
                     restore_check("hpcckpt", lambda: ck.restore(state), want, "restore")
                 elif method == "dcp":
@@ -275,18 +277,16 @@ def work(args: argparse.Namespace) -> None:
                     record(
                         "hpcckpt",
                         "async_blocked",
-                        _util.timed(comm, lambda: ck_async.save(rep, state)),
+                        _util.timed(comm, lambda r=rep: ck_async.save(r, state)),
                     )
                     ck_async.wait()
                 else:
                     path = root / "dcp_async" / f"rep{rep}"
                     box: list[Any] = []
 
-                    def start(p: Path = path) -> None:
+                    def start(p: Path = path, b: list[Any] = box) -> None:
                         msd, osd = get_state_dict(model, optim)
-                        box.append(
-                            dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=str(p))
-                        )
+                        b.append(dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=str(p)))
 
                     record("dcp", "async_blocked", _util.timed(comm, start))
                     box[0].result()

@@ -283,3 +283,21 @@ def test_gpu_check_says_no_cuda_device_and_runs_its_flow_on_the_cpu(tmp_path: Pa
     assert set(doc["checks"]) == {"model_restore", "values_at_save", "cuda_rng", "blocked"}
     assert doc["checks"]["model_restore"]["tensors"] == 4 * 2 + 4 * 2 * 3
     assert all(v > 0 for v in doc["checks"]["blocked"]["median_seconds"].values())
+
+
+def test_bench_fsdp_compares_hpcckpt_with_dcp_and_checks_every_restore(tmp_path: Path) -> None:
+    out = tmp_path / "fsdp.json"
+    argv = [str(BENCH / "bench_fsdp.py"), "--size", "2M", "--repeat", "1"]
+    argv += ["--root", str(tmp_path / "scratch"), "--no-drop-caches", "--json", str(out)]
+    _run(argv, timeout=300)
+    doc = json.loads(out.read_text())
+    assert [r["op"] for r in doc["summary"]] == [
+        "save",
+        "restore",
+        "async_blocked",
+        "restore",
+        "restore",
+    ]
+    assert [p["ranks"] for p in doc["phases"].values()] == [2, 1, 2]
+    checks = {(ph, k): ok for ph, p in doc["phases"].items() for k, ok in p["checks"].items()}
+    assert len(checks) == 6 and all(checks.values()), checks

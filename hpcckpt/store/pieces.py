@@ -61,11 +61,16 @@ class PieceReader:
             if part is None:
                 continue
             first, stop, strides = sharded.span(piece, part)
-            flat = self._elements(name, r, first, stop)
             where = tuple(
                 slice(p - o, p - o + n) for p, o, n in zip(part[0], want[0], part[1], strict=True)
             )
-            out[where] = sharded.strided(flat, part[1], strides)
+            target = out[where]
+            if stop - first == sharded.volume(part[1]) and target.flags.c_contiguous:
+                # the overlap is one run of the piece and of ``out``: read it in place
+                self._elements(name, r, first, stop, target.reshape(-1))
+            else:
+                flat = self._elements(name, r, first, stop)
+                out[where] = sharded.strided(flat, part[1], strides)
             found += sharded.volume(part[1])
             parts.append(part)
         overlap = any(
@@ -86,15 +91,24 @@ class PieceReader:
         assert shape is not None
         return self.box(name, (0,) * len(shape), shape, out)
 
-    def _elements(self, name: str, rank: int, first: int, stop: int) -> np.ndarray:
-        """Elements ``[first, stop)`` of rank ``rank``'s piece (C order), verified."""
+    def _elements(
+        self, name: str, rank: int, first: int, stop: int, dest: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Elements ``[first, stop)`` of rank ``rank``'s piece (C order), verified; into
+        ``dest`` (flat, contiguous, ``stop - first`` elements) when it is given: the
+        blocks that lie wholly inside are read straight into it, only the partial blocks
+        at either end through a buffer of one block (a restore on the rank count that
+        wrote the file thus copies nothing)."""
         r = self.reader
         info = r.arrays[name]
         start = r.raw_start(dataset_name(name), info.dtype) if r.kind != INCREMENTAL else None
         if r.format_version < 2 or start is None:  # a chain, or not raw: the whole piece
             whole = r.rank_array(name, rank).reshape(-1)
             self.bytes_read += whole.nbytes
-            return whole[first:stop]
+            if dest is None:
+                return whole[first:stop]
+            dest[...] = whole[first:stop]
+            return dest
         per_row = info.dtype.itemsize * int(np.prod(info.trailing, dtype=np.int64))
         at = start + (
             info.rank_offsets[rank] * per_row
@@ -104,26 +118,62 @@ class PieceReader:
         elems = blocks.block_elems(info.dtype.itemsize, r.block_size)
         count = info.rank_elems(rank)
         b0, b1 = first // elems, -(-stop // elems)
-        e0, e1 = b0 * elems, min(b1 * elems, count)
-        buf = np.empty(e1 - e0, dtype=info.dtype)
-        want = self._block_hashes(name, rank)[b0:b1]
-        offset, view = at + e0 * info.dtype.itemsize, memoryview(buf).cast("B")
-        got = 0
+        hashes = self._block_hashes(name, rank)
         fd = os.open(r.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         try:
-            while got < len(view):
-                n = os.preadv(fd, [view[got:]], offset + got)
-                if n <= 0:
-                    break
-                got += n
+            if dest is None:
+                e0, e1 = b0 * elems, min(b1 * elems, count)
+                buf = np.empty(e1 - e0, dtype=info.dtype)
+                self._read_blocks(fd, name, rank, at, elems, b0, buf, hashes)
+                return buf[first - e0 : stop - e0]
+            inner0 = -(-first // elems)  # the first block wholly inside [first, stop)
+            inner1 = b1 if min(b1 * elems, count) <= stop else b1 - 1  # one past the last
+            if inner0 < inner1:
+                lo, hi = inner0 * elems, min(inner1 * elems, count)
+                self._read_blocks(
+                    fd, name, rank, at, elems, inner0, dest[lo - first : hi - first], hashes
+                )
+            for b in sorted({b0, b1 - 1}):
+                if inner0 <= b < inner1:
+                    continue
+                lo, hi = b * elems, min((b + 1) * elems, count)
+                buf = np.empty(hi - lo, dtype=info.dtype)
+                self._read_blocks(fd, name, rank, at, elems, b, buf, hashes)
+                a, z = max(lo, first), min(hi, stop)
+                dest[a - first : z - first] = buf[a - lo : z - lo]
+            return dest
         finally:
             os.close(fd)
+
+    def _read_blocks(
+        self,
+        fd: int,
+        name: str,
+        rank: int,
+        at: int,
+        elems: int,
+        b0: int,
+        buf: np.ndarray,
+        hashes: np.ndarray,
+    ) -> None:
+        """Fill ``buf`` with the elements of rank ``rank``'s piece from block ``b0`` on
+        (whole blocks, the piece's last one possibly short) and check their hashes."""
+        r = self.reader
+        offset = at + b0 * elems * buf.itemsize
+        view = memoryview(buf).cast("B")
+        got = 0
+        while got < len(view):
+            n = os.preadv(fd, [view[got:]], offset + got)
+            if n <= 0:
+                break
+            got += n
         self.bytes_read += got
         if got != len(view):
             raise CorruptCheckpoint(
                 f"{r.path.name}: DTensor {name!r} of rank {rank} ends past the end of the file",
                 culprit=r.path,
             )
+        want = hashes[b0 : b0 + -(-buf.size // elems)]
         bad = np.nonzero(blocks.block_hashes(buf, r.block_size) != want)[0]
         if bad.size:
             raise CorruptCheckpoint(
@@ -131,7 +181,6 @@ class PieceReader:
                 "fails its checksum",
                 culprit=r.path,
             )
-        return buf[first - e0 : stop - e0]
 
     def _block_hashes(self, name: str, rank: int) -> np.ndarray:
         key = (name, rank)
