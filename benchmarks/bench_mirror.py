@@ -8,7 +8,8 @@ and the slowdown of the application's compute while the mirror copies.
         [--with-parts --parts 8M,16M,32M,64M --concurrency 1,2,4,8 --parts-reps 3]
 
 One process, no MPI (the mirror is one background thread of rank 0; the blocked time is
-that of one rank's ``save()``). About 3 minutes at the defaults on 2 cores.
+that of one rank's ``save()``). About 6 minutes at the defaults on 2 busy cores
+(``--size 64M`` about halves it).
 
 The S3 server is ``rclone serve s3`` over a folder of ``--dir`` (the same server the
 tests start, tests/s3_server.py), on this machine: every byte goes over loopback and
