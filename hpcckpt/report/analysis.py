@@ -10,6 +10,7 @@ from typing import Any
 from hpcckpt.policy.formulas import daly, efficiency, young
 from hpcckpt.report import saves, tiers
 from hpcckpt.report.format import mean, median, rounded
+from hpcckpt.report.mirror import analyze_mirror
 from hpcckpt.report.model import (
     SEGMENT_KINDS,
     Attempt,
@@ -49,6 +50,10 @@ _KNOWN = {
     evlog.END_TIME_MOVED,
     evlog.PREEMPTED,
     evlog.CANCELLED,
+    evlog.MIRRORED,  # shown by hpcckpt/report/mirror.py
+    evlog.MIRROR_FAILED,
+    evlog.MIRROR_PRUNED,
+    evlog.MIRROR_WAIT,
 }
 
 
@@ -91,6 +96,8 @@ def analyze(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
       "cache (rebuilt from xor)") and the node-local checkpoints skipped before it.
     - ``gave_up``: why the wrapper stopped continuing the job (the last ``give_up``
       event: ``cause``, ``reason``, ``attempt``), None when it never gave up.
+    - ``mirror``: what reached the mirror and what is behind
+      (:func:`hpcckpt.report.mirror.analyze_mirror`), None without a mirror.
     """
     events = [dict(e) for e in events if isinstance(e, Mapping) and valid_event(e)]
     unknown = Counter(e["event"] for e in events if e["event"] not in _KNOWN)
@@ -224,6 +231,7 @@ def analyze(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "node_failures": analyze_node_failures(events, rows, t0),
         "restores": tiers.analyze_restores(events, t0),
         "gave_up": gave_up(events),
+        "mirror": analyze_mirror(events),
     }
 
 

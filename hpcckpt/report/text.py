@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from hpcckpt.report import saves, tiers
+from hpcckpt.report import mirror, saves, tiers
 from hpcckpt.report.format import dur, pct, size
 from hpcckpt.report.model import STOPPED
 
@@ -86,6 +86,7 @@ def format_report(report: Mapping[str, Any]) -> str:
         lines.append(f"  {ck['uncommitted']} checkpoint(s) begun and never committed")
     lines.append("")
     lines += tiers.format_restores(report.get("restores") or [])
+    lines += mirror.format_mirror(report.get("mirror"))
     lines.append("Time")
     lines.append(
         f"  wall {dur(tm['wall_seconds'])} = run {dur(tm['run_seconds'])} "

@@ -60,8 +60,9 @@ def test_json_report(ckpt_dir: Path) -> None:
         "interval",
         "restores",
         "gave_up",
+        "mirror",
     }
-    assert data["gave_up"] is None  # it never gave up
+    assert data["gave_up"] is None and data["mirror"] is None  # no give-up, no mirror
     assert data["directory"] == str(ckpt_dir)
     assert [a["outcome"] for a in data["attempts"]] == ["crashed", "stopped", "finished"]
     assert data["checkpoints"]["count"] == 7
