@@ -121,6 +121,18 @@ def test_a_mirror_down_then_back_is_retried_and_catches_up(tmp_path, store):
     assert mirror.newest_good(DirectoryBackend(root)).step == 3
 
 
+def test_retries_wait_one_second_doubling_up_to_mirror_retry_max(tmp_path, store):
+    reports = Reports()
+    options = MirrorOptions(str(tmp_path / "absent"), mirror_retry_max=3)
+    worker = MirrorWorker(DirectoryBackend(tmp_path / "absent"), options, reports)
+    try:
+        worker.committed(1, save(store, 1).path)
+        wait_for(lambda: len(reports.of(MIRROR_FAILED)) >= 3, 30, "three failed attempts")
+    finally:
+        worker.close()
+    assert [f["retry_in"] for f in reports.of(MIRROR_FAILED)[:3]] == [1.0, 2.0, 3.0]
+
+
 def test_a_full_mirror_is_reported_and_nothing_counts_there(tmp_path, store):
     root = tmp_path / "small"
     root.mkdir()
