@@ -688,7 +688,13 @@ class Wrapper:
             return EXIT_OK
         if result.outcome is Outcome.STOPPED:
             self.app.after_stop()
-            if rc != 0 and not self.app.ended_by_wrapper:
+            if rc != 0 and not self.app.ended_by_wrapper and self.own is not None:
+                self.log(
+                    f"note: the step ended with {describe_returncode(rc)}: the application "
+                    "takes no signal, so a stop ends it by a kill; it resumes from its newest "
+                    "kept restart set: a stop, not a crash"
+                )
+            elif rc != 0 and not self.app.ended_by_wrapper:
                 what = "its restart files were" if self.config.app_mode else "the checkpoint was"
                 self.log(
                     f"note: the step ended with {describe_returncode(rc)} after {what} "

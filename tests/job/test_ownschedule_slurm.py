@@ -154,6 +154,8 @@ def test_series_file_cut_by_slurms_term_is_moved_aside_and_the_run_resumes(
     assert aside.parent.parent == ckpt / "restart-sets" / "cut" and aside.is_file()
     assert aside.stat().st_size < (tmp_path / "restart.700.bin").stat().st_size
     assert "stopapp: resuming after step 700" in text, text
+    assert "the application takes no signal, so a stop ends it by a kill" in text, text
+    assert "after its restart files were complete" not in text, text  # a write was cut
     assert (tmp_path / "restart.100.bin").exists()  # the application's older files stay
     assert (tmp_path / "out.bin").read_bytes() == expected
 
