@@ -463,7 +463,10 @@ class OwnScheduleMode:
                 w.log(f"warning: cannot record the restart write under way: {exc}", WARN)
         if self.ended_at is None:
             self.ended_at = time.time()
-        if w.stop.forwarded:
+        # only a warning came (the B: signal), the rule never ended the step: an exit 0
+        # is the application's own end
+        warned_only = self.deferred and self.rule_fired is None and not w.app.ended_by_wrapper
+        if w.stop.forwarded and not (rc == 0 and warned_only):
             how = "ended by the wrapper" if w.app.ended_by_wrapper else exited
             return StepResult(Outcome.STOPPED, rc, None, f"stopped on request; {how}")
         if rc == 0:
