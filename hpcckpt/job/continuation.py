@@ -167,11 +167,20 @@ class Continuation:
             log = None
         decision = stalled.decide_after_stop(log, attempt=self.attempt, facts=facts)
         at_step = f" at step {step}" if step is not None else ""
-        said = (
-            f"stopped{at_step} after checkpoint"
-            if decision.progress
-            else f"stopped{at_step}; nothing new was kept ({decision.kept})"
-        )
+        if not decision.progress:
+            said = f"stopped{at_step}; nothing new was kept ({decision.kept})"
+        elif facts.observable:
+            said = f"stopped{at_step} after checkpoint"
+        else:
+            unseen = (
+                "--restart-files lets the wrapper check its files"
+                if self.config.app_mode
+                else "no Checkpointer of this run reported a start"
+            )
+            said = (
+                f"stopped{at_step} after the application was asked to checkpoint (what it "
+                f"kept cannot be seen: {unseen})"
+            )
         how = self.how
         if how is None:
             why = "requeue disabled (--no-requeue)" if self.slurm_env.in_job else "outside Slurm"

@@ -24,6 +24,19 @@ open(f"{d}/done", "w").write(str(step))
 """
 
 
+def test_app_signal_without_restart_files_never_claims_a_checkpoint_it_cannot_see(tmp_path):
+    ckpt, work = tmp_path / "ck", tmp_path / "work"
+    work.mkdir()
+    cmd = [sys.executable, "-c", WRITER, str(work), "400"]
+    w = Wrapped(ckpt, cmd, "--app-signal", "USR2", "--app-ready", "0.5")
+    w.wait_line("started step")
+    w.send(signal.SIGUSR1)
+    assert w.wait() == 0, w.stderr
+    line = w.wait_line("after the application was asked to checkpoint")
+    assert "cannot be seen" in line and "--restart-files" in line
+    assert "after checkpoint" not in w.stderr
+
+
 def test_app_signal_stop_then_resume_then_finish(tmp_path):
     ckpt, work = tmp_path / "ck", tmp_path / "work"
     work.mkdir()

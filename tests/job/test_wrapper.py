@@ -166,7 +166,8 @@ def test_usr1_after_running_stops_the_app(tmp_path):
     assert w.wait() == 0, w.stderr
     assert received(ckpt) == ["SIGUSR1"]
     assert "forwarded to step (pid" in w.wait_line("signal USR1 received")
-    w.wait_line("after checkpoint; run again to resume")
+    line = w.wait_line("run again to resume")  # a stand-in app: no Checkpointer, no claim
+    assert "after the application was asked to checkpoint" in line and "cannot be seen" in line
     assert kinds(ckpt) == ["wrapper_start", "signal", "step_end", "stopped"]
     ev = events(ckpt)
     attempt = ev[0]["attempt"]
