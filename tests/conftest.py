@@ -233,7 +233,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # =============================================================================================
 # S3: a real S3-compatible server (tests/s3_server.py: `rclone serve s3` over a directory)
 #
-#   s3_server      session: one server for the session (this worker), never stopped by tests
+#   s3_server      module: one server per test module, never stopped by its tests (stopped
+#                  when the module ends: an idle rclone that served some workloads keeps
+#                  spinning at about a quarter of a core, which a session-long server
+#                  would take from every test after it)
 #   s3_mirror      function: a fresh bucket on it, the AWS_* environment set for the test
 #                  (monkeypatch), and ``.url`` = "s3://<bucket>/run" for mirror=...
 #   own_s3_server  function: a server of the test's own, which it may stop() and start()
@@ -254,7 +257,7 @@ class S3Mirror:
         self.prefix_path = self.path / prefix  # where the mirror's objects lie on disk
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def s3_server(tmp_path_factory):
     from tests.s3_server import S3Server
 
