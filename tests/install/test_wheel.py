@@ -38,8 +38,10 @@ def test_the_wheel_holds_the_package_its_script_templates_and_dependencies(wheel
     required = {r.split(";")[0].split(">")[0].strip() for r in meta.get_all("Requires-Dist")}
     assert {"numpy", "mpi4py", "h5py", "click", "xxhash"} <= required
     optional = {r for r in meta.get_all("Requires-Dist") if "extra ==" in r}
-    assert {"torch", "torchdata", "matplotlib", "pytest"} <= {r.split(">")[0] for r in optional}
-    assert set(meta.get_all("Provides-Extra")) == {"torch", "plot", "test"}
+    assert {"torch", "torchdata", "matplotlib", "pytest", "boto3"} <= {
+        r.split(">")[0] for r in optional
+    }
+    assert set(meta.get_all("Provides-Extra")) == {"torch", "plot", "test", "s3"}
 
 
 def test_the_sdist_holds_what_the_wheel_needs_and_no_tests(wheel_venv):
