@@ -52,11 +52,13 @@ class Restorer:
         file_mode: int,
         tier: NodeLocalTier | None,
         mirror: MirrorBackend | None = None,
+        mirrored: bool = False,
     ) -> None:
         self.directory = directory
         self.mirror = mirror
-        #: Whether a mirror is set (rank 0 holds the backend; every rank knows there is one).
-        self.mirrored = bool(agreement.comm.bcast(mirror is not None))
+        #: Whether a mirror is set (rank 0 holds the backend; every rank knows there is one,
+        #: from the same options).
+        self.mirrored = mirrored
         self.agreement = agreement
         self.loader = loader
         self.encoder = encoder
@@ -78,7 +80,9 @@ class Restorer:
         skipped: list[tuple[int, str]] = []
         local_skipped: list[tuple[int, str]] = []  # node-local checkpoints that could not be
         entries, died = self._listing(guard_first=self.tier is None and not self.mirrored)
-        remote = self.agreement.from_root(lambda: self._mirror_steps(entries))
+        remote: list[int] = []
+        if self.mirrored:  # no collective for a store without a mirror
+            remote = self.agreement.from_root(lambda: self._mirror_steps(entries))
         if self.tier is not None and only is None:
             newest = max((e.step for e in entries if e.good_candidate), default=-1)
             newest = max(newest, *remote) if remote else newest

@@ -90,7 +90,14 @@ class CheckpointStore:
             if error is not None:  # on every rank alike
                 raise ValueError(error)
         self.restorer = Restorer(
-            self.directory, self.agreement, loader, encoder, self.file_mode, self.tier, self.mirror
+            self.directory,
+            self.agreement,
+            loader,
+            encoder,
+            self.file_mode,
+            self.tier,
+            self.mirror,
+            mirrored=mirror.url is not None,
         )
 
     def _open_mirror(self) -> str | None:
