@@ -189,19 +189,19 @@ class Wrapper:
                 self._kill_child(hard)
                 self.event(events.SIGNAL, name=name, elapsed=elapsed, forwarded=False, killed=True)
                 return
-        if self.stop.under_way:
+        if self.stop.under_way or self.stop.held:
             self.log(
-                f"{heard} {when}{note}; a stop request is already under way; "
-                "not forwarding it again"
+                f"{heard} {when}{note}; a stop request is already "
+                + (
+                    "held until the application is ready for it"
+                    if self.stop.held
+                    else "under way; not forwarding it again"
+                )
             )
             self.event(events.SIGNAL, name=name, elapsed=elapsed, forwarded=False, duplicate=True)
-            return
-        if self.stop.held:
-            self.log(
-                f"{heard} {when}{note}; a stop request is already held until "
-                "the application is ready for it"
-            )
-            self.event(events.SIGNAL, name=name, elapsed=elapsed, forwarded=False, duplicate=True)
+            if not own:  # Slurm's signal after the end-time stop: was it early enough?
+                now = time.monotonic()
+                self._start_lead_check(time.time() - (now - (now if t is None else t)))
             return
         self.stop.request(name, t)
         if not own:
@@ -357,14 +357,17 @@ class Wrapper:
             )
 
     # -- lead time: was the stop signal early enough for a checkpoint? ---------------------
-    def _start_lead_check(self) -> None:
+    def _start_lead_check(self, arrived: float | None = None) -> None:
+        """Check in the background whether Slurm's stop signal (which arrived at
+        ``arrived``, Unix time; default: the stop request's) left time to checkpoint."""
         job = self.slurm_env.job_id
-        if job is None or self._lead_thread is not None or self.stop.requested_wall is None:
+        arrived = self.stop.requested_wall if arrived is None else arrived
+        if job is None or self._lead_thread is not None or arrived is None:
             return
         self._lead_thread = leadtime.start_check(
             self,
             job=job,
-            arrived=self.stop.requested_wall,
+            arrived=arrived,
             signal_name=signal_name(self.config.stop_signal),
             ckpt_dir=self.config.ckpt_dir,
             environ=self.environ,
