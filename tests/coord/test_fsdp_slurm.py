@@ -7,7 +7,6 @@ and the final parameters and AdamW moments, equal an uninterrupted run's bit for
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from hpcckpt.rundir.events import read_events
+from tests.job.test_wrapper_slurm import cluster_env
 from tests.mpi_helpers import ROOT, mpirun
 from tests.slurm_helpers import FINAL, follow, job_info, sbatch
 
@@ -25,17 +25,6 @@ pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
 APP = ROOT / "tests" / "coord" / "apps" / "fsdp_app.py"
 VENV_BIN = str(Path(sys.executable).parent)
 STEPS = 8
-
-
-def job_env(cluster) -> dict[str, str]:
-    """The submitting shell's environment: the venv's hpcckpt and python first on PATH,
-    the repository on PYTHONPATH, no Slurm or hpcckpt variables of an enclosing job."""
-    env = dict(os.environ, **cluster.env())
-    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env['PATH']}"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    for key in [k for k in env if k.startswith(("SLURM_", "HPCCKPT_")) and k != "SLURM_CONF"]:
-        del env[key]
-    return env
 
 
 def logged_steps(log: Path) -> list[dict]:
@@ -48,7 +37,7 @@ def test_a_signalled_requeued_job_resumes_bit_identical(slurm_cluster, tmp_path)
     assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
     reference = json.loads((tmp_path / "ref.json").read_text())
 
-    env = job_env(slurm_cluster)
+    env = cluster_env(slurm_cluster)
     ckpt, log, out, joblog = (tmp_path / n for n in ("ckpt", "losses.jsonl", "out.json", "job.out"))
     app = [sys.executable, APP, ckpt, "--out", out, "--steps", STEPS, "--sleep", "2",
            "--log", log]  # fmt: skip

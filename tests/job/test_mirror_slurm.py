@@ -22,7 +22,8 @@ import pytest
 from hpcckpt.rundir.events import read_events
 from hpcckpt.store import mirror
 from hpcckpt.store.mirror_backend import open_backend
-from tests.mpi_helpers import EXAMPLES, ROOT, mpirun
+from tests.job.test_wrapper_slurm import cluster_env
+from tests.mpi_helpers import EXAMPLES, mpirun
 from tests.slurm_helpers import FINAL, RELEASE_AFTER, follow, job_info, sbatch, wait_for_event
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
@@ -35,11 +36,7 @@ def job_env(cluster, s3_server) -> dict[str, str]:
     """The submitting shell's environment: the venv first on PATH, the checkout on
     PYTHONPATH, no Slurm or hpcckpt variables of an enclosing job, and the S3 store's
     endpoint and credentials (sbatch exports them to the job, srun to the ranks)."""
-    env = dict(os.environ, **cluster.env())
-    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env['PATH']}"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    for key in [k for k in env if k.startswith(("SLURM_", "HPCCKPT_")) and k != "SLURM_CONF"]:
-        del env[key]
+    env = cluster_env(cluster)
     for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
         env.pop(key, None)
     env.update(s3_server.env())

@@ -23,21 +23,9 @@ from tests.job.test_stops_slurm import (
     reference,
     write_script,
 )
-from tests.mpi_helpers import EXAMPLES
 from tests.slurm_helpers import sbatch
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def stopapp(tmp_path_factory) -> Path:
-    import subprocess
-
-    out = tmp_path_factory.mktemp("stopapp")
-    build = subprocess.run(["make", "-C", str(EXAMPLES / "c"), f"OUT={out}", f"{out}/stopapp"],
-                           capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert build.returncode == 0, build.stderr
-    return out / "stopapp"
 
 
 def series_job(tmp_path: Path, stopapp: Path, mode: list[str], *, header: str = "",

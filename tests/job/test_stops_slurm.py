@@ -37,15 +37,6 @@ def cluster_env(cluster) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="module")
-def stopapp(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("stopapp")
-    build = subprocess.run(["make", "-C", str(EXAMPLES / "c"), f"OUT={out}", f"{out}/stopapp"],
-                           capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert build.returncode == 0, build.stderr
-    return out / "stopapp"
-
-
 def reference(binary: Path, tmp_path: Path, mode_args: list[str], ranks: int = 2) -> bytes:
     """The result of an uninterrupted run (no sleep)."""
     mode, steps, _sleep, *rest = mode_args
