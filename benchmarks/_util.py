@@ -79,6 +79,22 @@ def drop_caches() -> str | None:
     return None
 
 
+class ColdCache:
+    """Called between timed phases of an MPI benchmark: every rank waits while rank 0
+    drops the page cache (unless ``skip``); ``problem`` says why it could not."""
+
+    def __init__(self, comm, skip: bool = False) -> None:
+        self.comm = comm
+        self.skip = skip
+        self.problem: str | None = None
+
+    def __call__(self) -> None:
+        self.comm.Barrier()
+        if self.comm.Get_rank() == 0 and not self.skip:
+            self.problem = drop_caches()
+        self.comm.Barrier()
+
+
 def fsync_path(path: str | os.PathLike[str]) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

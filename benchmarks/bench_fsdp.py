@@ -215,14 +215,7 @@ def work(args: argparse.Namespace) -> None:
     nbytes = sum(
         (t.to_local() if hasattr(t, "to_local") else t).numel() * t.element_size() for t in held()
     )
-    drop_problem = None
-
-    def cold() -> None:
-        nonlocal drop_problem
-        comm.Barrier()
-        if rank == 0 and not args.no_drop_caches:
-            drop_problem = _util.drop_caches()
-        comm.Barrier()
+    cold = _util.ColdCache(comm, skip=args.no_drop_caches)
 
     state = {"model": model, "optim": optim}
 
@@ -324,7 +317,7 @@ def work(args: argparse.Namespace) -> None:
             "ranks": size,
             "bytes_per_rank": comm.allreduce(nbytes, op=MPI.MAX),
             "width": width,
-            "drop_problem": drop_problem,
+            "drop_problem": cold.problem,
             "runs": runs,
             "checks": checks,
             "torch": torch.__version__,

@@ -94,14 +94,7 @@ def main() -> None:
     dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=rank, world_size=size)
     model, optim = build(_util.parse_size(args.size))
     per_rank = nbytes_of(model, optim)
-    drop_problem = None
-
-    def cold() -> None:
-        nonlocal drop_problem
-        comm.Barrier()
-        if rank == 0 and not args.no_drop_caches:
-            drop_problem = _util.drop_caches()
-        comm.Barrier()
+    cold = _util.ColdCache(comm, skip=args.no_drop_caches)
 
     def timed(fn) -> float:
         comm.Barrier()
@@ -168,7 +161,7 @@ def main() -> None:
                     "repeat": args.repeat,
                     "root": str(root),
                     "torch": torch.__version__,
-                    "drop_problem": drop_problem,
+                    "drop_problem": cold.problem,
                     "runs": results,
                     "summary": summary,
                 },
