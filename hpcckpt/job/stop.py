@@ -36,9 +36,8 @@ class StopRequest:
 
     def request(self, name: str, at: float | None = None) -> None:
         """The first stop signal, received at ``at`` (monotonic; None: now)."""
-        now = time.monotonic()
-        self.requested_at = now if at is None else at
-        self.requested_wall = time.time() - (now - self.requested_at)
+        self.requested_at = time.monotonic() if at is None else at
+        self.requested_wall = wall_time(self.requested_at)
         self.name = name
 
     def hold(self) -> None:
@@ -55,3 +54,9 @@ class StopRequest:
     def held_for(self, since_start: float) -> float:
         """Seconds since the request (``since_start`` if it came before the clock started)."""
         return time.monotonic() - (self.requested_at or since_start)
+
+
+def wall_time(at: float | None) -> float:
+    """The Unix time of the monotonic instant ``at`` (None: now)."""
+    now = time.monotonic()
+    return time.time() - (now - (now if at is None else at))

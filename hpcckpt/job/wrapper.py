@@ -65,7 +65,7 @@ from hpcckpt.job.outcome import (
 )
 from hpcckpt.job.reporting import DETAIL, WARN
 from hpcckpt.job.signal_queue import SignalQueue
-from hpcckpt.job.stop import StopRequest
+from hpcckpt.job.stop import StopRequest, wall_time
 from hpcckpt.job.stops import OwnScheduleMode, WrapperStops, died_by_signal
 from hpcckpt.rundir import events, verbosity
 from hpcckpt.rundir.env import LOG_LEVEL_ENV
@@ -200,8 +200,7 @@ class Wrapper:
             )
             self.event(events.SIGNAL, name=name, elapsed=elapsed, forwarded=False, duplicate=True)
             if not own:  # Slurm's signal after the end-time stop: was it early enough?
-                now = time.monotonic()
-                self._start_lead_check(time.time() - (now - (now if t is None else t)))
+                self._start_lead_check(wall_time(t))
             return
         self.stop.request(name, t)
         if not own:
