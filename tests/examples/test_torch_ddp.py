@@ -20,7 +20,8 @@ from hpcckpt.rundir.events import read_events
 from tests.mpi_helpers import EXAMPLES, ROOT, mpirun
 from tests.slurm_helpers import follow, sbatch
 
-pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
+# One xdist worker runs the module: its two tests share one (slow) pair of runs.
+pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow, pytest.mark.xdist_group("ddp")]
 
 # About 45 s of work against a 1-minute limit: USR1@55 arrives 5-35 s in (the controller
 # checks about every 30 s), so the first run is always cut short and requeued; 128 steps
@@ -110,8 +111,8 @@ print(json.dumps(out))
 
 
 def test_the_2_rank_checkpoint_restores_its_replicated_part_on_1_rank(ddp_runs):
-    root, info, _ = ddp_runs
-    assert info["JobState"] == "COMPLETED"
+    root, info, text = ddp_runs
+    assert info["JobState"] == "COMPLETED", text[-4000:]
     script = root / "one_rank.py"
     script.write_text(ONE_RANK.format(examples=str(EXAMPLES), ckpt=str(root / "ckpt")))
     proc = mpirun(1, [script], timeout=120)

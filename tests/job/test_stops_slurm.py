@@ -378,6 +378,8 @@ def preempt_cluster():
             pass
 
 
+# Both modes use the one preemptible cluster (its directory and port): one worker, in turn.
+@pytest.mark.xdist_group("preempt")
 @pytest.mark.parametrize("mode", ["requeue", "requeue-signal"])
 def test_preemption_checkpoints_within_grace_and_requeues_once(preempt_cluster, tmp_path,
                                                                stopapp, mode):  # fmt: skip
