@@ -225,6 +225,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("local"))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse ``--dist loadgroup`` under a pytest whose items pytest-xdist cannot put in a
+    group: xdist (3.8) renames them through ``Node._nodeid``, which pytest 9.2 no longer
+    reads, so the groups silently vanish and the "local" tests crowd every worker."""
+    version = tuple(int(part) for part in pytest.__version__.split(".")[:2])
+    if config.getoption("dist", default="no") == "loadgroup" and version >= (9, 2):
+        raise pytest.UsageError(
+            f"--dist loadgroup does not group tests under pytest {pytest.__version__} "
+            "(pytest-xdist renames items through Node._nodeid, which pytest 9.2 ignores): "
+            "run make setup, which installs pytest < 9.2"
+        )
+
+
 # =============================================================================================
 # (other sections below)
 # =============================================================================================
