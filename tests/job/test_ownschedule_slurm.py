@@ -167,6 +167,8 @@ def test_fixed_set_rewritten_in_place_still_continues_across_segments(
     sets = events_of(ckpt, "restart_set")
     assert sets and all(e["files"] == 2 for e in sets), sets
     stops = [e for e in events_of(ckpt, "end_time_stop") if e.get("own_schedule")]
-    assert len(stops) == len(ends) - 1 and all(e["lost"] < 5 for e in stops), stops
+    # Right after a complete write: the work lost is what came since it, under a write
+    # period (5 s here; longer when the machine is busy and the writes come late).
+    assert len(stops) == len(ends) - 1 and all(e["lost"] < 10 for e in stops), (stops, text)
     assert not events_of(ckpt, "restart_files_cut") and not events_of(ckpt, "give_up")
     assert (tmp_path / "out.bin").read_bytes() == expected

@@ -215,6 +215,22 @@ def test_a_job_without_the_submitters_environment_finds_hpcckpt_through_the_venv
     assert r.returncode == 127 and "hpcckpt: not found" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_the_warning_signal_before_exec_does_not_kill_the_batch_shell(script, tmp_path):
+    """Slurm can send the --signal warning as a run starts (seen right after a requeue):
+    every batch script ignores USR1/USR2 until it execs the wrapper, which takes them
+    over; without that, the shell dies of it and the job ends FAILED. Here the signals
+    arrive while the script loads its environment."""
+    venv = fake_venv(tmp_path)
+    activate = venv / "bin" / "activate"
+    activate.write_text("kill -USR1 $$; kill -USR2 $$\n" + activate.read_text())
+    (venv / "bin" / "scontrol").write_text("#!/bin/sh\n")  # the examples ask for Command=
+    (venv / "bin" / "scontrol").chmod(0o755)
+    r = job_like_export_none(script, tmp_path, HPCCKPT_VENV=str(venv))
+    assert r.returncode == 0, (r.returncode, r.stderr)
+    assert r.stdout.splitlines()[-1].startswith("hpcckpt "), r.stdout
+
+
 def test_submit_fills_in_the_venv_made_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     text = render_cli("requeue", "--venv", "venvs/my venv")
