@@ -217,12 +217,11 @@ def slurm_cluster_nodes(
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under ``pytest -n N --dist loadgroup``: every test that does not run jobs on Slurm
     goes to one worker, in collection order, so CPU-bound tests (MPI on 2 cores) run as in
-    a lone session while the others' Slurm jobs (mostly waiting) run beside them. A test
-    with a group of its own keeps it (a long one that may run beside the "local" group)."""
+    a lone session while the others' Slurm jobs (mostly waiting) run beside them."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:
-        if item.get_closest_marker("slurm") is None and not item.get_closest_marker("xdist_group"):
+        if item.get_closest_marker("slurm") is None:
             item.add_marker(pytest.mark.xdist_group("local"))
 
 

@@ -35,10 +35,7 @@ def checkpoints(directory: Path) -> list[dict]:
     return [e for e in read_events(directory) if e["event"] == "checkpoint"]
 
 
-# Its own xdist group: about 5 minutes of writing, beside the "local" group rather than
-# in it (make test's longest chain).
 @pytest.mark.slow
-@pytest.mark.xdist_group("staging")
 def test_thirty_async_saves_of_a_gib_per_rank_stay_within_the_budget(tmp_path: Path) -> None:
     budget = 256 * MiB
     out = tmp_path / "result.json"
