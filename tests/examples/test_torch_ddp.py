@@ -26,6 +26,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow, pytest.mark.
 # About 45 s of work against a 1-minute limit: USR1@55 arrives 5-35 s in (the controller
 # checks about every 30 s), so the first run is always cut short and requeued; 128 steps
 # per epoch, so the stop lands inside an epoch (checked below).
+# Every later run is cut as short, so a busy machine (10-20 s to start each run) needs
+# 20 runs or more: the job gets 25 minutes (beside the other tests' load: 7-15 min).
 ARGS = ["--steps", "300", "--every", "100"]
 
 
@@ -60,7 +62,7 @@ def ddp_runs(slurm_cluster, tmp_path_factory):
         env,
         cwd=str(ROOT),
     )
-    info = follow(job, env, timeout=900)
+    info = follow(job, env, timeout=1500)
     text = log.read_text() if log.exists() else "(no log)"
     return root, info, text
 
