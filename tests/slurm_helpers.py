@@ -2,16 +2,33 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
+
+from tests.mpi_helpers import ROOT
 
 #: Seconds a requeued job stays in PENDING/BeginTime before follow() releases it.
 RELEASE_AFTER = 2.0
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"}
+
+
+def cluster_env(cluster) -> dict[str, str]:
+    """The submitting shell's environment for ``cluster``: this venv's hpcckpt and python
+    first on PATH, the checkout on PYTHONPATH, no Slurm or hpcckpt variables of an
+    enclosing job."""
+    env = dict(os.environ, **cluster.env())
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    for key in [k for k in env if k.startswith(("SLURM_", "HPCCKPT_")) and k != "SLURM_CONF"]:
+        del env[key]
+    return env
 
 
 def sbatch(args: Sequence[str], env: dict[str, str], cwd: str | None = None) -> str:

@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 
 from hpcckpt.rundir.events import read_events
-from tests.job.test_wrapper_slurm import cluster_env
 from tests.mpi_helpers import ROOT, mpirun
-from tests.slurm_helpers import FINAL, follow, job_info, sbatch
+from tests.slurm_helpers import FINAL, cluster_env, follow, job_info, sbatch
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
 

@@ -19,9 +19,9 @@ import pytest
 
 from hpcckpt.rundir.events import read_events
 from hpcckpt.store import layout
-from tests.job.test_wrapper_slurm import cluster_env, heat_reference, heat_script, log_of
+from tests.job.test_wrapper_slurm import heat_reference, heat_script, log_of
 from tests.mpi_helpers import ROOT
-from tests.slurm_helpers import follow, sbatch
+from tests.slurm_helpers import cluster_env, follow, sbatch
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.mpi]
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from hpcckpt.rundir.events import read_events
-from tests.job.test_wrapper_slurm import cluster_env, log_of, write_script
+from tests.job.test_wrapper_slurm import log_of, write_script
 from tests.mpi_helpers import ROOT, mpirun
-from tests.slurm_helpers import follow, sbatch
+from tests.slurm_helpers import cluster_env, follow, sbatch
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.mpi]
 

@@ -22,9 +22,16 @@ import pytest
 from hpcckpt.rundir.events import read_events
 from hpcckpt.store import mirror
 from hpcckpt.store.mirror_backend import open_backend
-from tests.job.test_wrapper_slurm import cluster_env
 from tests.mpi_helpers import EXAMPLES, mpirun
-from tests.slurm_helpers import FINAL, RELEASE_AFTER, follow, job_info, sbatch, wait_for_event
+from tests.slurm_helpers import (
+    FINAL,
+    RELEASE_AFTER,
+    cluster_env,
+    follow,
+    job_info,
+    sbatch,
+    wait_for_event,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
 

@@ -28,9 +28,8 @@ import pytest
 
 from hpcckpt.report import analyze, format_report
 from hpcckpt.rundir.events import read_events
-from tests.job.test_node_failure_slurm import cluster_env
 from tests.mpi_helpers import EXAMPLES, ROOT, mpirun
-from tests.slurm_helpers import follow, sbatch, wait_for_event
+from tests.slurm_helpers import cluster_env, follow, sbatch, wait_for_event
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
 

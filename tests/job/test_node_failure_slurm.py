@@ -8,8 +8,6 @@ down, which is most of each test's time.
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from pathlib import Path
 
@@ -19,22 +17,13 @@ import pytest
 from hpcckpt.report import analyze
 from hpcckpt.rundir.events import read_events
 from tests.mpi_helpers import EXAMPLES, ROOT, mpirun
-from tests.slurm_helpers import follow, sbatch, wait_for_event
+from tests.slurm_helpers import cluster_env, follow, sbatch, wait_for_event
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
 
 STEPS = 200
 HEAT = ["--nx", "64", "--ny", "64", "--steps", str(STEPS), "--every", "10"]
 PAUSE_APP = ROOT / "tests" / "job" / "apps" / "heat_pause.py"
-
-
-def cluster_env(cluster) -> dict[str, str]:
-    env = dict(os.environ, **cluster.env())
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    for key in [k for k in env if k.startswith(("SLURM_", "HPCCKPT_")) and k != "SLURM_CONF"]:
-        del env[key]
-    return env
 
 
 def reference(tmp_path: Path) -> bytes:

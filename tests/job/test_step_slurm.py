@@ -13,9 +13,9 @@ import time
 import pytest
 
 from hpcckpt.rundir.events import read_events
-from tests.job.test_node_failure_slurm import cluster_env, log_of
+from tests.job.test_node_failure_slurm import log_of
 from tests.mpi_helpers import ROOT
-from tests.slurm_helpers import follow, sbatch
+from tests.slurm_helpers import cluster_env, follow, sbatch
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi]
 

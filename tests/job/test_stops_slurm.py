@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from hpcckpt.rundir.events import read_events
-from tests.mpi_helpers import EXAMPLES, ROOT, mpi_env
+from tests import slurm_helpers
+from tests.mpi_helpers import EXAMPLES, mpi_env
 from tests.slurm_helpers import FINAL, RELEASE_AFTER, job_info, sbatch
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.slow]
@@ -28,11 +29,8 @@ HPCCKPT = f"{VENV_BIN}/hpcckpt"
 
 
 def cluster_env(cluster) -> dict[str, str]:
-    env = dict(os.environ, **cluster.env())
-    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env['PATH']}"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    for key in [k for k in env if k.startswith(("SLURM_", "HPCCKPT_")) and k != "SLURM_CONF"]:
-        del env[key]
+    """:func:`tests.slurm_helpers.cluster_env`, and Open MPI's mpirun allowed as root."""
+    env = slurm_helpers.cluster_env(cluster)
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     return env
 

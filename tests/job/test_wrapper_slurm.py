@@ -20,6 +20,7 @@ import pytest
 from hpcckpt.rundir.events import read_events
 from tests.mpi_helpers import EXAMPLES, ROOT, mpi_env, mpirun
 from tests.slurm_helpers import (
+    cluster_env,
     follow,
     follow_chain,
     job_info,
@@ -31,15 +32,6 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 HEAT = ["--nx", "64", "--ny", "64", "--sleep", "0.1"]
 VENV_BIN = str(Path(sys.executable).parent)
-
-
-def cluster_env(cluster) -> dict[str, str]:
-    env = dict(os.environ, **cluster.env())
-    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env['PATH']}"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    for key in [k for k in env if k.startswith(("SLURM_", "HPCCKPT_")) and k != "SLURM_CONF"]:
-        del env[key]
-    return env
 
 
 def write_script(path: Path, body: str) -> Path:
