@@ -170,8 +170,8 @@ def floor_save(comm, path: Path, data) -> None:
     """
     import h5py
 
-    from hpcckpt.store.checkpoint_file import _allocated
-    from hpcckpt.store.durability import publish
+    from hpcckpt.store.file.writer import _allocated
+    from hpcckpt.store.io.durability import publish
 
     partial = path.with_name(path.name + ".partial")
     offset = None

@@ -227,7 +227,8 @@ class Bench:
         from mpi4py import MPI
 
         from hpcckpt.coord.checkpointer import Checkpointer
-        from hpcckpt.store import blocks, fast_tier
+        from hpcckpt.store.io import blocks
+        from hpcckpt.store.tier import copies as fast_tier
 
         self.np, self.MPI, self.Checkpointer = np, MPI, Checkpointer
         self.blocks, self.fast_tier = blocks, fast_tier
@@ -248,7 +249,8 @@ class Bench:
         """Time the parts of a staged save from inside it: the library functions that copy
         (and hash) the state, remove the previous node-local copy and create the file are
         wrapped with timers (what they do is unchanged)."""
-        from hpcckpt.store import commit, fast_tier, staging
+        from hpcckpt.store.save import commit, staging
+        from hpcckpt.store.tier import copies as fast_tier
 
         def wrap(owner, name: str, part: str) -> None:
             inner = getattr(owner, name)

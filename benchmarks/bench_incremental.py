@@ -32,7 +32,8 @@ import _util  # the script's own directory is on sys.path
 import numpy as np
 from mpi4py import MPI
 
-from hpcckpt.store import blocks, layout
+from hpcckpt.store.file import layout
+from hpcckpt.store.io import blocks
 from hpcckpt.store.store import CheckpointStore
 
 #: The steps of a synchronous save, timed on each incremental store (``--phases``).

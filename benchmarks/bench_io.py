@@ -158,14 +158,14 @@ class Bench:
         return {"dd_direct": (t, False, {"argv": argv})}
 
     def hpcckpt(self, a: np.ndarray, step: int) -> dict:
-        from hpcckpt.store import blocks, write_path
+        from hpcckpt.store.io import blocks, write_path
         from hpcckpt.store.store import CheckpointStore
 
         d = self.root / "hpcckpt"
         store = CheckpointStore(d, self.comm)
         state = {"u": a}
         # The writer measures direct and buffered writes on its first saves of a size
-        # (hpcckpt/store/write_path.py): let it, untimed, as a long run would have.
+        # (hpcckpt/store/io/write_path.py): let it, untimed, as a long run would have.
         for k in range(write_path.PROBES):
             store.saver.remember(None)  # a full save, as the timed one
             self.prepare()

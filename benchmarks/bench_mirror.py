@@ -150,9 +150,9 @@ class Bench:
 
     # -- throughput ---------------------------------------------------------------------
     def run_method(self, method: str, prefix: str) -> float:
-        from hpcckpt.store import mirror
-        from hpcckpt.store.mirror_backend import DirectoryBackend
-        from hpcckpt.store.object_store import S3Backend
+        from hpcckpt.store.mirror import copy as mirror
+        from hpcckpt.store.mirror.backend import DirectoryBackend
+        from hpcckpt.store.mirror.s3 import S3Backend
 
         self.clear()
         for old in self.mirror_dir.iterdir():
@@ -211,7 +211,7 @@ class Bench:
 
     # -- part size and concurrency ----------------------------------------------------
     def parts(self) -> dict[str, Any]:
-        from hpcckpt.store.object_store import S3Backend
+        from hpcckpt.store.mirror.s3 import S3Backend
 
         path = self.files[0]
         size = path.stat().st_size
@@ -259,8 +259,8 @@ class Bench:
     def slowdown(self) -> dict[str, Any]:
         import numpy as np
 
-        from hpcckpt.store.mirror_backend import Throttle, parse_bandwidth
-        from hpcckpt.store.object_store import S3Backend
+        from hpcckpt.store.mirror.backend import Throttle, parse_bandwidth
+        from hpcckpt.store.mirror.s3 import S3Backend
 
         a = np.random.default_rng(0).random((1024, 2048))
         b = np.empty_like(a)
@@ -317,7 +317,7 @@ class Bench:
     ) -> tuple[float, float, bool]:
         """The kernel's seconds while a thread mirrors every file (as rank 0's worker does),
         the copy's seconds, and whether the copy still ran when the kernel ended."""
-        from hpcckpt.store import mirror
+        from hpcckpt.store.mirror import copy as mirror
 
         spent: list[float] = []
 

@@ -148,7 +148,7 @@ def full_next(store) -> None:
 
 
 def worker(args: argparse.Namespace) -> None:
-    from hpcckpt.store import write_path
+    from hpcckpt.store.io import write_path
     from hpcckpt.store.store import CheckpointStore
 
     comm = MPI.COMM_WORLD

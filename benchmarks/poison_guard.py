@@ -4,7 +4,7 @@
 
 Each rank holds MIB/nranks MiB of float64. Prints, per repetition, the slowest rank's
 seconds for: the finite check (hpcckpt.coord.validate.check_finite), the block hashing a
-save does anyway (hpcckpt.store.blocks.block_hashes), a prototype of the check fused
+save does anyway (hpcckpt.store.io.blocks.block_hashes), a prototype of the check fused
 into the hashing loop (what fusing would save), and a full durable save (CheckpointStore,
 not incremental). The best of --repeat is reported.
 """
@@ -21,7 +21,7 @@ import xxhash
 from mpi4py import MPI
 
 from hpcckpt.coord import validate
-from hpcckpt.store import blocks
+from hpcckpt.store.io import blocks
 from hpcckpt.store.store import CheckpointStore
 
 

@@ -51,7 +51,7 @@ def two_checkpoints(directory: Any) -> tuple[Any, Any]:
     """A one-process store with good checkpoints of steps 1 and 2: (store, newest path)."""
     from mpi4py import MPI
 
-    from hpcckpt.store import layout
+    from hpcckpt.store.file import layout
     from hpcckpt.store.store import CheckpointStore
 
     store = CheckpointStore(directory, MPI.COMM_SELF)
@@ -65,9 +65,9 @@ def crafted_falls_back(store: Any, newest: Any, craft: Any, fragment: str) -> No
     and a restore marks it bad (never deletes it) and takes step 1, bit-exactly."""
     import pytest
 
-    from hpcckpt.store import layout
     from hpcckpt.store.errors import CorruptCheckpoint
-    from hpcckpt.store.reader import CheckpointReader
+    from hpcckpt.store.file import layout
+    from hpcckpt.store.file.reader import CheckpointReader
 
     with h5py.File(newest, "r+") as f:
         craft(f)

@@ -140,7 +140,7 @@ def heat2d_crash_and_resume(n: int, tmp: Path, *, python: str | os.PathLike | No
 
     from hpcckpt.rundir.events import read_events
     from hpcckpt.rundir.status import read_status
-    from hpcckpt.store import layout
+    from hpcckpt.store.file import layout
 
     ck, out = tmp / "ck", tmp / "out.npy"
     every = ["--steps", "60", "--every", "10"]

@@ -71,19 +71,21 @@ def test_api_reference_is_up_to_date() -> None:
 
 
 def _map_entries() -> set[str]:
-    """Module paths the map's tree names: ``folder/`` lines open a folder, ``name.py`` words
-    in it are its modules (two may share a line)."""
+    """Module paths the map's tree names: ``folder/`` lines open a folder (nested by their
+    indent), ``name.py`` words below it are its modules (two may share a line)."""
     lines = (DOCS / "structure.md").read_text().split("```")[1].splitlines()
-    found, folder = set(), ""
+    found: set[str] = set()
+    folders: list[tuple[int, str]] = []  # the open folders: (indent, name), outermost first
     for line in lines:
-        head = re.match(r"^  (\w+)/", line)
-        if head:
-            folder = head.group(1) + "/"
-        elif re.match(r"^\S", line):
-            folder = ""
         indent = len(line) - len(line.lstrip())
-        prefix = "" if indent <= 2 and not head else folder
-        for name in re.findall(r"\b([a-z_]+\.py)\b", line):
+        while folders and folders[-1][0] >= indent:
+            folders.pop()
+        head = re.match(r"^ *(\w+)/", line)
+        if head:
+            folders.append((indent, head.group(1)))
+            continue
+        prefix = "".join(name + "/" for _, name in folders[1:])  # below hpcckpt/
+        for name in re.findall(r"\b([a-z_][a-z_0-9]*\.py)\b", line):
             found.add(prefix + name)
     return found
 

@@ -355,19 +355,19 @@ def test_the_private_name_check_sees_both_kinds(tmp_path, monkeypatch):
     fake = tmp_path / "hpcckpt" / "fake.py"
     fake.parent.mkdir()
     fake.write_text(
-        "from hpcckpt.store.safety import _exact_mode, write_private\n"
-        "from hpcckpt.store import safety\n"
-        "import hpcckpt.store.layout as lay\n"
-        "import hpcckpt.store.reader\n"
+        "from hpcckpt.store.io.safety import _exact_mode, write_private\n"
+        "from hpcckpt.store.io import safety\n"
+        "import hpcckpt.store.file.layout as lay\n"
+        "import hpcckpt.store.file.reader\n"
         "safety._exact_mode(0, 0o600); lay._x; safety.__name__; safety.modes\n"
-        "hpcckpt.store.reader._y\n"
+        "hpcckpt.store.file.reader._y\n"
     )
     monkeypatch.setitem(MODULES, "hpcckpt.fake", fake)
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     found = sorted(private_crossings("hpcckpt.fake"))
     assert found == [
-        "hpcckpt/fake.py:1 imports _exact_mode from hpcckpt.store.safety",
-        "hpcckpt/fake.py:5 uses hpcckpt.store.layout._x",
-        "hpcckpt/fake.py:5 uses hpcckpt.store.safety._exact_mode",
-        "hpcckpt/fake.py:6 uses hpcckpt.store.reader._y",
+        "hpcckpt/fake.py:1 imports _exact_mode from hpcckpt.store.io.safety",
+        "hpcckpt/fake.py:5 uses hpcckpt.store.file.layout._x",
+        "hpcckpt/fake.py:5 uses hpcckpt.store.io.safety._exact_mode",
+        "hpcckpt/fake.py:6 uses hpcckpt.store.file.reader._y",
     ]

@@ -7,7 +7,7 @@ import os
 import subprocess
 
 from hpcckpt import libc
-from hpcckpt.store import filesystem
+from hpcckpt.store.io import filesystem
 
 
 def test_functions_are_found_and_each_caller_gets_its_own():

@@ -56,7 +56,7 @@ def _when(t: float | None) -> str:
 
 def open_mirror(url: str) -> Any:
     """The backend of ``url``, or a usage error saying what is wrong with it."""
-    from hpcckpt.store.mirror_backend import MirrorUnavailable, open_backend
+    from hpcckpt.store import MirrorUnavailable, open_backend
 
     try:
         return open_backend(url)
@@ -65,11 +65,10 @@ def open_mirror(url: str) -> Any:
 
 
 def _listing(backend: Any) -> list[Any]:
-    from hpcckpt.store import mirror
-    from hpcckpt.store.mirror_backend import MirrorUnavailable
+    from hpcckpt.store import MirrorUnavailable, list_mirrored
 
     try:
-        return mirror.list_mirrored(backend)
+        return list_mirrored(backend)
     except MirrorUnavailable as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -177,8 +176,7 @@ def mirror_verify(
       hpcckpt mirror verify s3://ckpts/run1 1200 --no-mark
       hpcckpt mirror verify /project/me/run1 --all --json
     """
-    from hpcckpt.store import mirror
-    from hpcckpt.store.mirror_backend import MirrorUnavailable
+    from hpcckpt.store import MirrorUnavailable, verify_mirrored
 
     if check_all and step is not None:
         raise click.UsageError("give a STEP or --all, not both")
@@ -194,7 +192,7 @@ def mirror_verify(
     reports = []
     try:
         for name in names:
-            reports.append(mirror.verify_mirrored(backend, name, mark=not no_mark))
+            reports.append(verify_mirrored(backend, name, mark=not no_mark))
     except MirrorUnavailable as exc:
         raise click.ClickException(str(exc)) from None
     ok = bool(reports) and all(r.good for r in reports)
@@ -243,9 +241,13 @@ def mirror_pull(url: str, step: int | None, directory: Path, as_json: bool) -> N
       hpcckpt mirror pull s3://ckpts/run1 --to $SCRATCH/run1/ckpt
       hpcckpt mirror pull /project/me/run1 1200 --to /tmp/look --json
     """
-    from hpcckpt.store import layout, mirror
-    from hpcckpt.store.errors import CheckpointError
-    from hpcckpt.store.mirror_backend import MirrorUnavailable
+    from hpcckpt.store import (
+        CheckpointError,
+        MirrorCopyBad,
+        MirrorUnavailable,
+        pull_mirrored,
+        step_of,
+    )
 
     backend = open_mirror(url)
     listing = _listing(backend)
@@ -255,9 +257,9 @@ def mirror_pull(url: str, step: int | None, directory: Path, as_json: bool) -> N
     skipped: list[str] = []
     for name in names:
         try:
-            path = mirror.pull(backend, name, directory)
+            path = pull_mirrored(backend, name, directory)
             break
-        except mirror.MirrorCopyBad as exc:
+        except MirrorCopyBad as exc:
             if step is not None:
                 raise click.ClickException(str(exc)) from None
             skipped.append(str(exc))
@@ -268,7 +270,7 @@ def mirror_pull(url: str, step: int | None, directory: Path, as_json: bool) -> N
     else:
         raise click.ClickException(f"no mirrored checkpoint of {backend.url} checked good")
     pulled = {
-        "step": layout.step_of(path.name),
+        "step": step_of(path.name),
         "path": str(path),
         "bytes": path.stat().st_size,
         "skipped": skipped,

@@ -132,8 +132,7 @@ def inspect_command(
     Example:
       hpcckpt inspect ckpt 1200 --json | jq '.arrays[].shape'
     """
-    from hpcckpt.store import catalog
-    from hpcckpt.store.errors import CheckpointError
+    from hpcckpt.store import CheckpointError, catalog
 
     try:
         path = catalog.find(directory, step)
@@ -221,12 +220,12 @@ def verify_command(
       hpcckpt verify ckpt --all --clear-mark
     """
     from hpcckpt.cli.progress import progress
-    from hpcckpt.store import catalog, layout
+    from hpcckpt.store import catalog, committed_checkpoints
 
     if check_all and step is not None:
         raise click.UsageError("give a STEP or --all, not both")
     if check_all:
-        paths = [e.path for e in reversed(layout.scan(directory))]
+        paths = [e.path for e in reversed(committed_checkpoints(directory))]
     else:
         try:
             paths = [catalog.find(directory, step)]
@@ -379,11 +378,10 @@ def export_command(
       hpcckpt export --format safetensors ckpt 1200 model-1200/
       hpcckpt export --format safetensors --key model --max-shard-size 2GB ckpt 1200 out/
     """
-    from hpcckpt.store import catalog
-    from hpcckpt.store.errors import CheckpointError
+    from hpcckpt.store import CheckpointError, catalog
 
     if fmt == "safetensors":
-        from hpcckpt.store.safetensors_export import export_safetensors, parse_shard_size
+        from hpcckpt.store import export_safetensors, parse_shard_size
 
         try:
             cap = parse_shard_size(max_shard_size)
@@ -394,7 +392,7 @@ def export_command(
         if fmt == "safetensors":
             done = export_safetensors(source, out, key=key, max_shard_size=cap)
         else:
-            from hpcckpt.store.export import export_checkpoint
+            from hpcckpt.store import export_checkpoint
 
             if out.is_dir():
                 raise click.BadParameter(

@@ -34,13 +34,13 @@ from hpcckpt.rundir import directory
 from hpcckpt.rundir import events as job_events
 from hpcckpt.rundir import status as job_status
 from hpcckpt.rundir.heartbeat import HeartbeatWriter
-from hpcckpt.store import faults, mirror_worker, safety
 from hpcckpt.store.agreement import CallAgreement
-from hpcckpt.store.encoding import state_bytes
 from hpcckpt.store.errors import CallMismatch
-from hpcckpt.store.lock import DirectoryLock, DirectoryLocked
-from hpcckpt.store.mirror_worker import MirrorWorker
-from hpcckpt.store.staging import HostBuffers
+from hpcckpt.store.io import faults, safety
+from hpcckpt.store.io.lock import DirectoryLock, DirectoryLocked
+from hpcckpt.store.mirror import worker as mirror_worker
+from hpcckpt.store.mirror.worker import MirrorWorker
+from hpcckpt.store.save.staging import HostBuffers
 from hpcckpt.store.store import (
     CheckpointError,
     CheckpointStore,
@@ -48,6 +48,7 @@ from hpcckpt.store.store import (
     SaveResult,
     StagingRefused,
 )
+from hpcckpt.store.tree.encoding import state_bytes
 
 log = logging.getLogger("hpcckpt")
 

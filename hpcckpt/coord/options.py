@@ -46,7 +46,6 @@ from hpcckpt.rundir.env import (
     REDUNDANCY_ENV,
     SIGNAL_ENV,
 )
-from hpcckpt.store import fast_tier
 from hpcckpt.store.options import (
     ArrayOptions,
     FileOptions,
@@ -57,7 +56,8 @@ from hpcckpt.store.options import (
     TierOptions,
     route,
 )
-from hpcckpt.store.staging_budget import parse_budget
+from hpcckpt.store.save.staging_budget import parse_budget
+from hpcckpt.store.tier import copies as fast_tier
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from hpcckpt.store import tensors
-from hpcckpt.store.state_tree import is_stateful
+from hpcckpt.store.tree import tensors
+from hpcckpt.store.tree.state_tree import is_stateful
 
 #: Bytes of an array checked per reduction: small enough to stay in the cache.
 BLOCK_BYTES = 4 << 20
@@ -316,8 +316,8 @@ def keep_rejected(
     import shutil
     import time
 
-    from hpcckpt.store import layout
     from hpcckpt.store.errors import CheckpointError
+    from hpcckpt.store.file import layout
     from hpcckpt.store.options import ArrayOptions, FileOptions, IncrementalOptions, StoreOptions
     from hpcckpt.store.store import CheckpointStore
 

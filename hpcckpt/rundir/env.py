@@ -2,7 +2,7 @@
 
 A leaf of constants (no imports of hpcckpt): every layer may import it, the Slurm
 client included. The one name not here is ``HPCCKPT_FAULT``, the store's
-fault-injection switch (:mod:`hpcckpt.store.faults`): the store imports nothing above
+fault-injection switch (:mod:`hpcckpt.store.io.faults`): the store imports nothing above
 itself. ``HPCCKPT_TEST_CLUSTER_DIR``/``_PORT`` belong to the test suite (tests/conftest.py).
 """
 

@@ -10,12 +10,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hpcckpt.store import layout, mirror
 from hpcckpt.store.errors import CheckpointError
-from hpcckpt.store.mirror_backend import MirrorBackend, MirrorUnavailable
-from hpcckpt.store.reader import CheckpointReader
+from hpcckpt.store.file import layout
+from hpcckpt.store.file.reader import CheckpointReader
+from hpcckpt.store.mirror import copy as mirror
+from hpcckpt.store.mirror.backend import MirrorBackend, MirrorUnavailable
 from hpcckpt.store.retention import checkpoint_chain
-from hpcckpt.store.state_tree import scalar_leaves
+from hpcckpt.store.tree.state_tree import scalar_leaves
 
 GOOD, BAD, PARTIAL = "good", "bad", "partial"
 REJECTED = "rejected"  # kept aside by the poisoned-state guard, never restored

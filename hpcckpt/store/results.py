@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpcckpt.store.state_tree import KeyDifferences
+from hpcckpt.store.tree.state_tree import KeyDifferences
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import h5py
 
-from hpcckpt.store import layout
-from hpcckpt.store.faults import fault_point
+from hpcckpt.store.file import layout
+from hpcckpt.store.io.faults import fault_point
 
 log = logging.getLogger("hpcckpt.store")
 
@@ -193,3 +193,17 @@ def prune_directory(
             fault_point("prune.deleting")  # tests: die between two deletions
             path.with_name(path.name + layout.BAD).unlink(missing_ok=True)
     return sorted(doomed)
+
+
+@dataclass(frozen=True)
+class RetentionOptions:
+    """Which committed checkpoints stay (docs/format.md, "Retention"): the ``keep_last``
+    newest good ones (None: all), plus one per ``keep_every`` steps and one per
+    ``keep_every_seconds``; whatever a kept checkpoint is built on stays too."""
+
+    keep_last: int | None = 3
+    keep_every: int | None = None
+    keep_every_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        check_rules(self.keep_last, self.keep_every, self.keep_every_seconds)

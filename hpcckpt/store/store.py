@@ -15,18 +15,21 @@ from typing import Any
 
 from mpi4py import MPI
 
-from hpcckpt.store import fast_tier, layout, retention, safety
+from hpcckpt.store import retention
 from hpcckpt.store.agreement import Agreement
-from hpcckpt.store.commit import Modes, PendingSave, Saver, StagingRefused
-from hpcckpt.store.encoding import Encoder
 from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
-from hpcckpt.store.load import Loader
-from hpcckpt.store.local_tier import NodeLocalTier, Place
-from hpcckpt.store.mirror_backend import MirrorBackend, open_backend
+from hpcckpt.store.file import layout
+from hpcckpt.store.io import safety
+from hpcckpt.store.mirror.backend import MirrorBackend, open_backend
 from hpcckpt.store.options import StoreOptions
-from hpcckpt.store.restore import Restorer
+from hpcckpt.store.restore.fallback import Restorer
+from hpcckpt.store.restore.load import Loader
 from hpcckpt.store.results import RestoreResult, SaveResult
-from hpcckpt.store.staging import HostBuffers
+from hpcckpt.store.save.commit import Modes, PendingSave, Saver, StagingRefused
+from hpcckpt.store.save.staging import HostBuffers
+from hpcckpt.store.tier import copies as fast_tier
+from hpcckpt.store.tier.node_local import NodeLocalTier, Place
+from hpcckpt.store.tree.encoding import Encoder
 
 __all__ = [
     "CheckpointError",
@@ -80,7 +83,16 @@ class CheckpointStore:
             place = Place(self.directory, block_size, self.file_mode, self.dir_mode)
             self.tier = NodeLocalTier(self.options.tier, place, self.agreement, encoder)
         modes = Modes(self.file_mode, self.dir_mode)
-        self.saver = Saver(self.directory, self.agreement, encoder, self.options, modes, self.tier)
+        self.saver = Saver(
+            self.directory,
+            self.agreement,
+            encoder,
+            self.options.incremental,
+            self.options.files,
+            self.options.arrays.splits,
+            modes,
+            self.tier,
+        )
         loader = Loader(self.agreement, self.options.arrays.splits, lambda: self.saver.direct_io)
         #: Rank 0's connection to the mirror (None on the other ranks, or without one).
         self.mirror: MirrorBackend | None = None

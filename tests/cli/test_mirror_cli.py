@@ -13,8 +13,9 @@ from mpi4py import MPI
 
 from hpcckpt.cli.main import cli
 from hpcckpt.cli.mirror import COMMANDS, mirror_group
-from hpcckpt.store import layout, mirror
-from hpcckpt.store.mirror_backend import open_backend
+from hpcckpt.store.file import layout
+from hpcckpt.store.mirror import copy as mirror
+from hpcckpt.store.mirror.backend import open_backend
 from hpcckpt.store.store import CheckpointStore
 
 STEPS = (10, 20, 30)

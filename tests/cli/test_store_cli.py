@@ -20,7 +20,7 @@ from hpcckpt.cli.store import (
     prune_command,
     verify_command,
 )
-from hpcckpt.store import layout
+from hpcckpt.store.file import layout
 from hpcckpt.store.store import CheckpointStore
 from tests.format_helpers import described
 from tests.mpi_helpers import mpirun

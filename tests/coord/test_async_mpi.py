@@ -17,8 +17,9 @@ from click.testing import CliRunner
 
 from hpcckpt.cli.main import cli
 from hpcckpt.rundir.events import read_events
-from hpcckpt.store import fast_tier, layout
-from hpcckpt.store.reader import CheckpointReader
+from hpcckpt.store.file import layout
+from hpcckpt.store.file.reader import CheckpointReader
+from hpcckpt.store.tier import copies as fast_tier
 from tests.mpi_helpers import mpirun
 
 pytestmark = pytest.mark.mpi

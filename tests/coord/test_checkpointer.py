@@ -74,7 +74,7 @@ def test_with_drain_every_a_stop_checkpoint_still_goes_to_the_directory(tmp_path
     import os
     import signal
 
-    from hpcckpt.store import layout
+    from hpcckpt.store.file import layout
 
     ck = Checkpointer(
         tmp_path / "ck", comm=MPI.COMM_SELF, cache=tmp_path / "cache", every_steps=1,
@@ -176,7 +176,7 @@ def test_restore_is_strict_and_strict_false_says_what_it_took(tmp_path, capfd, c
 
 def test_a_save_over_a_step_marked_bad_clears_the_mark_and_says_so(tmp_path, capfd, caplog):
     from hpcckpt.rundir.events import read_events
-    from hpcckpt.store import layout
+    from hpcckpt.store.file import layout
 
     with Checkpointer(tmp_path / "ck", comm=MPI.COMM_SELF, every_steps=1) as ck:
         ck.save(1, {"u": np.arange(4.0)})

@@ -10,8 +10,9 @@ import pytest
 
 from hpcckpt.rundir.env import MIRROR_ENV, MIRROR_WAIT_ENV
 from hpcckpt.rundir.events import read_events
-from hpcckpt.store import layout, mirror
-from hpcckpt.store.mirror_backend import DirectoryBackend
+from hpcckpt.store.file import layout
+from hpcckpt.store.mirror import copy as mirror
+from hpcckpt.store.mirror.backend import DirectoryBackend
 from tests.mpi_helpers import HEAT2D, heat2d_reference, mpirun
 
 pytestmark = pytest.mark.mpi

@@ -12,7 +12,7 @@ import pytest
 
 from hpcckpt.rundir.events import read_events
 from hpcckpt.rundir.status import read_status
-from hpcckpt.store import layout
+from hpcckpt.store.file import layout
 from tests.mpi_helpers import (
     HEAT2D,
     heat2d,

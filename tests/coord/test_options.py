@@ -21,7 +21,7 @@ from hpcckpt.coord.options import (
     LevelOptions,
     ScheduleOptions,
 )
-from hpcckpt.store.filesystem import TuningOptions
+from hpcckpt.store.io.filesystem import TuningOptions
 from hpcckpt.store.options import IncrementalOptions, fields_of
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from hpcckpt.rundir.events import read_events
-from hpcckpt.store import layout
-from hpcckpt.store.reader import CheckpointReader
+from hpcckpt.store.file import layout
+from hpcckpt.store.file.reader import CheckpointReader
 from tests.mpi_helpers import mpi_env, mpirun, mpirun_cmd
 
 pytestmark = pytest.mark.mpi

@@ -18,7 +18,7 @@ import pytest
 
 from hpcckpt.rundir.events import read_events
 from hpcckpt.rundir.status import read_status
-from hpcckpt.store import layout
+from hpcckpt.store.file import layout
 from tests.mpi_helpers import EXAMPLES, mpirun, start_mpirun, stop, wait_for
 
 pytestmark = pytest.mark.mpi

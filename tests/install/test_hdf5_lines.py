@@ -19,7 +19,7 @@ from pathlib import Path
 import h5py
 import pytest
 
-from hpcckpt.store import layout
+from hpcckpt.store.file import layout
 from tests.install.conftest import ROOT, WheelVenv
 from tests.mpi_helpers import mpirun, rank_reports
 
@@ -103,9 +103,10 @@ def test_torch_checkpoints_of_the_main_venv_verify_under_the_wheels_hdf5(
     wheel_venv, hdf5_lines, tmp_path
 ):
     """torch stays out of the wheel venv (its install took 26-81 s here, too long for this
-    suite): the PyTorch app trains under the main venv, where tests/store/test_replicated_mpi.py
-    stops and resumes it bit-identically; here its checkpoints (model, AdamW, scheduler,
-    random states, sampler; full and incremental) pass verify under the wheel's HDF5."""
+    suite): the PyTorch app trains under the main venv, where
+    tests/store/tree/test_replicated_mpi.py stops and resumes it bit-identically; here its
+    checkpoints (model, AdamW, scheduler, random states, sampler; full and incremental) pass
+    verify under the wheel's HDF5."""
     d, out = tmp_path / "ck", tmp_path / "result.json"
     r = mpirun(2, [TORCH, d, "--out", out, "--steps", "12", "--every", "4"], timeout=240)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from hpcckpt.rundir.events import read_events
-from hpcckpt.store import layout
+from hpcckpt.store.file import layout
 from tests.job.test_wrapper_slurm import heat_reference, heat_script, log_of
 from tests.mpi_helpers import ROOT
 from tests.slurm_helpers import cluster_env, follow, sbatch

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from hpcckpt.rundir.events import read_events
-from hpcckpt.store import mirror
-from hpcckpt.store.mirror_backend import open_backend
+from hpcckpt.store.mirror import copy as mirror
+from hpcckpt.store.mirror.backend import open_backend
 from tests.mpi_helpers import EXAMPLES, mpirun
 from tests.slurm_helpers import (
     FINAL,

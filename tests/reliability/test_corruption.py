@@ -28,7 +28,7 @@ from click.testing import CliRunner
 from mpi4py import MPI
 
 from hpcckpt.cli.main import cli
-from hpcckpt.store import layout
+from hpcckpt.store.file import layout
 from hpcckpt.store.store import CheckpointStore
 
 PROBE = Path(__file__).parent / "apps" / "corrupt_probe.py"

@@ -21,9 +21,11 @@ from mpi4py import MPI
 
 from hpcckpt import Checkpointer
 from hpcckpt.rundir.events import read_events
-from hpcckpt.store import catalog, faults, layout
-from hpcckpt.store.lock import LOCK_NAME, read_owner
-from hpcckpt.store.reader import CheckpointReader
+from hpcckpt.store import catalog
+from hpcckpt.store.file import layout
+from hpcckpt.store.file.reader import CheckpointReader
+from hpcckpt.store.io import faults
+from hpcckpt.store.io.lock import LOCK_NAME, read_owner
 from tests.mpi_helpers import mpirun, wait_for
 
 pytestmark = pytest.mark.mpi

@@ -15,8 +15,8 @@ import pytest
 from mpi4py import MPI
 
 from hpcckpt import Checkpointer
-from hpcckpt.store import layout
 from hpcckpt.store.errors import CheckpointError
+from hpcckpt.store.file import layout
 from hpcckpt.store.store import CheckpointStore
 
 
@@ -94,7 +94,7 @@ def test_checkpointer_raises_or_warns(small_fs, mode, reliability_log):
 
 def test_no_space_message_names_enospc_without_a_mount(tmp_path):
     """The diagnosis itself: an error with a full file system becomes ENOSPC."""
-    from hpcckpt.store import safety
+    from hpcckpt.store.io import safety
 
     err = OSError("Can't write data (file write failed)")
     out = safety.explain_write_error(err, tmp_path, needed=1 << 62)

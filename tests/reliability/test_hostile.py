@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcckpt.store import integrity, layout
 from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
-from hpcckpt.store.reader import CheckpointReader
+from hpcckpt.store.file import layout
+from hpcckpt.store.file.reader import CheckpointReader
+from hpcckpt.store.io import integrity
 from hpcckpt.store.store import CheckpointStore
 from tests.format_helpers import redescribe
 

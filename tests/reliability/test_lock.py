@@ -14,8 +14,8 @@ import pytest
 from mpi4py import MPI
 
 from hpcckpt import Checkpointer, slurm
-from hpcckpt.store import lock as lock_module
-from hpcckpt.store.lock import LOCK_NAME, DirectoryLock, DirectoryLocked, read_owner
+from hpcckpt.store.io import lock as lock_module
+from hpcckpt.store.io.lock import LOCK_NAME, DirectoryLock, DirectoryLocked, read_owner
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,7 +23,7 @@ HOLDER = textwrap.dedent(
     """
     import sys, time
     from hpcckpt import slurm
-    from hpcckpt.store.lock import DirectoryLock
+    from hpcckpt.store.io.lock import DirectoryLock
     lock = DirectoryLock(sys.argv[1], refresh=0.2, job_id=slurm.job_id()).acquire()
     print("held", flush=True)
     time.sleep(float(sys.argv[2]))
@@ -161,7 +161,7 @@ def test_two_racers_for_a_stale_lock_one_wins(tmp_path):
     code = textwrap.dedent(
         """
         import sys, time
-        from hpcckpt.store.lock import DirectoryLock, DirectoryLocked
+        from hpcckpt.store.io.lock import DirectoryLock, DirectoryLocked
         time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
         try:
             DirectoryLock(sys.argv[1], stale_after=60, wait=0).acquire()

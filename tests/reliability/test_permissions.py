@@ -13,8 +13,8 @@ import pytest
 from mpi4py import MPI
 
 from hpcckpt import Checkpointer
-from hpcckpt.store import layout
-from hpcckpt.store.lock import LOCK_NAME
+from hpcckpt.store.file import layout
+from hpcckpt.store.io.lock import LOCK_NAME
 from tests.mpi_helpers import mpirun
 from tests.permission_helpers import as_a_user, immutable, set_immutable, who
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcckpt.store import direct_io
+from hpcckpt.store.io import direct_io
 from hpcckpt.store.store import CheckpointStore
 
 

@@ -15,10 +15,10 @@ import h5py
 import numpy as np
 import pytest
 
-from hpcckpt.store import sharded
 from hpcckpt.store.errors import CorruptCheckpoint
-from hpcckpt.store.pieces import PieceReader
-from hpcckpt.store.reader import CheckpointReader
+from hpcckpt.store.file.reader import CheckpointReader
+from hpcckpt.store.restore.pieces import PieceReader
+from hpcckpt.store.tree import sharded
 from tests.format_helpers import described
 from tests.mpi_helpers import ROOT, mpirun
 

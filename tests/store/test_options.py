@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcckpt.store import blocks, filesystem, redundancy
+from hpcckpt.store.io import blocks, filesystem
 from hpcckpt.store.options import (
     ArrayOptions,
     FileOptions,
@@ -21,6 +21,7 @@ from hpcckpt.store.options import (
     fields_of,
     route,
 )
+from hpcckpt.store.tier import redundancy
 
 
 def exactly(message: str) -> str:

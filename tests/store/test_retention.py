@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcckpt.store import layout
+from hpcckpt.store.file import layout
 from hpcckpt.store.retention import Candidate, prune_directory, steps_to_keep
 from hpcckpt.store.store import CheckpointStore
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcckpt.store import layout
+from hpcckpt.store.file import layout
 from hpcckpt.store.options import IncrementalOptions, StoreOptions
-from hpcckpt.store.staging import HostBuffers
+from hpcckpt.store.save.staging import HostBuffers
 from hpcckpt.store.store import CheckpointStore
 
 

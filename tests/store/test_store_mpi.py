@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcckpt.store import layout
 from hpcckpt.store.errors import CheckpointError
-from hpcckpt.store.reader import CheckpointReader
+from hpcckpt.store.file import layout
+from hpcckpt.store.file.reader import CheckpointReader
 from hpcckpt.store.store import CheckpointStore
 from tests.mpi_counting import strace_counts
 from tests.mpi_helpers import mpi_env, mpirun, mpirun_cmd, rank_reports
@@ -75,7 +75,7 @@ def test_restore_on_another_rank_count_is_bitwise(saved, tmp_path, saved_n, n, h
 
 
 def _even(n):
-    from hpcckpt.store.resharding import even_split
+    from hpcckpt.store.restore.resharding import even_split
 
     return [even_split(ROWS, n, r) for r in range(n)]
 

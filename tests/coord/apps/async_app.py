@@ -118,8 +118,8 @@ def rank_digest(state: dict) -> str:
 def main() -> None:
     faulthandler.dump_traceback_later(150, exit=True)  # never outlive a test's timeout
     import hpcckpt
-    from hpcckpt.store import layout
     from hpcckpt.store.errors import CheckpointError
+    from hpcckpt.store.file import layout
 
     args = parse()
     comm = MPI.COMM_WORLD

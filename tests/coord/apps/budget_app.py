@@ -31,8 +31,9 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcckpt import Checkpointer
-from hpcckpt.store import layout, memory
-from hpcckpt.store.reader import CheckpointReader
+from hpcckpt.store.file import layout
+from hpcckpt.store.file.reader import CheckpointReader
+from hpcckpt.store.io import memory
 
 STRIDE = (1 << 20) // 8  # one float64 per MiB
 

@@ -19,7 +19,7 @@ import h5py
 import numpy as np
 from mpi4py import MPI
 
-from hpcckpt.store.resharding import even_split
+from hpcckpt.store.restore.resharding import even_split
 from hpcckpt.store.store import CheckpointStore
 
 ROWS, COLS = 301, 64  # float64: 512-byte rows, 8 to a 4096-byte block

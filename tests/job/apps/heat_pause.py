@@ -1,7 +1,7 @@
 """examples/heat2d.py with a pause in the middle of a save, for node-failure tests.
 
 ``HPCCKPT_TEST_PAUSE=phase:rank:step:MARKER`` makes rank ``rank`` stop at the store's
-fault point ``phase`` (hpcckpt/store/faults.py; e.g. ``write.closed``: the ``.partial``
+fault point ``phase`` (hpcckpt/store/io/faults.py; e.g. ``write.closed``: the ``.partial``
 is written, not yet committed) in the first save of a step >= ``step``: it creates ``MARKER`` and
 sleeps, so that a test can fail its node while the save is under way. Later runs (the
 marker exists) do not pause. Everything else is heat2d unchanged, so the result must be
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from hpcckpt.store import faults
+from hpcckpt.store.io import faults
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "heat2d.py"
 

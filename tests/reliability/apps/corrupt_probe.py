@@ -20,7 +20,7 @@ from pathlib import Path
 
 from hpcckpt.store import catalog
 from hpcckpt.store.errors import CheckpointError
-from hpcckpt.store.reader import CheckpointReader
+from hpcckpt.store.file.reader import CheckpointReader
 
 good, work, trials_file, results_file, start = sys.argv[1:6]
 good, work = Path(good), Path(work)

@@ -1,4 +1,4 @@
-"""Test app: encoding the ranks' states for a save (hpcckpt/store/encoding.py).
+"""Test app: encoding the ranks' states for a save (hpcckpt/store/tree/encoding.py).
 
     encoding_app.py
 
@@ -13,10 +13,10 @@ import json
 import numpy as np
 from mpi4py import MPI
 
-from hpcckpt.store import blocks
 from hpcckpt.store.agreement import Agreement
-from hpcckpt.store.encoding import Encoder
+from hpcckpt.store.io import blocks
 from hpcckpt.store.options import ArrayOptions
+from hpcckpt.store.tree.encoding import Encoder
 
 BLOCK = 4096
 comm = MPI.COMM_WORLD

@@ -41,8 +41,8 @@ def per_rank(rank: int, step: int) -> np.ndarray:
 def main() -> None:
     from mpi4py import MPI
 
-    import hpcckpt.store.faults as faults
-    from hpcckpt.store.resharding import even_split
+    import hpcckpt.store.io.faults as faults
+    from hpcckpt.store.restore.resharding import even_split
     from hpcckpt.store.store import CheckpointStore
 
     comm = MPI.COMM_WORLD

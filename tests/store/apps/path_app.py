@@ -14,7 +14,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from hpcckpt.store.filesystem import TuningOptions
+from hpcckpt.store.io.filesystem import TuningOptions
 from hpcckpt.store.store import CheckpointStore
 
 ap = argparse.ArgumentParser()

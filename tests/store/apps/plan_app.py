@@ -18,9 +18,9 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-import hpcckpt.store.load as load_module
+import hpcckpt.store.restore.load as load_module
 from hpcckpt.store.errors import CheckpointError
-from hpcckpt.store.resharding import even_split
+from hpcckpt.store.restore.resharding import even_split
 from hpcckpt.store.store import CheckpointStore
 
 comm = MPI.COMM_WORLD

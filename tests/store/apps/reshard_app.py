@@ -17,7 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcckpt.store.errors import CheckpointError
-from hpcckpt.store.resharding import even_split
+from hpcckpt.store.restore.resharding import even_split
 from hpcckpt.store.store import CheckpointStore
 
 comm = MPI.COMM_WORLD

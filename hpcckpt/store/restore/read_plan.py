@@ -1,0 +1,324 @@
+"""What one rank reads of a checkpoint that rank 0 has validated: byte extents in the
+chain's files and the hashes that check them, so a rank restores with POSIX reads only.
+
+Validating a checkpoint (HDF5 structure, global heaps, every rank's offsets, shapes and
+hash counts) is O(p) work through HDF5. Done by every rank, it cost each rank O(p) and
+had p processes parse the same metadata. Rank 0 now does it once and sends each rank a
+:class:`RankPlan` of a few numbers per array. The trust stays where it was: every byte a
+rank takes has passed its block hash, its hashes their checksum, its tree its checksum.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from hpcckpt.store.errors import CorruptCheckpoint
+from hpcckpt.store.file.format import BLOCK_HASHES, FULL, RANK_TREE, dataset_name, delta_name
+from hpcckpt.store.file.reader import CheckpointReader, parse_tree
+from hpcckpt.store.io import blocks, direct_io, integrity
+
+#: One file extent of an array: (file of the chain, byte offset in it, byte offset in
+#: the rank's array, bytes).
+Extent = tuple[int, int, int, int]
+
+
+class ArrayPlan(NamedTuple):
+    """One array as this rank reads it (a tuple: rank 0 makes p x arrays of them per
+    restore and pickles them for the scatter, both several times faster than a dataclass)."""
+
+    name: str
+    dtype: str  # numpy dtype string
+    shape: tuple[int, ...]  # the array this rank takes (rank 0's copy when replicated)
+    own_shape: tuple[int, ...]  # the array this rank saved
+    rows: int  # the saved global extent along axis 0
+    own: tuple[int, int]  # this rank's saved [lo, hi) along axis 0
+    layout: str
+    distributed: bool
+    torch_dtype: str
+    replicated: bool
+    hashes: tuple[int, int, int, int]  # (hash row: 0 own/1 rank 0's, start, count, checksum)
+    own_hashes: tuple[int, int, int]  # (start in own row, count, checksum): the chain's memory
+    extents: tuple[Extent, ...]
+
+
+class RankPlan(NamedTuple):
+    """Everything one rank reads of one checkpoint, as rank 0 validated it."""
+
+    rank: int
+    files: tuple[str, ...]  # the chain's files, the full base first, the checkpoint last
+    tree: tuple[int, int, int]  # (byte offset, bytes, checksum) of this rank's tree
+    rows: tuple[tuple[int, int], ...]  # (byte offset, count) of its hash row and rank 0's
+    names: tuple[str, ...]  # every array of the file, in column order
+    arrays: tuple[ArrayPlan, ...]
+    block_size: int
+    step: int
+    uid: str
+    nranks: int
+    chain: tuple[tuple[str, int, str], ...]  # (name, step, uid), base first, itself last
+    chain_bytes: int
+    state_bytes: int
+
+
+def plans(reader: CheckpointReader) -> list[RankPlan] | None:
+    """Every rank's plan of a validated, open checkpoint; None when some part cannot be
+    read as raw bytes (format version 1, or a dataset HDF5 would have to convert), or
+    when the checkpoint holds DTensors: each rank reads the boxes of its new shards from
+    the pieces other ranks stored (:mod:`.pieces`), which a plan of its own bytes cannot say.
+
+    O(p) on the one process that calls it: what is the same for every rank is computed
+    once, and each rank's numbers come from numpy columns over the ranks.
+    """
+    if reader.format_version < 2:
+        return None
+    if any(info.dtensor_shape is not None for info in reader.arrays.values()):
+        return None
+    files = reader.chain
+    n, narrays = reader.nranks, len(reader.arrays)
+    tree_start = reader.raw_start(RANK_TREE, np.dtype(np.uint8))
+    hash_start = reader.raw_start(BLOCK_HASHES, np.dtype(np.uint64))
+    tree_offs = np.asarray(reader.tree_offsets, dtype=np.int64)
+    if hash_start is None or (tree_start is None and tree_offs[-1] > 0):
+        return None
+    offs = np.asarray(reader.hash_offsets, dtype=np.int64)
+    row_start = offs[0 : n * narrays + 1 : narrays]  # where each rank's hash row starts
+    row_spans = list(
+        zip((hash_start + 8 * row_start[:-1]).tolist(), np.diff(row_start).tolist(), strict=True)
+    )
+    sums = reader.checksums.tolist()
+    trees = list(
+        zip(((tree_start or 0) + tree_offs[:-1]).tolist(), np.diff(tree_offs).tolist(), strict=True)
+    )
+    columns = []  # per array: the numbers of every rank
+    for name, info in reader.arrays.items():
+        col = info.column
+        at = offs[col : n * narrays : narrays] - row_start[:-1]  # in each rank's own row
+        count = offs[col + 1 : n * narrays + 1 : narrays] - offs[col : n * narrays : narrays]
+        extents = _all_extents(files, name)
+        if extents is None:
+            return None
+        columns.append((name, info, at.tolist(), count.tolist(), extents))
+    header = (
+        tuple(str(f.path) for f in files),
+        tuple(reader.arrays),
+        reader.block_size,
+        reader.step,
+        str(reader.uid),
+        n,
+        (*reader.chain_refs, (reader.path.name, reader.step, str(reader.uid))),
+        int(reader.attrs.get("chain_bytes", 0)),
+        int(reader.attrs.get("state_bytes", 0)),
+    )
+    out = []
+    for r in range(n):
+        arrays = []
+        for name, info, at, count, extents in columns:
+            s = 0 if info.replicated else r
+            col = info.column
+            arrays.append(
+                ArrayPlan(
+                    name,
+                    info.dtype.str,
+                    info.rank_shapes[s],
+                    info.rank_shapes[r],
+                    info.shape[0],
+                    (info.rank_offsets[r], info.rank_offsets[r + 1]),
+                    info.layout,
+                    info.distributed,
+                    info.torch_dtype,
+                    info.replicated,
+                    (int(s != r), at[s], count[s], sums[s][col]),
+                    (at[r], count[r], sums[r][col]),
+                    extents[s],
+                )
+            )
+        files_, names, block_size, step, uid, nranks, chain, chain_bytes, state_bytes = header
+        out.append(
+            RankPlan(
+                r,
+                files_,
+                (*trees[r], sums[r][-1]),
+                (row_spans[r], row_spans[0]),
+                names,
+                tuple(arrays),
+                block_size,
+                step,
+                uid,
+                nranks,
+                chain,
+                chain_bytes,
+                state_bytes,
+            )
+        )
+    return out
+
+
+def _all_extents(files: list[CheckpointReader], name: str) -> list[tuple[Extent, ...]] | None:
+    """Every rank's extents of array ``name``: one per rank from the full base, in one
+    numpy pass, except for the ranks whose blocks a delta of the chain replaced."""
+    info = files[-1].arrays[name]
+    base = files[0].raw_start(dataset_name(name), info.dtype)
+    counts = np.diff(np.asarray(info.rank_offsets, dtype=np.int64))
+    if base is None:
+        return [()] * len(counts) if not counts.any() else None
+    per_index = info.dtype.itemsize * int(np.prod(info.trailing, dtype=np.int64))
+    starts = (base + np.asarray(info.rank_offsets[:-1], dtype=np.int64) * per_index).tolist()
+    sizes = (counts * per_index).tolist()
+    out: list[tuple[Extent, ...]] = [
+        ((0, start, 0, size),) if size else () for start, size in zip(starts, sizes, strict=True)
+    ]
+    changed: set[int] = set()
+    for part in files[1:]:
+        changed.update(np.nonzero(np.diff(part.delta_pointers(name)))[0].tolist())
+    for r in sorted(changed):
+        extents = _extents(files, name, r)
+        if extents is None:
+            return None
+        out[r] = extents
+    return out
+
+
+def _extents(files: list[CheckpointReader], name: str, rank: int) -> tuple[Extent, ...] | None:
+    """Where rank ``rank``'s bytes of array ``name`` lie: the newest copy of each block."""
+    info = files[-1].arrays[name]
+    count = info.rank_elems(rank)
+    if count == 0:
+        return ()
+    elems = blocks.block_elems(info.dtype.itemsize, files[-1].block_size)
+    nblk = blocks.nblocks(count, elems)
+    owner, where = files[-1].block_owners(name, rank, nblk)
+    item = info.dtype.itemsize
+    out: list[Extent] = []
+    for k, part in enumerate(files):
+        mine = np.nonzero(owner == k)[0]
+        if not mine.size:
+            continue
+        if part.kind == FULL:
+            base = part.raw_start(dataset_name(name), info.dtype)
+            if base is None:
+                return None
+            first = base + info.rank_offsets[rank] * item * int(
+                np.prod(info.trailing, dtype=np.int64)
+            )
+            for b0, b1 in blocks.runs(mine):
+                e0, e1 = b0 * elems, min(b1 * elems, count)
+                out.append((k, first + e0 * item, e0 * item, (e1 - e0) * item))
+        else:
+            base = part.raw_start(delta_name(name), info.dtype)
+            if base is None:
+                return None
+            for b0, b1 in blocks.runs(mine):
+                e0, e1 = b0 * elems, min(b1 * elems, count)
+                # blocks of one rank lie in rank-then-block order in the deltas
+                out.append((k, base + int(where[b0]) * item, e0 * item, (e1 - e0) * item))
+    return tuple(out)
+
+
+class PlanReader:
+    """One rank's reads of its plan, each checked: the files are opened once, with no HDF5."""
+
+    def __init__(self, plan: RankPlan, *, direct_io: bool = False) -> None:
+        self.plan = plan
+        self.direct_io = direct_io
+        self.path = Path(plan.files[-1])
+        self._fds: list[int] = []
+        try:
+            for name in plan.files:
+                self._fds.append(os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW))
+            self._rows = [self._read_row(*row) for row in plan.rows]
+        except OSError as exc:
+            self.close()
+            raise CorruptCheckpoint(f"{self.path.name}: unreadable ({exc})") from exc
+
+    def _read_row(self, offset: int, count: int) -> np.ndarray:
+        row = np.empty(count, dtype="<u8")
+        if count:
+            direct_io.pread_all(self._fds[-1], memoryview(row).cast("B"), offset, self.path)
+        return row
+
+    def _corrupt(self, why: str) -> CorruptCheckpoint:
+        return CorruptCheckpoint(f"{self.path.name}: {why}", culprit=self.path)
+
+    def hashes(self, a: ArrayPlan) -> np.ndarray:
+        """The block hashes that check the bytes of ``a`` this rank takes, verified."""
+        row, start, count, checksum = a.hashes
+        h = self._rows[row][start : start + count]
+        if blocks.hashes_checksum(h) != checksum:
+            source = 0 if row else self.plan.rank
+            raise self._corrupt(
+                f"the block hashes of array {a.name!r} of rank {source} fail their checksum"
+            )
+        return h
+
+    def own_hashes(self, a: ArrayPlan) -> np.ndarray:
+        """This rank's own block hashes of ``a`` (what an incremental save compares with)."""
+        start, count, checksum = a.own_hashes
+        h = self._rows[0][start : start + count]
+        if blocks.hashes_checksum(h) != checksum:
+            raise self._corrupt(
+                f"the block hashes of array {a.name!r} of rank {self.plan.rank} fail their checksum"
+            )
+        return h.astype(np.uint64)
+
+    def tree(self) -> object:
+        """This rank's state tree, checksum verified and naming exactly the file's arrays."""
+        offset, nbytes, checksum = self.plan.tree
+        raw = bytearray(nbytes)
+        if nbytes:
+            direct_io.pread_all(self._fds[-1], memoryview(raw), offset, self.path)
+        if integrity.checksum(bytes(raw)) != checksum:
+            raise self._corrupt(f"rank {self.plan.rank}'s state tree fails its checksum")
+        return parse_tree(bytes(raw), self.plan.names, self.plan.rank, self.path)
+
+    def array(self, a: ArrayPlan, out: np.ndarray | None = None) -> np.ndarray:
+        """The array ``a`` as saved, read into ``out`` when given (C-contiguous, of its
+        shape and dtype) and verified block by block. On a mismatch the file is opened
+        with :class:`.CheckpointReader` to name the file at fault."""
+        want = self.hashes(a)
+        dtype = np.dtype(a.dtype)
+        if out is None or out.shape != a.shape or out.dtype != dtype:
+            out = np.empty(a.shape, dtype=dtype)
+        if out.size == 0:
+            return out
+        flat = memoryview(out.reshape(-1).view(np.uint8))
+        step = blocks.block_bytes(dtype, self.plan.block_size)
+        try:
+            if len(a.extents) == 1 and a.extents[0][2:] == (0, len(flat)):
+                k, offset = a.extents[0][:2]
+                got = direct_io.read_hashed(
+                    self.plan.files[k], offset, flat, step, fd=self._fds[k], direct=self.direct_io
+                )
+            else:
+                for k, offset, at, nbytes in a.extents:
+                    direct_io.pread_all(
+                        self._fds[k], flat[at : at + nbytes], offset, self.plan.files[k]
+                    )
+                got = blocks.block_hashes(out, self.plan.block_size)
+        except OSError as exc:
+            raise self._corrupt(
+                f"array {a.name!r} of rank {self.plan.rank}: unreadable ({exc})"
+            ) from exc
+        if not np.array_equal(got, want):
+            self._blame(a)
+        return out
+
+    def _blame(self, a: ArrayPlan) -> None:
+        """Raise the error that names the file at fault, as a full read finds it."""
+        source = 0 if a.hashes[0] else self.plan.rank
+        with CheckpointReader(self.path) as reader:
+            reader.rank_array(a.name, source)
+        raise self._corrupt(f"array {a.name!r} of rank {source} fails its checksum")
+
+    def close(self) -> None:
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
+
+    def __enter__(self) -> PlanReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

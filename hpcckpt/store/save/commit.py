@@ -1,0 +1,585 @@
+"""The commit protocol: save a state collectively and durably, or not at all.
+
+One save, all ranks taking part (docs/format.md):
+
+1. every rank encodes its state while rank 0 checks that the last checkpoint's chain
+   is intact (reading the directory only); one reduction agrees on both
+   (:mod:`.encoding`);
+2. rank 0 creates the directory (owner-only), removes ``*.partial`` leftovers and
+   checks the free space, right before step 3 and within its agreement; on the first
+   save it also applies the file-system tuning (``lfs setstripe`` on Lustre);
+3. rank 0 creates ``ckpt-<step>.h5.partial`` with all its metadata and contiguous
+   datasets allocated, from every rank's specs (a gather; plain HDF5, no MPI-IO); every
+   rank learns its offsets (a bcast, which also carries step 2's outcome, and a prefix
+   sum) and writes its own part (tree, checksums, block hashes, array bytes:
+   ``O_DIRECT`` where the file system takes it, :mod:`.direct_io`) and fsyncs;
+4. the ranks agree that every one of them succeeded (one reduction); if not, rank 0
+   deletes the partial file and every rank raises;
+5. rank 0 renames it to ``ckpt-<step>.h5`` and fsyncs the directory (the file itself
+   is durable already: every rank fsynced it after its last write, rank 0 after
+   creating it and setting its mode, and step 4 agreed that every fsync succeeded);
+   a ``.bad`` mark of a file it replaced is removed (:func:`.layout.clear_marks`).
+
+Only step 5 makes the checkpoint visible, so a crash at any moment leaves either the
+previous set of checkpoints or the previous set plus this complete one.
+
+A *staged* save (:meth:`Saver.begin_save`) runs steps 1-2, copies the state to a
+staging area (:mod:`.staging_modes`), creates the ``.partial`` file with all its
+metadata and returns; a thread per rank writes the array bytes and fsyncs.
+:meth:`Saver.finish_save` then runs steps 4-5.
+
+Saves are incremental by default: each rank remembers the block hashes of the last
+committed (or restored) checkpoint (:class:`~.blocks.ChainState`) and the next save
+writes only the blocks whose hash changed, into a file that names the files it is built
+on (its chain), within the bounds of :class:`~.blocks.ChainPolicy`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mpi4py import MPI
+
+from hpcckpt.store.agreement import Agreement
+from hpcckpt.store.errors import CheckpointError
+from hpcckpt.store.file import layout
+from hpcckpt.store.file.writer import Written, write_file
+from hpcckpt.store.io import (
+    blocks,
+    direct_io,
+    durability,
+    faults,
+    filesystem,
+    memory,
+    safety,
+    write_path,
+)
+from hpcckpt.store.io.blocks import ChainState
+from hpcckpt.store.io.options import FileOptions
+from hpcckpt.store.results import SaveResult
+from hpcckpt.store.save import staging_budget
+from hpcckpt.store.save.change_detection import ChangeDetector
+from hpcckpt.store.save.options import IncrementalOptions
+from hpcckpt.store.save.staging import BackgroundWrite, HostBuffers
+from hpcckpt.store.save.staging_modes import HostCopy, NodeLocal, Pieces, Redrain, StagingMode
+from hpcckpt.store.tier import copies as fast_tier
+from hpcckpt.store.tier.node_local import NodeLocalTier
+from hpcckpt.store.tree.encoding import Encoded, Encoder
+from hpcckpt.store.tree.options import Split
+
+log = logging.getLogger("hpcckpt.store")
+
+
+@dataclass
+class PendingSave:
+    """A staged save whose bytes are being written in the background (not committed)."""
+
+    step: int
+    partial: Path
+    final: Path
+    written: Written
+    writer: BackgroundWrite
+    foreground: float  # this rank's seconds in begin_save
+    blocked: float  # the slowest rank's seconds in begin_save
+    bytes_total: int  # over all ranks
+    staging: str | None = None  # in memory: "copy" or "pieces" (staging_budget)
+    staging_bytes: int = 0  # host bytes this rank's staging holds
+
+    def done(self) -> bool:
+        """Whether this rank's background write has finished (well or not); never blocks."""
+        return self.writer.done()
+
+
+class StagingRefused(Exception):
+    """Raised on every rank by :meth:`Saver.begin_save` when some rank has too little
+    memory to stage its state: nothing was written; save synchronously instead."""
+
+
+@dataclass(frozen=True)
+class Modes:
+    """The permissions of what the store creates: files and directories."""
+
+    file: int
+    directory: int
+
+
+class Saver:
+    """The save side of one checkpoint directory: steps 1-5 and what they remember
+    between saves (the chain, the tuning, the write path, the change detector)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        agreement: Agreement,
+        encoder: Encoder,
+        incremental: IncrementalOptions,
+        files: FileOptions,
+        splits: Mapping[str, Split | None],
+        modes: Modes,
+        tier: NodeLocalTier | None,
+    ) -> None:
+        self.directory = directory
+        self.agreement = agreement
+        self.encoder = encoder
+        self.files = files
+        self.splits = splits
+        self.modes = modes
+        self.tier = tier
+        self.rank, self.nranks = agreement.rank, agreement.nranks
+        self.block_size = int(incremental.block_size)  # type: ignore[arg-type]
+        self.chain_policy = incremental.chain_policy
+        #: How synchronous saves find changed blocks (:mod:`.change_detection`).
+        self.changes = ChangeDetector(incremental.change_detection)
+        #: This rank's hashes of the last committed or restored checkpoint (None: next is full).
+        self.last: ChainState | None = None
+        self.tuning: filesystem.Tuning | None = None  # decided at the first save
+        self.paths: write_path.WritePathChooser | None = None  # made at the first save
+        self._local_ranks: int | None = None  # ranks on this node (the first staged save)
+
+    # -- what the restore side tells it ----------------------------------------------------
+    def remember(self, chain: ChainState | None) -> None:
+        """The checkpoint just restored: the next save may be a delta of it (None: full)."""
+        self.last = chain
+
+    def forget_changes(self) -> None:
+        """A restore writes into the arrays: what was tracked as written is moot."""
+        self.changes.reset()
+
+    @property
+    def direct_io(self) -> bool:
+        """Whether array bytes go past the page cache, written and read back: the tuning
+        plan's choice, or before the first save (a restore) the same rule for this
+        directory's file system."""
+        if self.tuning is not None:
+            return self.tuning.direct_io
+        tuning = self.files.tuning
+        return filesystem.direct_io(filesystem.detect(self.directory), tuning)
+
+    # -- synchronous -------------------------------------------------------------------------
+    def save(
+        self, step: int, state: dict[str, Any], extra_meta: dict[str, Any] | None = None
+    ) -> SaveResult:
+        """Steps 1-5 for ``state``; returns after the commit (see the module's docs)."""
+        t0 = time.perf_counter()
+        memory.reset_peak()
+        final, partial = self._names(step)
+        encoded, parent = self._prepare(step, state)
+        arrays = encoded.arrays
+        known, found = self.changes.hashes(
+            arrays,
+            self.last,
+            parent,
+            self.chain_policy,
+            self.block_size,
+            blocks.specs_of(arrays, self.splits),
+            set(encoded.known_hashes),
+            self.nranks,
+        )
+        written, error = self._create(
+            partial,
+            step,
+            encoded,
+            arrays,
+            extra_meta,
+            parent,
+            hashes={**encoded.known_hashes, **known},
+            hash_while_writing=True,  # a full file: hashed while the device writes
+        )
+        direct, t_write, per_rank = False, time.perf_counter(), 0
+        if written is not None:  # the ranks agree once, on creating and writing alike
+            per_rank = written.data_bytes // self.nranks
+            direct = self._path_chooser().direct(per_rank)
+            t_write = time.perf_counter()
+            error = self._write_data(partial, written, direct)
+        write_seconds = time.perf_counter() - t_write
+        faults.fault_point("write.closed")
+        error = safety.explain_write_error(error, self.directory, encoded.state_bytes)  # ENOSPC
+        self._agree_or_discard(error, f"writing checkpoint of step {step}", partial)
+        assert written is not None
+        audit = self.changes.audit(written.state.hashes, self.last)
+        (seconds, peak, slowest_write, hashed, pages, scan, audits), cleared = self._commit(
+            partial,
+            final,
+            step,
+            lambda: (
+                time.perf_counter() - t0,
+                memory.peak_rss_bytes(),
+                write_seconds,
+                found.bytes_hashed,
+                found.pages,
+                found.scan_seconds,
+                float(audit is not None),
+            ),
+        )
+        decision = self._path_chooser().record(per_rank, direct, slowest_write)
+        if audits:
+            audit = audit or "another rank's self-audit found a change the kernel did not report"
+            log.warning("rank %d: write tracking switched off: %s", self.rank, audit)
+        self.changes.committed(written.uid, audit)
+        self.last = written.state
+        if self.tier is not None:
+            self.tier.committed(step)  # the directory's newest is newer than any copy
+        return SaveResult(
+            step=step,
+            path=final,
+            bytes_written=written.all_bytes,
+            seconds=seconds,
+            kind=written.kind,
+            dirty_blocks=written.dirty_blocks,
+            total_blocks=written.total_blocks,
+            peak_rss=int(peak),
+            write_path="direct" if direct else "buffered",
+            write_decision=decision,
+            change_detection=found.method,
+            pages_written=int(pages),
+            bytes_hashed=int(hashed),
+            scan_seconds=scan,
+            tracking_audit=audit,
+            full_reason=written.full_reason,
+            cleared_bad_mark=cleared,
+        )
+
+    # -- staged ------------------------------------------------------------------------------
+    def begin_save(
+        self,
+        step: int,
+        state: dict[str, Any] | None,
+        extra_meta: dict[str, Any] | None = None,
+        *,
+        buffers: HostBuffers | None = None,
+        redrain: bool = False,
+    ) -> PendingSave:
+        """Steps 1-3 with the array bytes written by a thread per rank; returns at once.
+
+        The state is staged in ``buffers`` (host memory) or, with a node-local tier, in
+        this rank's files there. ``redrain``: drain the tier's copy of ``step`` (just
+        restored, or held for the drain) as it is; with ``state=None`` the copy's own
+        tree and arrays stand for the state. :meth:`finish_save` commits.
+        """
+        if (buffers is None) == (self.tier is None):
+            raise ValueError("a staged save needs exactly one staging area: buffers or a cache")
+        copy = None
+        if redrain:
+            if self.tier is None:
+                raise ValueError(f"nothing to drain again: step {step} is not a node-local copy")
+            copy = self.tier.drain_copy(step)
+        t0 = time.perf_counter()
+        memory.reset_peak()
+        final, partial = self._names(step)
+        encoded, parent = self._prepare(step, state, copy if state is None else None)
+        mode: StagingMode
+        if copy is not None:
+            assert self.tier is not None
+            mode = Redrain(self.tier, copy, self.block_size)
+        elif self.tier is not None:
+            mode = NodeLocal(self.tier)
+        else:
+            assert buffers is not None
+            mode = self._in_memory(buffers, encoded.arrays)  # StagingRefused: go synchronous
+        uid = self.agreement.from_root(_new_uid)
+        error: BaseException | None = None
+        staged = None
+        try:
+            staged = mode.stage(step, encoded.arrays)
+        except Exception as exc:  # every rank must reach the agreement below
+            error = exc
+        self.agreement.agree(error, f"staging checkpoint of step {step}{mode.where}")
+        assert staged is not None
+        uid = staged.uid or uid
+        mode.staged(step, uid, encoded.tree, encoded.arrays, staged, encoded.replicated)
+        faults.fault_point("stage.written")
+        written, error = self._create(
+            partial, step, encoded, staged.arrays, extra_meta, parent,
+            hashes=staged.hashes or None, uid=uid,
+        )  # fmt: skip
+        error = safety.explain_write_error(error, self.directory, encoded.state_bytes)  # ENOSPC
+        self._agree_or_discard(error, f"creating the file of checkpoint of step {step}", partial)
+        assert written is not None
+        writer = mode.start(partial, list(written.extents), self.direct_io)
+        foreground = time.perf_counter() - t0
+        (blocked,) = self.agreement.slowest(foreground)
+        return PendingSave(
+            step=step,
+            partial=partial,
+            final=final,
+            written=written,
+            writer=writer,
+            foreground=foreground,
+            blocked=blocked,
+            bytes_total=written.all_bytes,
+            staging=mode.name,
+            staging_bytes=mode.held_bytes,
+        )
+
+    def finish_save(self, pending: PendingSave) -> SaveResult:
+        """Steps 4-5 of a staged save, once every rank's background write is done.
+
+        If any rank's write failed, the partial file is deleted and CheckpointError is
+        raised on every rank: the checkpoint never becomes good.
+        """
+        t_wait = time.perf_counter()
+        pending.writer.wait()
+        waited = time.perf_counter() - t_wait
+        error = safety.explain_write_error(
+            pending.writer.error, self.directory, pending.bytes_total
+        )
+        try:
+            self._agree_or_discard(
+                error,
+                f"writing checkpoint of step {pending.step} in the background",
+                pending.partial,
+            )
+        except CheckpointError:
+            if self.tier is not None:
+                self.tier.drain_failed()
+            raise
+        t_commit = time.perf_counter()
+        # Staging to durable bytes, plus the commit: what a synchronous save would have cost.
+        (seconds, peak, held), cleared = self._commit(
+            pending.partial,
+            pending.final,
+            pending.step,
+            lambda: (
+                pending.foreground + pending.writer.seconds + (time.perf_counter() - t_commit),
+                memory.peak_rss_bytes(),
+                pending.staging_bytes,
+            ),
+        )
+        self.last = pending.written.state
+        if self.tier is not None:
+            self.tier.committed(pending.step)
+        log.debug("rank %d waited %.3f s for its background write", self.rank, waited)
+        w = pending.written
+        return SaveResult(
+            step=pending.step,
+            path=pending.final,
+            bytes_written=pending.bytes_total,
+            seconds=seconds,
+            kind=w.kind,
+            dirty_blocks=w.dirty_blocks,
+            total_blocks=w.total_blocks,
+            blocked_seconds=pending.blocked,
+            peak_rss=int(peak),
+            staging=pending.staging,
+            staging_bytes=int(held),
+            full_reason=w.full_reason,
+            cleared_bad_mark=cleared,
+        )
+
+    def _in_memory(self, buffers: HostBuffers, arrays: dict[str, Any]) -> StagingMode:
+        """This rank's way to stage ``arrays`` in host memory within its budget.
+
+        Raises StagingRefused on every rank when any rank is too short of memory
+        (:mod:`.staging_budget`): then nothing is staged, nothing written.
+        """
+        comm = self.agreement.comm
+        if self._local_ranks is None:
+            node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+            self._local_ranks = node.Get_size()
+            node.Free()
+        mine = sum(a.nbytes for a in arrays.values())
+        plan = staging_budget.plan(
+            mine, buffers.budget, memory.available_bytes(), self._local_ranks, buffers.nbytes
+        )
+        short = comm.allreduce(self.rank if plan.mode == staging_budget.SYNC else -1, op=MPI.MAX)
+        if short >= 0:
+            buffers.release()  # a synchronous save comes next: give the memory back
+            why = comm.bcast(plan.reason, root=short)
+            raise StagingRefused(f"rank {short}: {why}")
+        if plan.mode == staging_budget.PIECES:
+            return Pieces(buffers, plan)
+        return HostCopy(buffers, self.block_size)
+
+    # -- the steps ---------------------------------------------------------------------------
+    def _names(self, step: int) -> tuple[Path, Path]:
+        final = self.directory / layout.checkpoint_name(step)
+        return final, final.with_name(final.name + layout.PARTIAL)
+
+    def _prepare(
+        self, step: int, state: dict[str, Any] | None, copy: fast_tier.LocalCopy | None = None
+    ) -> tuple[Encoded, ChainState | None]:
+        """Steps 1-2 up to the file, agreed in one reduction: the encoded state and the
+        checkpoint this one may be a delta of. With ``copy`` (a node-local copy drained
+        as it is) its tree and arrays stand for the state.
+
+        While the ranks encode, rank 0 checks the chain the next delta would extend;
+        the reduction that agrees on the encoding carries its answer. Rank 0 writes to
+        the directory (:meth:`_prepare_directory`) only once every rank's state encoded,
+        just before it creates the file, whose agreement covers it.
+        """
+        if copy is None:
+            encoded = self.encoder.encode(step, state, self._chain_intact())
+        else:
+            arrays = fast_tier.maps(copy)
+            mine = sum(a.nbytes for a in arrays.values())
+            state_bytes, chain = self.agreement.agree(
+                None, f"reading node-local step {step}", extra=(mine, self._chain_intact())
+            )
+            encoded = Encoded(
+                copy.tree, arrays, state_bytes, bool(chain), replicated=set(copy.replicated)
+            )
+        faults.fault_point("save.begin", step)
+        if self.tuning is None:
+            self.tuning = self._tune(encoded.state_bytes)
+        return encoded, self.last if encoded.answer else None
+
+    def _chain_intact(self) -> bool:
+        """Rank 0: whether the next save may be a delta of the last checkpoint: every file
+        of its chain still there and not marked bad (someone may have moved or pruned
+        them). Other ranks: False (the agreement sums rank 0's answer)."""
+        if self.rank != 0 or not self.chain_policy.incremental or self.last is None:
+            return False
+        return all(
+            (self.directory / name).is_file() and layout.read_bad(self.directory / name) is None
+            for name, _, _ in self.last.chain
+        )
+
+    def _tune(self, state_bytes: int) -> filesystem.Tuning:
+        """Rank 0 detects the file system and stripes the directory; every rank gets the plan.
+
+        At the first save, once every rank's state encoded: rank 0 creates the directory
+        here so that it can be striped (a failure is reported by the file's creation,
+        which tries again).
+        """
+        options = self.files.tuning
+
+        def decide() -> filesystem.Tuning:
+            try:
+                safety.make_directory(self.directory, self.modes.directory)
+            except OSError as exc:
+                log.debug("cannot create %s yet: %s", self.directory, exc)
+            fs = filesystem.detect(self.directory)
+            plan = filesystem.plan(self.directory, fs, self.nranks, state_bytes, options)
+            if plan.setstripe_argv:
+                why = filesystem.apply_setstripe(plan.setstripe_argv)
+                if why:
+                    log.warning("could not stripe %s (%s); writing anyway", self.directory, why)
+            log.info("file system %s (%s), direct I/O %s", fs.kind, fs.name, plan.direct_io)
+            return plan
+
+        return self.agreement.from_root(decide)
+
+    def _prepare_directory(self, state_bytes: int) -> None:
+        """Step 2, rank 0, right before it creates the file: the directory (owner-only),
+        no ``*.partial`` leftovers, room for ``state_bytes`` (ENOSPC before HDF5 sees it)."""
+        safety.make_directory(self.directory, self.modes.directory)
+        for leftover in layout.partials(self.directory):
+            log.info("removing leftover %s from an interrupted save", leftover.name)
+            safety.remove_leftover(leftover)  # a link is unlinked, never followed
+        safety.check_free_space(self.directory, state_bytes)
+
+    def _create(
+        self,
+        partial: Path,
+        step: int,
+        encoded: Encoded,
+        arrays: dict[str, Any],
+        extra_meta: dict[str, Any] | None,
+        parent: ChainState | None,
+        **options: Any,
+    ) -> tuple[Written | None, BaseException | None]:
+        """Step 3 without the agreement: (what this rank writes, or the error it met)."""
+        error: BaseException | None = None
+        written: Written | None = None
+        try:
+            written = write_file(
+                partial,
+                self.agreement.comm,
+                step,
+                encoded.tree,
+                arrays,
+                extra_meta,
+                distributed=self.splits,
+                alignment=self.tuning.alignment if self.tuning else None,
+                block_size=self.block_size,
+                parent=parent,
+                policy=self.chain_policy,
+                replicated=encoded.replicated,
+                prepare=self._prepare_directory,
+                **options,
+            )
+            faults.fault_point("save.prepared")
+            if self.rank == 0:  # now, so that the ranks' fsyncs make the mode durable too
+                safety.set_mode(partial, self.modes.file)  # created with the umask
+        except Exception as exc:  # every rank must reach the agreement
+            error = exc
+        return written, error
+
+    def _path_chooser(self) -> write_path.WritePathChooser:
+        """Direct or buffered writes for synchronous saves (decided at the first save)."""
+        if self.paths is None:
+            chosen = self.files.tuning.direct_io
+            self.paths = write_path.WritePathChooser(self.direct_io, chosen)
+        return self.paths
+
+    def _write_data(self, partial: Path, written: Written, direct: bool) -> BaseException | None:
+        """Step 3b: this rank writes its part into the created ``.partial`` and fsyncs it
+        (:mod:`.direct_io`), hashing its arrays meanwhile if they were not hashed yet;
+        the error it met, for the agreement."""
+        hashing = written.hashing
+        try:
+            direct_io.write_extents(
+                partial,
+                written.extents,
+                direct=direct,
+                before=None if hashing is None else hashing.before,
+                after=lambda i: faults.fault_point("write.data"),  # tests: die mid-data
+                progress=None if hashing is None else hashing.progress,
+            )
+        except Exception as exc:  # every rank must reach the agreement
+            return exc
+        return None
+
+    def _agree_or_discard(self, error: BaseException | None, what: str, partial: Path) -> None:
+        """Step 4: raise on every rank if any failed, rank 0 deleting the ``.partial``."""
+        try:
+            self.agreement.agree(error, what)
+        except CheckpointError:
+            if self.rank == 0:
+                safety.remove_leftover(partial)  # never a directory someone put there
+            raise
+
+    def _commit(
+        self, partial: Path, final: Path, step: int, measure: Callable[[], Sequence[float]]
+    ) -> tuple[list[float], str | None]:
+        """Step 5: rank 0 renames the file into place durably; agreed in the same reduction
+        that gives the largest of each of ``measure()`` over the ranks. With them, on every
+        rank, the reason of the bad mark of the file this one replaced (None: none), which
+        rank 0 removed: it judged that file, not this one."""
+        error: BaseException | None = None
+        cleared: str | None = None
+        if self.rank == 0:
+            try:
+                durability.publish(partial, final)
+                faults.fault_point("commit.renamed")
+            except OSError as exc:
+                error = exc
+            else:
+                cleared = self._clear_marks(final)
+        *out, failed, marked = self.agreement.slowest(
+            *measure(), float(error is not None), float(cleared is not None)
+        )
+        if failed:
+            self.agreement.agree_root(error, f"committing checkpoint of step {step}")
+        if marked:  # rare: one more bcast for its reason
+            cleared = self.agreement.from_root(lambda: cleared)
+        return out, cleared
+
+    def _clear_marks(self, final: Path) -> str | None:
+        """Rank 0, after the rename: the marks of the file ``final`` replaced are removed
+        (a failure is only logged: a mark left there is ignored, :func:`.layout.read_bad`)."""
+        try:
+            return layout.clear_marks(final)
+        except OSError as exc:
+            log.warning("cannot remove the bad mark of the file %s replaced: %s", final.name, exc)
+            return None
+
+
+def _new_uid() -> str:
+    return uuid.uuid4().hex

@@ -1,0 +1,160 @@
+"""Where a staged save copies the state before its background write, behind one protocol.
+
+A staged save (:meth:`~hpcckpt.store.save.commit.Saver.begin_save`) asks its mode three
+things, in this order: :meth:`StagingMode.stage` this rank's arrays (local, may raise:
+the ranks agree on it next), :meth:`StagingMode.staged` once every rank staged
+(collective: the node-local tier seals its copies there), and :meth:`StagingMode.start`
+the background write of the created file's extents. The modes:
+
+- :class:`HostCopy`: into host buffers reused from save to save, hashed while copied;
+- :class:`Pieces`: a state larger than the staging budget, copied piece by piece through
+  a ring of buffers while earlier pieces are written (:mod:`.staging_budget`);
+- :class:`NodeLocal`: into this rank's files on the node-local tier, which survive a
+  crash of the job's processes;
+- :class:`Redrain`: a copy already on the node-local tier (just restored, or the newest
+  one at the end of the allocation), drained as it is without writing it again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from hpcckpt.store.io import blocks
+from hpcckpt.store.io.direct_io import Extent
+from hpcckpt.store.save.staging import BackgroundWrite, HostBuffers, stream_pieces
+from hpcckpt.store.save.staging_budget import StagingPlan
+from hpcckpt.store.tier import copies as fast_tier
+from hpcckpt.store.tier.node_local import NodeLocalTier
+
+
+@dataclass
+class Staged:
+    """What one rank staged: the arrays the file is written from, their block hashes
+    (empty: hashed while the file is created) and offsets in a node-local data file."""
+
+    arrays: dict[str, Any]
+    hashes: dict[str, Any] = field(default_factory=dict)
+    offsets: dict[str, int] = field(default_factory=dict)
+    #: The checkpoint's uid when the staged copy already has one (a drained copy).
+    uid: str | None = None
+
+
+class StagingMode(Protocol):
+    """One way to stage a save; see the module's docs for the order of the calls."""
+
+    #: For the result: "copy" or "pieces" when staged in memory, None on the tier.
+    name: str | None
+    #: For messages: where the state is staged (" in memory", " in /dev/shm/...").
+    where: str
+
+    def stage(self, step: int, arrays: dict[str, Any]) -> Staged: ...
+
+    def staged(
+        self,
+        step: int,
+        uid: str,
+        tree: Any,
+        arrays: dict[str, Any],
+        staged: Staged,
+        replicated: set[str],
+    ) -> None: ...
+
+    def start(self, partial: Path, extents: list[Extent], direct: bool) -> BackgroundWrite: ...
+
+    @property
+    def held_bytes(self) -> int: ...
+
+
+class HostCopy:
+    """Whole into host buffers reused between saves, hashed while copied."""
+
+    name: str | None = "copy"
+    where = " in memory"
+
+    def __init__(self, buffers: HostBuffers, block_size: int) -> None:
+        self.buffers, self.block_size = buffers, block_size
+
+    def stage(self, step: int, arrays: dict[str, Any]) -> Staged:
+        copies, hashes = self.buffers.stage(arrays, self.block_size)
+        return Staged(copies, hashes)
+
+    def staged(self, *args: Any) -> None:
+        pass
+
+    def start(self, partial: Path, extents: list[Extent], direct: bool) -> BackgroundWrite:
+        return BackgroundWrite(partial, extents, direct).start()
+
+    @property
+    def held_bytes(self) -> int:
+        return self.buffers.nbytes
+
+
+class Pieces(HostCopy):
+    """Through a ring of buffers of the budget's size, while earlier pieces are written."""
+
+    name = "pieces"
+
+    def __init__(self, buffers: HostBuffers, plan: StagingPlan) -> None:
+        super().__init__(buffers, 0)
+        self.plan = plan
+
+    def stage(self, step: int, arrays: dict[str, Any]) -> Staged:
+        return Staged(arrays)  # hashed while the file is created, copied piece by piece
+
+    def start(self, partial: Path, extents: list[Extent], direct: bool) -> BackgroundWrite:
+        ring = self.buffers.ring(self.plan.staging_bytes)
+        return stream_pieces(partial, extents, ring, direct)
+
+
+class NodeLocal:
+    """Into this rank's files on the node-local tier, sealed once every rank has its copy."""
+
+    name: str | None = None
+    held_bytes = 0
+
+    def __init__(self, tier: NodeLocalTier) -> None:
+        self.tier = tier
+        self.where = f" in {tier.path}"
+
+    def stage(self, step: int, arrays: dict[str, Any]) -> Staged:
+        return Staged(*self.tier.stage(step, arrays))
+
+    def staged(
+        self,
+        step: int,
+        uid: str,
+        tree: Any,
+        arrays: dict[str, Any],
+        staged: Staged,
+        replicated: set[str],
+    ) -> None:
+        self.tier.seal_staged(
+            step,
+            uid,
+            tree,
+            arrays,
+            hashes=staged.hashes,
+            offsets=staged.offsets,
+            replicated=replicated,
+        )
+
+    def start(self, partial: Path, extents: list[Extent], direct: bool) -> BackgroundWrite:
+        return BackgroundWrite(partial, extents, direct).start()
+
+
+class Redrain(NodeLocal):
+    """A sealed node-local copy, drained as it is (its own uid, arrays mapped from its file)."""
+
+    def __init__(self, tier: NodeLocalTier, copy: fast_tier.LocalCopy, block_size: int) -> None:
+        super().__init__(tier)
+        self.copy, self.block_size = copy, block_size
+
+    def stage(self, step: int, arrays: dict[str, Any]) -> Staged:
+        mapped = fast_tier.maps(self.copy)
+        hashes = {p: blocks.block_hashes(a, self.block_size) for p, a in mapped.items()}
+        return Staged(mapped, hashes, uid=self.copy.uid)
+
+    def staged(self, *args: Any) -> None:
+        pass  # sealed when it was written

@@ -1,0 +1,168 @@
+"""A rank's read plan: what rank 0 sends after validating a checkpoint, read with POSIX
+calls only. What it reads is exactly what the full reader reads, and every damaged byte,
+hash or tree is still caught, naming the file at fault."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from hpcckpt.store.errors import CorruptCheckpoint
+from hpcckpt.store.file import layout
+from hpcckpt.store.file.reader import CheckpointReader
+from hpcckpt.store.restore import read_plan
+from hpcckpt.store.store import CheckpointStore
+
+BLOCK = 4096
+
+
+def store_at(tmp_path, **kw) -> CheckpointStore:
+    """Small blocks, and deltas however little they save (these states are small)."""
+    return CheckpointStore(
+        tmp_path / "ck", MPI.COMM_SELF, block_size=BLOCK, min_delta_saving=0, **kw
+    )
+
+
+def plan_of(store: CheckpointStore, step: int) -> read_plan.RankPlan:
+    with CheckpointReader(store.directory / layout.checkpoint_name(step)) as reader:
+        plan = read_plan.plans(reader)[0]
+    assert plan is not None
+    return plan
+
+
+def same_as_reader(store: CheckpointStore, step: int) -> read_plan.RankPlan:
+    """The plan reads every array and the tree exactly as the full reader does."""
+    plan = plan_of(store, step)
+    with CheckpointReader(store.directory / layout.checkpoint_name(step)) as full:
+        with read_plan.PlanReader(plan) as posix:
+            assert posix.tree() == full.tree(0)
+            for a in plan.arrays:
+                want = full.rank_array(a.name, 0)
+                got = posix.array(a)
+                assert got.dtype == want.dtype and got.shape == want.shape
+                assert np.array_equal(got, want), a.name
+                assert np.array_equal(posix.own_hashes(a), full.block_hashes(a.name, 0))
+    return plan
+
+
+def awkward(k: int) -> dict:
+    """Arrays as applications hold them: empty, strided, bool, 0-d, several blocks."""
+    big = np.arange(40_000, dtype=np.float64) * k  # 79 blocks of 4 KiB
+    return {
+        "big": big,
+        "strided": np.arange(3000, dtype=np.int32).reshape(30, 100)[:, ::3] * k,
+        "empty": np.empty((0, 7), dtype=np.float32),
+        "flags": np.arange(999) % (k + 2) == 0,
+        "scalar": np.array(k, dtype=np.int16),
+        "k": k,
+    }
+
+
+def test_a_full_checkpoint_reads_as_one_extent_per_array(tmp_path):
+    store = store_at(tmp_path, incremental=False)
+    store.save(1, awkward(1))
+    plan = same_as_reader(store, 1)
+    assert len(plan.files) == 1 and plan.chain[-1][1] == 1
+    extents = {a.name: a.extents for a in plan.arrays}
+    assert extents["empty"] == ()
+    assert all(len(e) == 1 for name, e in extents.items() if name != "empty")
+
+
+def test_an_incremental_checkpoint_reads_each_block_from_the_newest_file_of_its_chain(tmp_path):
+    store = store_at(tmp_path)
+    state = awkward(1)
+    store.save(1, state)
+    state["big"][5000:5001] = -1.0  # block 9
+    state["big"][30000:34000] = -2.0  # blocks 58-66
+    assert store.save(2, state).kind == "incremental"
+    state["big"][5000:5001] = -3.0  # block 9 again: the newest copy is in step 3
+    assert store.save(3, state).kind == "incremental"
+    plan = same_as_reader(store, 3)
+    assert [layout.step_of(f.rsplit("/", 1)[-1]) for f in plan.files] == [1, 2, 3]
+    big = next(a for a in plan.arrays if a.name == "big")
+    by_file = {k: [] for k in range(3)}
+    for k, _, at, nbytes in big.extents:
+        by_file[k].append((at // BLOCK, nbytes))
+    assert (9, BLOCK) in by_file[2] and all(b != 9 for b, _ in by_file[1])
+    assert sum(n for _, _, _, n in big.extents) == big.shape[0] * 8  # every byte, once
+    assert len(big.extents) == 5  # base [0,9), step 3's 9, base [10,58), step 2's, base tail
+
+
+@pytest.mark.parametrize(
+    "what, fragment",
+    [
+        ("base", "ckpt-0000000001.h5: array 'big' of rank 0, block 1, fails its checksum"),
+        ("delta", "ckpt-0000000002.h5: array 'big' of rank 0, block 2, fails its checksum"),
+        ("tree", "rank 0's state tree fails its checksum"),
+        ("hashes", "the block hashes of array 'big' of rank 0 fail their checksum"),
+    ],
+)
+def test_a_damaged_byte_is_caught_and_the_file_at_fault_named(tmp_path, what, fragment):
+    store = store_at(tmp_path)
+    state = awkward(1)
+    store.save(1, state)
+    state["big"][2 * 512] = -1.0  # block 2 changes
+    assert store.save(2, state).kind == "incremental"
+    plan = plan_of(store, 2)
+    big = next(a for a in plan.arrays if a.name == "big")
+    if what == "base":
+        k, offset = next((k, o + BLOCK) for k, o, at, _ in big.extents if k == 0 and at == 0)
+    elif what == "delta":
+        k, offset = next((k, o) for k, o, _, _ in big.extents if k == 1)
+    elif what == "tree":
+        k, offset = 1, plan.tree[0] + 3
+    else:
+        k, offset = 1, plan.rows[0][0] + 8 * big.hashes[1]
+    with open(plan.files[k], "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x40]))
+    with read_plan.PlanReader(plan) as posix, pytest.raises(CorruptCheckpoint) as err:
+        posix.tree()
+        posix.array(big)
+    assert fragment in str(err.value)
+    if what == "base":  # the delta is fine: the fault is its base's
+        assert str(err.value.culprit).endswith("ckpt-0000000001.h5")
+
+
+def test_a_file_ending_early_is_unreadable_not_a_hang(tmp_path):
+    store = store_at(tmp_path, incremental=False)
+    store.save(1, awkward(1))
+    plan = plan_of(store, 1)
+    big = next(a for a in plan.arrays if a.name == "big")
+    with open(plan.files[0], "r+b") as f:
+        f.truncate(big.extents[0][1] + 100)
+    with read_plan.PlanReader(plan) as posix, pytest.raises(CorruptCheckpoint, match="unreadable"):
+        posix.array(big)
+
+
+def test_reads_go_into_the_applications_array(tmp_path):
+    store = store_at(tmp_path, incremental=False)
+    store.save(1, awkward(2))
+    plan = plan_of(store, 1)
+    big = next(a for a in plan.arrays if a.name == "big")
+    mine = np.zeros(40_000)
+    with read_plan.PlanReader(plan) as posix:
+        assert posix.array(big, mine) is mine
+        assert posix.array(big, np.zeros(3)).shape == (40_000,)  # not its shape: not used
+    assert np.array_equal(mine, awkward(2)["big"])
+
+
+def test_a_dataset_hdf5_must_convert_gets_no_plan(tmp_path):
+    store = store_at(tmp_path, incremental=False)
+    store.save(1, {"u": np.arange(10.0)})
+    path = store.directory / layout.checkpoint_name(1)
+    with h5py.File(path, "r+") as f:
+        attrs = dict(f["state/u"].attrs)
+        del f["state/u"]
+        d = f.create_dataset("state/u", data=np.arange(10.0), chunks=(5,))
+        d.attrs.update(attrs)
+    with CheckpointReader(path) as reader:
+        assert read_plan.plans(reader) is None
+        assert np.array_equal(reader.rank_array("u", 0), np.arange(10.0))  # still read, by HDF5
+    state: dict = {}
+    assert store_at(tmp_path).restore(state).step == 1
+    assert np.array_equal(state["u"], np.arange(10.0))

@@ -1,0 +1,158 @@
+"""Where a staged save copies the state (hpcckpt/store/save/staging_modes.py), each mode seen
+through ``Saver.begin_save``/``finish_save`` in one process (MPI.COMM_SELF): HostCopy and
+Pieces in host memory, NodeLocal and Redrain on the node-local tier. Every committed file
+restores bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from hpcckpt.store.file import layout
+from hpcckpt.store.file.reader import CheckpointReader
+from hpcckpt.store.save import staging_budget
+from hpcckpt.store.save.staging import HostBuffers
+from hpcckpt.store.store import CheckpointStore
+from hpcckpt.store.tier import copies as fast_tier
+
+
+def random_state(seed: int, count: int = 5000) -> dict:
+    """Arbitrary bit patterns (NaN payloads included), and values beside the arrays."""
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, count * 8, dtype=np.uint8)
+    return {
+        "u": raw.view(np.float64).reshape(-1, 10),
+        "g": {"i": rng.integers(-(2**40), 2**40, 777), "f": rng.random(33).astype(np.float32)},
+        "t": 0.25 * seed,
+    }
+
+
+def copy_of(state: dict) -> dict:
+    return {
+        "u": state["u"].copy(),
+        "g": {k: v.copy() for k, v in state["g"].items()},
+        "t": state["t"],
+    }
+
+
+def zeros_like(state: dict) -> dict:
+    return {
+        "u": np.zeros_like(state["u"]),
+        "g": {k: np.zeros_like(v) for k, v in state["g"].items()},
+        "t": None,
+    }
+
+
+def restores_bit_exactly(directory, step: int, expected: dict) -> None:
+    """A new store of ``directory`` (no cache) restores ``step``, bytes as ``expected``."""
+    back = zeros_like(expected)
+    got = CheckpointStore(directory, MPI.COMM_SELF).restore(back)
+    assert got is not None and got.step == step and got.source == "directory"
+    assert back["u"].tobytes() == expected["u"].tobytes()
+    for k, v in expected["g"].items():
+        assert back["g"][k].dtype == v.dtype and back["g"][k].tobytes() == v.tobytes()
+    assert back["t"] == expected["t"]
+
+
+# -- in host memory --------------------------------------------------------------------------
+def test_host_copy_stages_a_copy_the_application_may_change_at_once(tmp_path):
+    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF)
+    state = random_state(1)
+    saved = copy_of(state)
+    buffers = HostBuffers()
+    pending = store.saver.begin_save(1, state, buffers=buffers)
+    assert pending.staging == "copy"
+    nbytes = state["u"].nbytes + sum(v.nbytes for v in state["g"].values())
+    assert pending.staging_bytes == buffers.nbytes == nbytes
+    state["u"][:] = 0.0  # the application goes on while the bytes are written
+    assert not pending.final.exists(), "nothing is committed before finish_save"
+    result = store.saver.finish_save(pending)
+    assert (result.step, result.staging, result.staging_bytes) == (1, "copy", nbytes)
+    assert result.path == store.directory / layout.checkpoint_name(1)
+    assert result.blocked_seconds is not None and layout.partials(store.directory) == []
+    restores_bit_exactly(store.directory, 1, saved)
+
+
+def test_pieces_stream_a_state_larger_than_the_budget(tmp_path):
+    """The smallest budget a ring takes, and a state larger than it: copied piece by
+    piece through the ring, which is all the staging holds."""
+    budget = staging_budget.MIN_RING_BYTES
+    rng = np.random.default_rng(2)
+    big = rng.integers(0, 256, budget + (8 << 20), dtype=np.uint8).view(np.float64)
+    state = {"u": big, "g": {"i": np.arange(5), "f": np.ones(3, np.float32)}, "t": 2.0}
+    saved = copy_of(state)
+    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF)
+    buffers = HostBuffers(budget)
+    pending = store.saver.begin_save(2, state, buffers=buffers)
+    assert pending.staging == "pieces"
+    assert 0 < pending.staging_bytes == buffers.nbytes <= budget < big.nbytes
+    big[:] = 0.0  # every piece was copied before begin_save returned
+    result = store.saver.finish_save(pending)
+    assert (result.staging, result.kind) == ("pieces", "full")
+    restores_bit_exactly(store.directory, 2, saved)
+
+
+# -- on the node-local tier ------------------------------------------------------------------
+def test_node_local_seals_a_copy_in_the_cache_then_drains_it(tmp_path):
+    cache = tmp_path / "cache"
+    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, cache=cache)
+    state = random_state(3)
+    saved = copy_of(state)
+    pending = store.saver.begin_save(3, state)
+    assert pending.staging is None and pending.staging_bytes == 0
+    assert (cache / fast_tier.manifest_name(3, 0)).is_file(), "sealed before the drain ends"
+    assert (cache / fast_tier.data_name(3, 0)).is_file()
+    assert store.tier.newest_step == 3
+    (copy,) = fast_tier.scan(cache, store.directory, 0, 1)
+    assert copy.step == 3 and copy.directory == str(store.directory)
+    result = store.saver.finish_save(pending)
+    assert result.step == 3 and result.staging is None
+    assert not store.tier.holds_newest, "the directory holds step 3 now"
+    with CheckpointReader(result.path) as reader:
+        assert str(reader.uid) == copy.uid, "the copy and the file are one checkpoint"
+    restores_bit_exactly(store.directory, 3, saved)
+    again = CheckpointStore(store.directory, MPI.COMM_SELF, cache=cache)
+    back = zeros_like(saved)
+    assert again.restore(back).source == "directory", "the copy is no newer"
+
+
+@pytest.fixture
+def restored_from_the_tier(tmp_path):
+    """A checkpoint of step 5 saved on the tier only, restored by a new store (a restart):
+    (that store, the state it restored, the state as saved)."""
+    cache = tmp_path / "cache"
+    state = random_state(5)
+    CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, cache=cache).save_local(5, state)
+    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, cache=cache)
+    back = zeros_like(state)
+    got = store.restore(back)
+    assert (got.step, got.source) == (5, "cache") and store.tier.holds_newest
+    assert not (store.directory / layout.checkpoint_name(5)).exists()
+    return store, back, state
+
+
+@pytest.mark.parametrize("given", ["state", "none"])
+def test_redrain_drains_the_restored_copy_as_it_is(restored_from_the_tier, given):
+    store, back, saved = restored_from_the_tier
+    (copy,) = fast_tier.scan(store.tier.path, store.directory, 0, 1)
+    manifest = copy.path.read_bytes()
+    state = back if given == "state" else None  # None: the copy's own tree and arrays
+    pending = store.saver.begin_save(5, state, redrain=True)
+    assert pending.staging is None
+    result = store.saver.finish_save(pending)
+    assert result.step == 5 and not store.tier.holds_newest
+    with CheckpointReader(result.path) as reader:
+        assert str(reader.uid) == copy.uid, "drained as it is: the copy's own checkpoint"
+    assert copy.path.read_bytes() == manifest, "the copy is not written again"
+    restores_bit_exactly(store.directory, 5, saved)
+
+
+def test_redrain_of_a_step_the_tier_does_not_hold_is_refused(restored_from_the_tier, tmp_path):
+    store, back, _ = restored_from_the_tier
+    with pytest.raises(ValueError, match="nothing to drain again: step 6 is not a node-local copy"):
+        store.saver.begin_save(6, back, redrain=True)
+    plain = CheckpointStore(tmp_path / "other", MPI.COMM_SELF)  # no tier at all
+    with pytest.raises(ValueError, match="nothing to drain again: step 5"):
+        plain.saver.begin_save(5, back, buffers=HostBuffers(), redrain=True)
+    assert layout.scan(store.directory) == [] and not plain.directory.exists()
