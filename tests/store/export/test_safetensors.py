@@ -1,4 +1,4 @@
-"""store/safetensors_export.py: a checkpoint's model as safetensors files, loaded with
+"""store/export/safetensors.py: a checkpoint's model as safetensors files, loaded with
 the safetensors package and ``load_state_dict``, bit for bit the live model's weights;
 from 1 rank and from 2 (distributed rows, replicated, FSDP2 DTensor shards); shards and
 their index; memory bounded by the largest tensor."""

@@ -1,4 +1,4 @@
-"""store/devices.py on the CPU: what the adapter does with CPU tensors, and the errors
+"""store/tree/devices.py on the CPU: what the adapter does with CPU tensors, and the errors
 for devices that hold no values. The CUDA path runs in benchmarks/gpu_check.py on a GPU
 (this build of torch has no CUDA); everything else of the adapter is tested here."""
 
