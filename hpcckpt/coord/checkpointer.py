@@ -34,21 +34,26 @@ from hpcckpt.rundir import directory
 from hpcckpt.rundir import events as job_events
 from hpcckpt.rundir import status as job_status
 from hpcckpt.rundir.heartbeat import HeartbeatWriter
+from hpcckpt.store import (
+    DirectoryLock,
+    DirectoryLocked,
+    HostBuffers,
+    fault_point,
+    make_directory,
+    state_bytes,
+)
 from hpcckpt.store.agreement import CallAgreement
 from hpcckpt.store.errors import CallMismatch
-from hpcckpt.store.io import faults, safety
-from hpcckpt.store.io.lock import DirectoryLock, DirectoryLocked
-from hpcckpt.store.mirror import worker as mirror_worker
-from hpcckpt.store.mirror.worker import MirrorWorker
-from hpcckpt.store.save.staging import HostBuffers
 from hpcckpt.store.store import (
+    MIRROR_FAILED,
+    MIRROR_PRUNED,
+    MIRRORED,
+    STAGING_REFUSED,
     CheckpointError,
     CheckpointStore,
     PendingSave,
     SaveResult,
-    StagingRefused,
 )
-from hpcckpt.store.tree.encoding import state_bytes
 
 log = logging.getLogger("hpcckpt")
 
@@ -56,11 +61,12 @@ log = logging.getLogger("hpcckpt")
 # when every rank's background write of the pending staged save has finished.
 _SIGNAL, _TIME, _DEADLINE, _BUSY = 0, 1, 2, 3
 _UNDECIDED = (0, 0, 0, 1)  # no reduction was in flight
-#: The mirror worker's report kinds and the events they become.
-_MIRROR_EVENTS = {
-    mirror_worker.MIRRORED: job_events.MIRRORED,
-    mirror_worker.MIRROR_FAILED: job_events.MIRROR_FAILED,
-    mirror_worker.MIRROR_PRUNED: job_events.MIRROR_PRUNED,
+#: The store's report kinds (the mirror's thread, a staged save refused) and their events.
+_STORE_EVENTS = {
+    MIRRORED: job_events.MIRRORED,
+    MIRROR_FAILED: job_events.MIRROR_FAILED,
+    MIRROR_PRUNED: job_events.MIRROR_PRUNED,
+    STAGING_REFUSED: job_events.STAGING_REFUSED,
 }
 
 
@@ -198,11 +204,10 @@ class Checkpointer:
         )
         self.policy, self.every_steps = self.schedule.policy, self.schedule.every_steps
         self.costs, self.durable_costs = self.schedule.costs, self.schedule.durable_costs
-        self.store = CheckpointStore(self.directory, self.comm, options.store)
-        #: Rank 0's background copy to the mirror (None elsewhere, or without a mirror).
-        self.mirror: MirrorWorker | None = None
-        if self.store.mirror is not None:
-            self.mirror = MirrorWorker(self.store.mirror, options.store.mirror, self._mirror_event)
+        #: The store; it copies commits to the mirror and reports to the event log.
+        self.store = CheckpointStore(
+            self.directory, self.comm, options.store, report=self._store_event
+        )
         #: How the ranks decide together: the store's, so a failure reads the same anywhere.
         self.agreement = self.store.agreement
         self._end = JobEnd(options, self.agreement)  # collective: rank 0 may ask Slurm
@@ -255,7 +260,7 @@ class Checkpointer:
 
         def lock() -> tuple[str, str] | None:
             try:
-                safety.make_directory(self.directory, self.store.dir_mode)
+                make_directory(self.directory, self.store.dir_mode)
                 self._lock = DirectoryLock(
                     self.directory, mode=self.store.file_mode, job_id=self.options.job.job_id
                 ).acquire()
@@ -313,25 +318,19 @@ class Checkpointer:
                 self.directory, kind, source="checkpointer", nranks=self.nranks, **fields
             )
 
-    def _mirror_event(self, kind: str, fields: dict[str, Any]) -> None:
-        """The mirror worker's reports (its thread, rank 0): one event each."""
-        self._event(_MIRROR_EVENTS[kind], **fields)
+    def _store_event(self, kind: str, fields: dict[str, Any]) -> None:
+        """The store's reports (the mirror's thread on rank 0, a refused staging): one
+        event each."""
+        self._event(_STORE_EVENTS[kind], **fields)
 
     def _mirror_wait(self, reason: str) -> None:
         """Rank 0: the newest checkpoint on its way to the mirror, waited for up to
         ``mirror_wait`` seconds; the ``mirror_wait`` event says whether it arrived."""
-        worker = self.mirror
-        if worker is None:
+        waited = self.store.mirror_wait()
+        if waited is None:
             return
-        t0 = time.monotonic()
-        step = worker.submit_newest(self.directory)
-        if step is None:
-            return
-        done = worker.wait(float(self.options.store.mirror.mirror_wait))  # type: ignore[arg-type]
-        line, fields = logbook.mirror_waited(
-            step, done, time.monotonic() - t0, reason, worker.newest_mirrored, worker.last_error
-        )
-        (log.info if done else log.warning)("%s", line)
+        line, fields = logbook.mirror_waited(waited, reason)
+        (log.info if waited.done else log.warning)("%s", line)
         self._event(job_events.MIRROR_WAIT, **fields)
 
     def _drain(self) -> list[int] | None:
@@ -406,7 +405,7 @@ class Checkpointer:
             # The directory must hold the newest durable checkpoint: drain the copy
             # restored from (as it is, in the background) before the run goes on.
             self._event(job_events.CHECKPOINT_BEGIN, step=result.step, reason="restored")
-            self._begin_staged(result.step, state, "restored", time.perf_counter(), redrain=True)
+            self._redrain(result.step, state)
             self._last_save_time = time.monotonic()
         self._last_save_step = result.step
         return result.step
@@ -467,26 +466,26 @@ class Checkpointer:
         self._event(job_events.CHECKPOINT_BEGIN, step=step, reason=reason)
         self._heartbeat.beat(step, "save", force=True)
         guard(self, step, state, event=self._event)  # PoisonedState on every rank
-        if self.cache is not None and not stop and self._local_only():
-            return self._save_local(step, state, reason, t0)
-        if self.staged and not stop:
-            self.levels.local_saves = 0
-            try:
-                return self._begin_staged(step, state, reason, t0)
-            except StagingRefused as exc:  # every rank alike: too little memory to stage
-                log.warning("checkpoint step %d written synchronously: %s", step, exc)
-                self._event(job_events.STAGING_REFUSED, step=step, reason=str(exc))
-        try:
-            result = self.store.save(step, state, extra_meta={"reason": reason})
+        local = self.cache is not None and not stop and self._local_only()
+        if self.staged and not stop and not local:
+            self.levels.local_saves = 0  # this one drains
+        try:  # the store takes its path: node-local only, staged, or synchronous
+            saved = self.store.checkpoint(
+                step, state, reason, stop=bool(stop), local=local, buffers=self.buffers
+            )
         except CheckpointError as exc:  # on every rank alike
             if self._save_failed(step, stop, reason, exc):
                 raise
             return None
-        faults.fault_point("checkpointer.saved")
-        self.costs.add(result.seconds)
-        self.durable_costs.add(result.seconds)
-        self._committed(result, reason, stop)
-        return result
+        if isinstance(saved, PendingSave):
+            return self._staged(saved, reason, t0)
+        if saved.tier == "cache":
+            return self._saved_local(saved, reason, t0)
+        fault_point("checkpointer.saved")
+        self.costs.add(saved.seconds)
+        self.durable_costs.add(saved.seconds)
+        self._committed(saved, reason, stop)
+        return saved
 
     def _local_only(self) -> bool:
         """Whether this save stays node-local (``drain_every``: only every Nth drains)."""
@@ -498,16 +497,8 @@ class Checkpointer:
         full cost) and the policy's MTBF; None without a cache or an MTBF-based policy."""
         return self.schedule.level_plan()
 
-    def _save_local(
-        self, step: int, state: dict[str, Any], reason: str, t0: float
-    ) -> SaveResult | None:
+    def _saved_local(self, result: SaveResult, reason: str, t0: float) -> SaveResult:
         """A checkpoint on the node-local tier (and its redundancy) only; no drain."""
-        try:
-            result = self.store.save_local(step, state)
-        except CheckpointError as exc:
-            if self._save_failed(step, None, reason, exc):
-                raise
-            return None
         self.levels.local_saves += 1
         blocked = self.agreement.slowest(time.perf_counter() - t0)[0]
         result = dataclasses.replace(result, blocked_seconds=blocked)
@@ -537,18 +528,22 @@ class Checkpointer:
         except CheckpointError as exc:  # the node-local copy stays (holds_newest): say so
             log.warning("draining node-local step %d failed: %s", step, exc)
 
-    def _begin_staged(
-        self, step: int, state: dict[str, Any], reason: str, t0: float, redrain: bool = False
-    ) -> SaveResult | None:
-        """Stage the state and start the background write; the commit comes later."""
+    def _redrain(self, step: int, state: dict[str, Any]) -> None:
+        """Drain the node-local copy just restored from, as it is, in the background."""
+        t0 = time.perf_counter()
         try:
             pending = self.store.begin_save(
-                step, state, extra_meta={"reason": reason}, buffers=self.buffers, redrain=redrain
+                step, state, {"reason": "restored"}, buffers=self.buffers, redrain=True
             )
         except CheckpointError as exc:
-            if self._save_failed(step, None, reason, exc):
+            if self._save_failed(step, None, "restored", exc):
                 raise
-            return None
+            return
+        self._staged(pending, "restored", t0)
+
+    def _staged(self, pending: PendingSave, reason: str, t0: float) -> SaveResult:
+        """The state is staged and its background write started; the commit comes later."""
+        step = pending.step
         self._heartbeat.beat(step, force=True)
         self._pending, self._pending_reason = pending, reason
         # The cost the job pays: waiting for the previous write plus staging this one.
@@ -593,7 +588,7 @@ class Checkpointer:
             if self._save_failed(pending.step, None, self._pending_reason, exc, staged=True):
                 raise
             return None
-        faults.fault_point("checkpointer.saved")
+        fault_point("checkpointer.saved")
         self.durable_costs.add(result.seconds)
         self._committed(result, self._pending_reason, None)
         return result
@@ -602,12 +597,8 @@ class Checkpointer:
         """After a commit: prune, remember, log one line, record the event, honour a stop."""
         step = result.step
         self._heartbeat.beat(step, force=True)
-        protect: set[int] | None = None
-        if self.mirror is not None and result.tier == "directory":
-            self.mirror.committed(step, result.path, force=bool(stop))
-            protect = self.mirror.protected()
-        try:
-            self.store.prune(**dataclasses.asdict(self.retention), protect=protect)
+        try:  # the store keeps what is on its way to the mirror
+            self.store.prune(**dataclasses.asdict(self.retention))
         except CheckpointError as exc:  # raised on every rank alike; the save stands
             log.warning("retention failed, no checkpoint deleted: %s", exc)
         self.last_save = result
@@ -676,7 +667,7 @@ class Checkpointer:
             tier.free()
         self._finished = True
         self._mirror_wait("finish")
-        self._close_mirror()
+        self.store.close()
         self._report(job_status.FINISHED, self._last_save_step, "finish() called")
         self._event(job_events.FINISH, step=self._last_step_seen, last_step=self._last_save_step)
         self._heartbeat.beat(self._last_step_seen, "finished", force=True)
@@ -698,15 +689,9 @@ class Checkpointer:
                 if not self._finished:
                     self._scavenge()
         finally:
-            self._close_mirror()
+            self.store.close()  # rank 0's mirror thread
             self._signals.close()
             self._release_lock()
-
-    def _close_mirror(self) -> None:
-        """Stop rank 0's mirror thread (a copy under way never counts without its manifest)."""
-        if self.mirror is not None:
-            self.mirror.close()
-            self.mirror = None
 
     def _release_lock(self) -> None:
         if self._lock is not None:

@@ -17,7 +17,7 @@ from hpcckpt.policy.durations import format_duration
 from hpcckpt.rundir import events as job_events
 from hpcckpt.rundir import verbosity
 from hpcckpt.store.results import RestoreResult, SaveResult
-from hpcckpt.store.store import PendingSave
+from hpcckpt.store.store import MirrorWait, PendingSave
 
 log = logging.getLogger("hpcckpt")
 
@@ -229,33 +229,28 @@ def restored(
     return line, [*events, (job_events.RESTORE, fields)]
 
 
-def mirror_waited(
-    step: int,
-    done: bool,
-    seconds: float,
-    reason: str,
-    newest_mirrored: int | None,
-    error: str | None,
-) -> tuple[str, dict[str, Any]]:
-    """The line (info when ``done``, else a warning) and the ``mirror_wait`` event of a
+def mirror_waited(waited: MirrorWait, reason: str) -> tuple[str, dict[str, Any]]:
+    """The line (info when it arrived, else a warning) and the ``mirror_wait`` event of a
     ``finish()`` or stop that waited for the newest checkpoint to reach the mirror."""
-    if done:
+    step, seconds = waited.step, waited.seconds
+    if waited.done:
         line = f"mirror: step {step} is on the mirror ({reason}, waited {seconds:.1f} s)"
     else:
-        have = "nothing yet" if newest_mirrored is None else f"step {newest_mirrored}"
+        newest = waited.newest_mirrored
+        have = "nothing yet" if newest is None else f"step {newest}"
         line = (
             f"mirror: step {step} did not reach the mirror within {seconds:.0f} s ({reason}); "
             f"the mirror holds {have} from this run"
-            + (f"; last failure: {error}" if error else "")
+            + (f"; last failure: {waited.error}" if waited.error else "")
             + "; the checkpoint directory keeps it"
         )
     fields = {
         "step": step,
-        "done": done,
+        "done": waited.done,
         "seconds": round(seconds, 3),
         "reason": reason,
-        "newest_mirrored": newest_mirrored,
-        "error": error,
+        "newest_mirrored": waited.newest_mirrored,
+        "error": waited.error,
     }
     return line, fields
 

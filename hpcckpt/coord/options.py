@@ -46,6 +46,7 @@ from hpcckpt.rundir.env import (
     REDUNDANCY_ENV,
     SIGNAL_ENV,
 )
+from hpcckpt.store import node_path, parse_budget
 from hpcckpt.store.options import (
     ArrayOptions,
     FileOptions,
@@ -56,8 +57,6 @@ from hpcckpt.store.options import (
     TierOptions,
     route,
 )
-from hpcckpt.store.save.staging_budget import parse_budget
-from hpcckpt.store.tier import copies as fast_tier
 
 
 @dataclass(frozen=True)
@@ -288,7 +287,7 @@ def tier_from_env(env: JobEnvironment, **given: Any) -> TierOptions:
             f"(or set {CACHE_ENV})"
         )
     node = given.get("node_name") or env.node_name
-    path = None if cache is None else fast_tier.node_path(os.fspath(cache), node)
+    path = None if cache is None else node_path(os.fspath(cache), node)
     return TierOptions(cache=path, redundancy=redundancy, redundancy_set=set_size, node_name=node)
 
 

@@ -36,8 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcckpt.store.tree import tensors
-from hpcckpt.store.tree.state_tree import is_stateful
+from hpcckpt.store import is_dtensor, is_stateful, is_tensor, local_part, to_array
 
 #: Bytes of an array checked per reduction: small enough to stay in the cache.
 BLOCK_BYTES = 4 << 20
@@ -145,10 +144,10 @@ def find_nonfinite(state: Any, limit: int | None = None) -> list[Finding]:
 
 
 def _leaves(value: Any, prefix: str) -> Iterator[tuple[str, Any]]:
-    if tensors.is_tensor(value):
-        if tensors.is_dtensor(value):
-            value = tensors.local_part(value)  # each rank checks its own shard
-        array = tensors.to_array(value)
+    if is_tensor(value):
+        if is_dtensor(value):
+            value = local_part(value)  # each rank checks its own shard
+        array = to_array(value)
         if value.is_floating_point() and array.dtype.kind not in "fc":  # bfloat16, float8
             array = value.detach().float().cpu().numpy()
         yield prefix or "<state>", array
@@ -316,15 +315,15 @@ def keep_rejected(
     import shutil
     import time
 
+    from hpcckpt.store import rejected_name
     from hpcckpt.store.errors import CheckpointError
-    from hpcckpt.store.file import layout
     from hpcckpt.store.options import ArrayOptions, FileOptions, IncrementalOptions, StoreOptions
     from hpcckpt.store.store import CheckpointStore
 
     log = logging.getLogger("hpcckpt")
     directory = Path(ck.directory)
     scratch = directory / f".rejected-{step}"
-    final = directory / layout.rejected_name(step)
+    final = directory / rejected_name(step)
     given = ck.store.options  # the same split of arrays and file modes, always full
     error = None
     try:

@@ -34,6 +34,29 @@ _HOMES: dict[str, str] = {
     "StagingRefused": "store",
     "SaveResult": "results",
     "RestoreResult": "results",
+    "MirrorWait": "mirror.worker",
+    # what the store reports beside its calls (its ``report`` callback's kinds)
+    "MIRRORED": "mirror.worker",
+    "MIRROR_FAILED": "mirror.worker",
+    "MIRROR_PRUNED": "mirror.worker",
+    "STAGING_REFUSED": "store",
+    # what the Checkpointer holds and calls beside the store: the directory and its
+    # lock, host buffers of async saves, the staging budget, the node-local path
+    "make_directory": "io.safety",
+    "DirectoryLock": "io.lock",
+    "DirectoryLocked": "io.lock",
+    "fault_point": "io.faults",
+    "HostBuffers": "save.staging",
+    "parse_budget": "save.staging_budget",
+    "node_path": "tier.copies",
+    "state_bytes": "tree.encoding",
+    # the state's values, for the poisoned-state guard
+    "is_tensor": "tree.tensors",
+    "is_dtensor": "tree.tensors",
+    "local_part": "tree.tensors",
+    "to_array": "tree.tensors",
+    "is_stateful": "tree.state_tree",
+    "rejected_name": "file.layout",
     # its options
     "StoreOptions": "options",
     "ArrayOptions": "options",

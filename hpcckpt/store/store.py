@@ -1,14 +1,18 @@
 """The checkpoint store: a directory of checkpoints shared by the ranks of a communicator.
 
-A thin front over the rooms that do the work: :mod:`.commit` (the commit protocol of a
-save, staged or not), :mod:`.restore` and :mod:`.load` (which checkpoint to take, and
-reading it), :mod:`.local_tier` (the node-local tier), :mod:`.retention` (pruning),
-all deciding together through one :class:`~.agreement.Agreement`. Its settings are
-one :class:`~.options.StoreOptions`; see docs/format.md for the protocol itself.
+A thin front over the rooms that do the work: :mod:`.save.commit` (the commit protocol
+of a save, staged or not), :mod:`.restore.fallback` and :mod:`.restore.load` (which
+checkpoint to take, and reading it), :mod:`.tier.node_local` (the node-local tier),
+:mod:`.mirror.worker` (rank 0's copy of each commit to the mirror), :mod:`.retention`
+(pruning), all deciding together through one :class:`~.agreement.Agreement`. Its
+settings are one :class:`~.options.StoreOptions`; see docs/format.md for the protocol
+itself. What the store does beside the calls (a copy reaching the mirror, a staged save
+refused) goes to the ``report`` callback it is given, as (kind, fields).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -21,6 +25,14 @@ from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
 from hpcckpt.store.file import layout
 from hpcckpt.store.io import safety
 from hpcckpt.store.mirror.backend import MirrorBackend, open_backend
+from hpcckpt.store.mirror.worker import (
+    MIRROR_FAILED,
+    MIRROR_PRUNED,
+    MIRRORED,
+    MirrorWait,
+    MirrorWorker,
+    Report,
+)
 from hpcckpt.store.options import StoreOptions
 from hpcckpt.store.restore.fallback import Restorer
 from hpcckpt.store.restore.load import Loader
@@ -32,14 +44,26 @@ from hpcckpt.store.tier.node_local import NodeLocalTier, Place
 from hpcckpt.store.tree.encoding import Encoder
 
 __all__ = [
+    "MIRRORED",
+    "MIRROR_FAILED",
+    "MIRROR_PRUNED",
+    "STAGING_REFUSED",
     "CheckpointError",
     "CheckpointStore",
     "CorruptCheckpoint",
+    "MirrorWait",
     "PendingSave",
+    "Report",
     "RestoreResult",
     "SaveResult",
     "StagingRefused",
 ]
+
+log = logging.getLogger("hpcckpt.store")
+
+#: The report of a staged save written synchronously instead (fields: step, reason); the
+#: mirror's reports are :data:`MIRRORED`, :data:`MIRROR_FAILED`, :data:`MIRROR_PRUNED`.
+STAGING_REFUSED = "staging_refused"
 
 
 class CheckpointStore:
@@ -53,8 +77,12 @@ class CheckpointStore:
     (:class:`.IncrementalOptions`), ``fs_tuning`` and ``share_group``
     (:class:`.FileOptions`), ``cache``, ``redundancy``, ``redundancy_set`` and
     ``node_name`` (:class:`.TierOptions`: the node-local tier), ``mirror`` and the
-    ``mirror_*`` keywords (:class:`.MirrorOptions`: the second tier, which restore
-    reads when the directory holds nothing newer that is good).
+    ``mirror_*`` keywords (:class:`.MirrorOptions`: the second tier; rank 0 copies
+    committed checkpoints there in the background, the directory keeps each until it is
+    verified there, and restore reads it when the directory holds nothing newer that is
+    good). ``report(kind, fields)`` hears what happens beside the calls (the mirror's
+    copies, failures and prunes, from rank 0's mirror thread; a staged save refused).
+    :meth:`close` stops the mirror's thread.
     """
 
     def __init__(
@@ -62,11 +90,14 @@ class CheckpointStore:
         directory: str | os.PathLike[str],
         comm: MPI.Comm,
         options: StoreOptions | None = None,
+        *,
+        report: Report | None = None,
         **keywords: Any,
     ) -> None:
         if options is not None and keywords:
             raise TypeError("CheckpointStore takes options or keywords, not both")
         self.options = options or StoreOptions.from_keywords("CheckpointStore", **keywords)
+        self.report: Report = report or (lambda kind, fields: None)
         self.directory = Path(directory).absolute()
         self.comm = comm
         self.rank = comm.Get_rank()
@@ -93,14 +124,18 @@ class CheckpointStore:
             modes,
             self.tier,
         )
-        loader = Loader(self.agreement, self.options.arrays.splits, lambda: self.saver.direct_io)
+        loader = Loader(self.agreement, self.options.arrays.splits, self.saver)
         #: Rank 0's connection to the mirror (None on the other ranks, or without one).
         self.mirror: MirrorBackend | None = None
+        #: Rank 0's background copy of each commit to the mirror (None elsewhere).
+        self.mirroring: MirrorWorker | None = None
         mirror = self.options.mirror
         if mirror.url is not None:
             error = self.agreement.from_root(self._open_mirror)
             if error is not None:  # on every rank alike
                 raise ValueError(error)
+        if self.mirror is not None:
+            self.mirroring = MirrorWorker(self.mirror, mirror, self.report)
         self.restorer = Restorer(
             self.directory,
             self.agreement,
@@ -130,7 +165,35 @@ class CheckpointStore:
         A value that cannot be checkpointed raises TypeError on every rank (naming the
         rank and key path); any other failure raises CheckpointError on every rank.
         """
-        return self.saver.save(step, state, extra_meta)
+        return self._committed(self.saver.save(step, state, extra_meta))
+
+    def checkpoint(
+        self,
+        step: int,
+        state: dict[str, Any],
+        reason: str,
+        *,
+        stop: bool = False,
+        local: bool = False,
+        buffers: HostBuffers | None = None,
+    ) -> SaveResult | PendingSave:
+        """One save on the path its inputs choose, ``reason`` in its metadata: with a
+        node-local tier and ``local`` (this save's level is the tier), :meth:`save_local`;
+        staged where it can be (``buffers`` in host memory, or the tier), a PendingSave
+        of :meth:`begin_save` that :meth:`finish_save` commits; otherwise, on a ``stop``
+        (copied to the mirror at once) or when staging is refused (logged and reported
+        ``staging_refused``), :meth:`save`. Raises like them.
+        """
+        if not stop and local and self.tier is not None:
+            return self.save_local(step, state)
+        meta = {"reason": reason}
+        if not stop and (buffers is not None or self.tier is not None):
+            try:
+                return self.begin_save(step, state, meta, buffers=buffers)
+            except StagingRefused as exc:  # every rank alike: too little memory to stage
+                log.warning("checkpoint step %d written synchronously: %s", step, exc)
+                self.report(STAGING_REFUSED, {"step": step, "reason": str(exc)})
+        return self._committed(self.saver.save(step, state, meta), force=stop)
 
     def begin_save(
         self,
@@ -154,13 +217,39 @@ class CheckpointStore:
     def finish_save(self, pending: PendingSave) -> SaveResult:
         """Wait for every rank's background write, then commit; CheckpointError on every
         rank if any rank's write failed (the checkpoint never becomes good)."""
-        return self.saver.finish_save(pending)
+        return self._committed(self.saver.finish_save(pending))
 
     def save_local(self, step: int, state: dict[str, Any]) -> SaveResult:
         """A checkpoint on the node-local tier only (no drain), with its redundancy."""
         if self.tier is None:
             raise ValueError("save_local needs a node-local tier: set cache=PATH")
         return self.tier.save_local(step, state)
+
+    def _committed(self, result: SaveResult, force: bool = False) -> SaveResult:
+        """Rank 0 hands a checkpoint committed in the directory to the mirror's worker,
+        which copies it when it is due (``mirror_every``, ``mirror_interval``) or ``force``."""
+        if self.mirroring is not None and result.tier == "directory":
+            self.mirroring.committed(result.step, result.path, force=force)
+        return result
+
+    # -- the mirror ------------------------------------------------------------------------
+    def mirror_wait(self, seconds: float | None = None) -> MirrorWait | None:
+        """Rank 0: the directory's newest checkpoint sent to the mirror unless it is there
+        or on its way, and waited for up to ``seconds`` (``mirror_wait`` by default), as a
+        stop or the end of a run does. How it ended; None without a mirror, on the other
+        ranks, or with nothing to copy. Not collective."""
+        if self.mirroring is None:
+            return None
+        if seconds is None:
+            seconds = float(self.options.mirror.mirror_wait)  # type: ignore[arg-type]
+        return self.mirroring.wait_newest(self.directory, seconds)
+
+    def close(self) -> None:
+        """Stop rank 0's mirror thread (a copy under way never counts without its
+        manifest): nothing more is copied; restores and saves still work. Not collective."""
+        if self.mirroring is not None:
+            self.mirroring.close()
+            self.mirroring = None
 
     # -- retention -------------------------------------------------------------------------
     def prune(
@@ -176,13 +265,16 @@ class CheckpointStore:
         """Delete checkpoints the retention rules do not keep (see :mod:`.retention`).
 
         Rank 0 deletes, every rank gets the list of deleted paths. Never deletes the
-        newest good checkpoint, nor the ``protect`` steps (rank 0's: those on their way
-        to the mirror) and their chains; keeps bad ones unless ``delete_bad``.
+        newest good checkpoint, nor the ``protect`` steps (rank 0's), nor those on their
+        way to the mirror and not yet verified there, nor the files they are built on;
+        keeps bad ones unless ``delete_bad``.
         """
         retention.check_rules(keep_last, keep_every, keep_every_seconds)
         result: list[Path] | None = None
         error: BaseException | None = None
         if self.rank == 0:
+            if self.mirroring is not None:
+                protect = set(protect or ()) | self.mirroring.protected()
             try:
                 result = retention.prune_directory(
                     self.directory,

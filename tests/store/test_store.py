@@ -7,6 +7,7 @@ test_restore.py (which checkpoint), test_load.py (reading into the application's
 from __future__ import annotations
 
 import json
+import logging
 
 import h5py
 import numpy as np
@@ -14,9 +15,12 @@ import pytest
 from mpi4py import MPI
 
 from hpcckpt.store.file import layout
+from hpcckpt.store.mirror import copy as mirror
+from hpcckpt.store.mirror.backend import DirectoryBackend
 from hpcckpt.store.options import IncrementalOptions, StoreOptions
 from hpcckpt.store.save.staging import HostBuffers
-from hpcckpt.store.store import CheckpointStore
+from hpcckpt.store.store import MIRRORED, STAGING_REFUSED, CheckpointStore, PendingSave
+from tests.mpi_helpers import wait_for
 
 
 def test_save_commits_atomically_and_restore_takes_newest(store, make_state):
@@ -106,3 +110,89 @@ def test_restore_takes_a_dict_and_only_by_key(store, make_state):
     state = make_state(0)
     assert store.restore(state, only="meta").step == 1
     assert state["meta"]["k"] == 1 and not state["u"].any(), "only 'meta' was read"
+
+
+# -- the mirror: the store copies its commits ------------------------------------------------
+def test_a_store_with_a_mirror_copies_its_commits_and_keeps_them_until_verified(tmp_path):
+    """A bare store with a directory mirror: each commit goes to rank 0's mirror thread;
+    pruning keeps the checkpoint being copied and the one queued, and after the wait the
+    newest is verified on the mirror and the directory may let the others go."""
+    root = tmp_path / "m"
+    root.mkdir()
+    reports: list[tuple[str, dict]] = []
+    store = CheckpointStore(
+        tmp_path / "ck", MPI.COMM_SELF, incremental=False, mirror=str(root),
+        mirror_bandwidth=2e6, report=lambda kind, fields: reports.append((kind, fields)),
+    )  # fmt: skip
+    try:
+        big = np.random.default_rng(5).random(500_000)  # 4 MB: 2 s to the mirror
+        store.save(1, {"u": big + 1})
+        wait_for(lambda: any(root.iterdir()), 30, "the copy of step 1 under way")
+        for step in (2, 3):
+            store.save(step, {"u": big + step})
+        assert store.mirroring.protected() == {1, 3}, "1 is being copied, 3 waits, 2 was passed"
+        assert [p.name for p in store.prune(keep_last=1)] == [layout.checkpoint_name(2)]
+        assert [e.step for e in layout.scan(store.directory)] == [3, 1]
+        waited = store.mirror_wait(60)
+        assert waited is not None and waited.done and waited.step == 3
+        backend = DirectoryBackend(root)
+        assert [m.step for m in mirror.list_mirrored(backend) if m.good] == [3, 1]
+        assert all(mirror.verify_mirrored(backend, str(s)).good for s in (1, 3))
+        assert [f["step"] for kind, f in reports if kind == MIRRORED] == [1, 3]
+        store.prune(keep_last=1)  # both are on the mirror now: the directory lets 1 go
+        assert [e.step for e in layout.scan(store.directory)] == [3]
+    finally:
+        store.close()
+    assert store.mirroring is None and store.mirror_wait(1) is None
+
+
+def test_a_store_without_a_mirror_has_nothing_to_wait_for(store, make_state):
+    store.save(1, make_state(1))
+    assert store.mirroring is None and store.mirror_wait(1) is None
+    store.close()  # nothing to stop; the store still works
+    assert store.restore(make_state(0)).step == 1
+
+
+# -- one entry for every kind of save ---------------------------------------------------------
+def test_checkpoint_takes_the_path_its_inputs_choose(tmp_path, make_state):
+    reports: list[tuple[str, dict]] = []
+    store = CheckpointStore(
+        tmp_path / "ck", MPI.COMM_SELF, report=lambda kind, fields: reports.append((kind, fields))
+    )
+    synchronous = store.checkpoint(1, make_state(1), "steps")
+    assert not isinstance(synchronous, PendingSave) and synchronous.tier == "directory"
+    buffers = HostBuffers()
+    staged = store.checkpoint(2, make_state(2), "interval", buffers=buffers)
+    assert isinstance(staged, PendingSave) and staged.step == 2
+    assert store.finish_save(staged).path.name == layout.checkpoint_name(2)
+    on_stop = store.checkpoint(3, make_state(3), "signal", stop=True, buffers=buffers)
+    assert not isinstance(on_stop, PendingSave), "a stop's checkpoint is written at once"
+    with h5py.File(on_stop.path, "r") as f:
+        assert f["meta"].attrs["reason"] == "signal"
+    local = store.checkpoint(4, make_state(4), "steps", local=True)  # no tier: the directory
+    assert local.tier == "directory" and reports == []
+    cached = CheckpointStore(tmp_path / "ck2", MPI.COMM_SELF, cache=tmp_path / "cache")
+    on_tier = cached.checkpoint(5, make_state(5), "steps", local=True)
+    assert on_tier.tier == "cache" and not cached.directory.exists()
+    drained = cached.checkpoint(6, make_state(6), "steps")  # staged into the tier's files
+    assert isinstance(drained, PendingSave)
+    assert cached.finish_save(drained).tier == "directory"
+
+
+def test_checkpoint_writes_synchronously_when_staging_is_refused(tmp_path, make_state, caplog):
+    reports: list[tuple[str, dict]] = []
+    store = CheckpointStore(
+        tmp_path / "ck", MPI.COMM_SELF, report=lambda kind, fields: reports.append((kind, fields))
+    )
+    buffers = HostBuffers(budget=1024)  # under the smallest ring: save synchronously
+    logger = logging.getLogger("hpcckpt.store")  # its parent may not propagate (a Checkpointer)
+    logger.addHandler(caplog.handler)
+    try:
+        result = store.checkpoint(1, make_state(1), "interval", buffers=buffers)
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert not isinstance(result, PendingSave) and result.path.exists()
+    ((kind, fields),) = reports
+    assert kind == STAGING_REFUSED and fields["step"] == 1
+    assert fields["reason"].startswith("rank 0: ") and buffers.nbytes == 0
+    assert f"checkpoint step 1 written synchronously: {fields['reason']}" in caplog.messages

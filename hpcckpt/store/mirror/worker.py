@@ -1,6 +1,7 @@
 """The background copy to the mirror: one thread of rank 0, off the ranks' critical path.
 
-After a commit, rank 0 hands the checkpoint to :class:`MirrorWorker` (``submit``); the
+After a commit, the store's rank 0 hands the checkpoint to :class:`MirrorWorker`
+(``committed``; :class:`~hpcckpt.store.store.CheckpointStore` owns the worker); the
 thread uploads it (:func:`.mirror.upload`: verified, manifest last), then applies the
 mirror's retention. One writer per checkpoint: the checkpoint is one file, already
 durable in the directory, so one sequential stream reads it once and no rank waits.
@@ -8,6 +9,8 @@ Only the newest checkpoint waiting counts: a newer one replaces an older one not
 started. A mirror that refuses, is slow or full costs retries with a backoff (1 s,
 doubling, up to ``mirror_retry_max``) and a ``mirror_failed`` report each time, never a
 stall: the ranks go on, and the directory keeps what is on its way (``protected``).
+At a stop or ``finish()`` the store waits a bounded time for the newest checkpoint
+(:meth:`MirrorWorker.wait_newest`, a :class:`MirrorWait`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,19 @@ MIRRORED, MIRROR_FAILED, MIRROR_PRUNED = "mirrored", "mirror_failed", "mirror_pr
 
 
 @dataclass(frozen=True)
+class MirrorWait:
+    """How a bounded wait for the newest checkpoint to reach the mirror ended: its
+    ``step``, whether it arrived (``done``), the ``seconds`` waited, the newest step
+    this worker verified there and the last failure's reason."""
+
+    step: int
+    done: bool
+    seconds: float
+    newest_mirrored: int | None
+    error: str | None
+
+
+@dataclass(frozen=True)
 class Target:
     """A committed checkpoint to mirror, and the steps of the files it is built on."""
 
@@ -45,7 +61,8 @@ class Target:
 
 
 class MirrorWorker:
-    """Rank 0's background copy of committed checkpoints to the mirror."""
+    """Rank 0's background copy of committed checkpoints to the mirror; its thread starts
+    with the first checkpoint queued."""
 
     def __init__(
         self, backend: MirrorBackend, options: MirrorOptions, report: Report | None = None
@@ -64,8 +81,7 @@ class MirrorWorker:
         self.newest_mirrored: int | None = None
         self.last_error: str | None = None
         self.failures = 0
-        self._thread = threading.Thread(target=self._run, name="hpcckpt-mirror", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
 
     # -- the ranks' side (rank 0's main thread) ---------------------------------------------
     def committed(self, step: int, path: Path, *, force: bool = False) -> bool:
@@ -95,6 +111,9 @@ class MirrorWorker:
             self._commits = 0
             self._last_submit = time.monotonic()
             self._lock.notify_all()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="hpcckpt-mirror", daemon=True)
+            self._thread.start()
         self._wake.set()
 
     def submit_newest(self, directory: Path) -> int | None:
@@ -134,12 +153,24 @@ class MirrorWorker:
                 self._lock.wait(min(left, 0.5))
         return True
 
+    def wait_newest(self, directory: Path, timeout: float) -> MirrorWait | None:
+        """Queue the directory's newest checkpoint (:meth:`submit_newest`) and wait up to
+        ``timeout`` seconds for the queue to empty (a stop, ``finish()``); how it ended,
+        or None when the directory holds nothing to copy."""
+        t0 = time.monotonic()
+        step = self.submit_newest(directory)
+        if step is None:
+            return None
+        done = self.wait(timeout)
+        return MirrorWait(step, done, time.monotonic() - t0, self.newest_mirrored, self.last_error)
+
     def close(self) -> None:
         """Stop the thread (a copy under way is left unfinished: without its manifest it
         never counts)."""
         self._stop.set()
         self._wake.set()
-        self._thread.join(timeout=5.0)
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
 
     # -- the thread --------------------------------------------------------------------------
     def _take(self) -> Target | None:

@@ -12,10 +12,9 @@ an older checkpoint), a checkpoint that cannot fit this run is :class:`.Refused`
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from mpi4py import MPI
@@ -37,6 +36,15 @@ from hpcckpt.store.tree.state_tree import (
     lookup,
     select_keys,
 )
+
+
+class ReadPath(Protocol):
+    """How this directory's files are read: the store's saver, which decides it."""
+
+    @property
+    def direct_io(self) -> bool:
+        """Whether array bytes are read past the page cache (the choice made when the
+        directory was tuned, the file system's rule before)."""
 
 
 @dataclass
@@ -83,14 +91,14 @@ class Loader:
         self,
         agreement: Agreement,
         splits: dict[str, Split | None],
-        direct_io: Callable[[], bool],
+        read_path: ReadPath,
     ) -> None:
         self.agreement = agreement
         self.rank, self.nranks = agreement.rank, agreement.nranks
         #: The distributed arrays and their split functions (None: the rows they had).
         self.splits = splits
         #: Whether to read past the page cache (the store's rule for this directory).
-        self.direct_io = direct_io
+        self.read_path = read_path
 
     def _chain_state(self, reader: CheckpointReader) -> ChainState | None:
         """This rank's memory of a restored checkpoint, from the hashes stored in its file."""
@@ -161,7 +169,7 @@ class Loader:
         if self.rank == 0:
             n = self.nranks
             try:
-                with CheckpointReader(entry.path, direct_io=self.direct_io()) as reader:
+                with CheckpointReader(entry.path, direct_io=self.read_path.direct_io) as reader:
                     plans: list[Any] = [None] * n
                     if reader.nranks == n:
                         plans = read_plan.plans(reader) or plans
@@ -227,7 +235,7 @@ class Loader:
         found = Findings(Path(plan.files[-1]).name)
         tree, arrays, chain_state = None, {}, None
         if own:
-            with found, read_plan.PlanReader(plan, direct_io=self.direct_io()) as reader:
+            with found, read_plan.PlanReader(plan, direct_io=self.read_path.direct_io) as reader:
                 tree = select_keys(reader.tree(), only)
                 if (why := check_keys(state, tree, plan.step, targets, only)) is not None:
                     raise CheckpointError(why)  # before anything is read into the state
@@ -265,7 +273,7 @@ class Loader:
         requests: dict[str, tuple[Any, ...]] = {}
         boxes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # DTensors: this rank's
         try:
-            reader = CheckpointReader(entry.path, direct_io=self.direct_io())
+            reader = CheckpointReader(entry.path, direct_io=self.read_path.direct_io)
             parts = None if only is None else {escape(k) for k in only}
             wanted = [n for n in reader.arrays if parts is None or n.split("/")[0] in parts]
             same = reader.nranks == self.nranks
