@@ -22,19 +22,27 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "hpcckpt"
 
 #: What each room may import from hpcckpt (itself always). The leaves (``procfs``,
-#: ``libc``, ``signames``, ``_version``, ``rundir.env``) are listed where they are used.
+#: ``libc``, ``signames``, ``atomicfile``, ``_version``, ``rundir.env``) are listed where
+#: they are used.
 MAY_IMPORT: dict[str, set[str]] = {
     "hpcckpt._version": set(),
     "hpcckpt.signames": set(),
     "hpcckpt.procfs": set(),
     "hpcckpt.libc": set(),
+    "hpcckpt.atomicfile": set(),
     "hpcckpt.rundir.env": set(),
     "hpcckpt.policy": set(),
     "hpcckpt.slurm": {"hpcckpt.rundir.env", "hpcckpt.signames"},
-    "hpcckpt.rundir": {"hpcckpt.slurm", "hpcckpt.signames"},
-    "hpcckpt.store": {"hpcckpt.procfs", "hpcckpt.libc", "hpcckpt._version"},
+    "hpcckpt.rundir": {"hpcckpt.slurm", "hpcckpt.signames", "hpcckpt.atomicfile"},
+    "hpcckpt.store": {"hpcckpt.procfs", "hpcckpt.libc", "hpcckpt.atomicfile", "hpcckpt._version"},
     "hpcckpt.report": {"hpcckpt.rundir", "hpcckpt.slurm", "hpcckpt.policy", "hpcckpt.signames"},
-    "hpcckpt.cluster": {"hpcckpt.slurm", "hpcckpt.rundir", "hpcckpt.procfs", "hpcckpt.signames"},
+    "hpcckpt.cluster": {
+        "hpcckpt.slurm",
+        "hpcckpt.rundir",
+        "hpcckpt.procfs",
+        "hpcckpt.signames",
+        "hpcckpt.atomicfile",
+    },
     "hpcckpt.coord": {
         "hpcckpt.store",
         "hpcckpt.policy",
@@ -42,6 +50,7 @@ MAY_IMPORT: dict[str, set[str]] = {
         "hpcckpt.slurm",
         "hpcckpt.procfs",
         "hpcckpt.signames",
+        "hpcckpt.atomicfile",
         "hpcckpt._version",
     },
     "hpcckpt.job": {
@@ -51,6 +60,7 @@ MAY_IMPORT: dict[str, set[str]] = {
         "hpcckpt.procfs",
         "hpcckpt.libc",
         "hpcckpt.signames",
+        "hpcckpt.atomicfile",
     },
     "hpcckpt.cli": {"*"},
     "hpcckpt": {"hpcckpt.coord", "hpcckpt._version"},

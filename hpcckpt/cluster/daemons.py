@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hpcckpt import procfs
+from hpcckpt.atomicfile import atomic_write
 from hpcckpt.cluster import config
 from hpcckpt.cluster.config import (
     DEBIAN_HINT,
@@ -524,9 +525,7 @@ class LocalCluster:
         for node in cfg.node_names:
             (self.state_dir / "spool" / node).mkdir(parents=True, exist_ok=True)
             (self.state_dir / f"tmp-{node}").mkdir(parents=True, exist_ok=True)
-        tmp = self.slurm_conf.with_suffix(".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, self.slurm_conf)
+        atomic_write(self.slurm_conf, text, mode=None, temp=self.slurm_conf.stem + ".tmp")
         record = {"config": asdict(cfg), "created": time.time()}
         self._record.write_text(json.dumps(record, indent=2) + "\n")
 

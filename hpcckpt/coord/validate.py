@@ -28,7 +28,6 @@ is raised on every rank.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from hpcckpt.atomicfile import atomic_write, rename
 from hpcckpt.store import is_dtensor, is_stateful, is_tensor, local_part, to_array
 
 #: Bytes of an array checked per reduction: small enough to stay in the cache.
@@ -341,7 +341,7 @@ def keep_rejected(
     if ck.rank == 0:
         try:
             if saved is not None:
-                os.replace(saved.path, final)
+                rename(saved.path, final, durable=True)
                 info = {
                     "step": step,
                     "time": time.time(),
@@ -351,10 +351,12 @@ def keep_rejected(
                     "attempt": ck.options.job.attempt,
                 }
                 sidecar = final.with_name(final.name + ".json")
-                tmp = sidecar.with_name(sidecar.name + ".tmp")
-                tmp.write_text(json.dumps(info, indent=1) + "\n")
-                os.chmod(tmp, getattr(ck.store, "file_mode", 0o600))
-                os.replace(tmp, sidecar)
+                atomic_write(
+                    sidecar,
+                    json.dumps(info, indent=1) + "\n",
+                    mode=getattr(ck.store, "file_mode", 0o600),
+                    temp=sidecar.name + ".tmp",
+                )
                 result = str(final)
         except OSError as exc:
             error = error or exc

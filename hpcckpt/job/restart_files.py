@@ -41,6 +41,8 @@ from typing import Any
 
 import xxhash
 
+from hpcckpt.atomicfile import atomic_path, atomic_write
+
 SETS_DIR = "restart-sets"
 MANIFEST = "manifest.json"
 #: Where cut files of a series are moved at the start (under the sets directory).
@@ -208,12 +210,9 @@ class RestartFiles:
             "newest_mtime_ns": newest_ns,
             "files": entries,
         }
-        tmp = target / f".{MANIFEST}.tmp"
-        with open(tmp, "w") as fh:
-            json.dump(manifest, fh, indent=1)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target / MANIFEST)
+        atomic_write(
+            target / MANIFEST, json.dumps(manifest, indent=1), mode=None, temp=f".{MANIFEST}.tmp"
+        )
         self.prune()
         return RegisteredSet(number, target, entries, seconds, total)
 
@@ -277,9 +276,11 @@ class RestartFiles:
             for entry in manifest["files"]:
                 dest = Path(entry["path"])
                 dest.parent.mkdir(parents=True, exist_ok=True)
-                tmp = dest.with_name(f".{dest.name}.hpcckpt-restore")
-                shutil.copy2(path / entry["name"], tmp)
-                os.replace(tmp, dest)
+                # Not durable: a copy a crash cuts fails this check at the next start,
+                # and is copied back again.
+                temp = f".{dest.name}.hpcckpt-restore"
+                with atomic_path(dest, mode=None, durable=False, temp=temp) as tmp:
+                    shutil.copy2(path / entry["name"], tmp)
             return number, wrong
         return None, wrong
 
@@ -295,9 +296,7 @@ class RestartFiles:
             target.unlink(missing_ok=True)
             return
         self.sets_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = target.with_name(f".{UNFINISHED}.tmp")
-        tmp.write_text(json.dumps(sorted(paths)))
-        os.replace(tmp, target)
+        atomic_write(target, json.dumps(sorted(paths)), mode=None, temp=f".{UNFINISHED}.tmp")
 
     def cut_candidates(self) -> list[str]:
         """Live files of the series that a step died writing (see the module doc)."""

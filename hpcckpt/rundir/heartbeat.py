@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from hpcckpt.atomicfile import atomic_write
+
 HEARTBEAT_DIR = "heartbeat"
 #: Seconds between two heartbeats of one rank (the cost: one tiny file write).
 DEFAULT_PERIOD = 5.0
@@ -42,16 +44,17 @@ def heartbeat_dir(directory: str | os.PathLike[str]) -> Path:
 
 
 def write_heartbeat(directory: str | os.PathLike[str], beat: Heartbeat) -> None:
-    """Replace this rank's heartbeat file atomically."""
+    """Replace this rank's heartbeat file atomically; not durably: it is stale in seconds,
+    and an fsync every few seconds on every rank would load the file system for nothing."""
     folder = heartbeat_dir(directory)
     path = folder / f"rank-{beat.rank}.json"
-    tmp = folder / f".rank-{beat.rank}.json.tmp"
+    text = json.dumps(asdict(beat))
+    temp = f".rank-{beat.rank}.json.tmp"
     try:
-        tmp.write_text(json.dumps(asdict(beat)))
+        atomic_write(path, text, mode=None, durable=False, temp=temp)
     except FileNotFoundError:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(asdict(beat)))
-    os.replace(tmp, path)
+        atomic_write(path, text, mode=None, durable=False, temp=temp)
 
 
 def read_heartbeats(directory: str | os.PathLike[str]) -> dict[int, Heartbeat]:

@@ -15,6 +15,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from hpcckpt.atomicfile import atomic_write
+
 STATUS_FILE = "hpcckpt-status.json"
 
 RUNNING = "running"
@@ -46,9 +48,8 @@ def status_path(directory: str | os.PathLike[str]) -> Path:
 def write_status(directory: str | os.PathLike[str], status: RunStatus) -> None:
     """Replace the status file atomically (write a temporary file, then rename)."""
     path = status_path(directory)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(asdict(status)) + "\n")
-    os.replace(tmp, path)
+    text = json.dumps(asdict(status)) + "\n"
+    atomic_write(path, text, mode=None, temp=f".{path.name}.{os.getpid()}.tmp")
 
 
 def read_status(directory: str | os.PathLike[str]) -> RunStatus | None:

@@ -32,6 +32,7 @@ import numpy as np
 
 from hpcckpt.store.file.format import LIBVER
 from hpcckpt.store.file.reader import CheckpointReader
+from hpcckpt.store.io.durability import atomic_path
 from hpcckpt.store.tree.state_tree import scalar_leaves
 
 EXPORT_FORMAT = "hpcckpt-export"
@@ -47,15 +48,11 @@ def _attr_value(value: Any) -> Any:
 
 
 def export_checkpoint(source: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
-    """Write checkpoint ``source`` as the flat HDF5 file ``out`` (overwritten); returns ``out``."""
+    """Write checkpoint ``source`` as the flat HDF5 file ``out`` (replaced whole, durably);
+    returns ``out``."""
     out = Path(out)
-    tmp = out.with_name(out.name + ".tmp")
-    try:
+    with atomic_path(out, mode=None, temp=out.name + ".tmp") as tmp:
         _write(source, tmp)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, out)
     return out
 
 

@@ -20,6 +20,7 @@ import json
 import os
 import re
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ import numpy as np
 
 from hpcckpt.store.errors import CheckpointError
 from hpcckpt.store.file.reader import CheckpointReader
+from hpcckpt.store.io.durability import atomic_path, fsync_path
 from hpcckpt.store.tree.state_tree import TAG, children, escape, unescape
 
 #: safetensors' dtype codes of the torch dtypes it has.
@@ -315,6 +317,11 @@ def header(items: list[Weight]) -> bytes:
     return len(text).to_bytes(8, "little") + text
 
 
+def _atomic(path: Path) -> AbstractContextManager[Path]:
+    """The temporary name ``.<name>.tmp`` of an export file, published durably."""
+    return atomic_path(path, mode=None, temp=f".{path.name}.tmp")
+
+
 def _write_file(reader: CheckpointReader, items: list[Weight], path: Path) -> None:
     with open(path, "wb") as f:
         f.write(header(items))
@@ -330,8 +337,6 @@ def _write_file(reader: CheckpointReader, items: list[Weight], path: Path) -> No
             if array.nbytes:
                 f.write(memoryview(array.reshape(-1)).cast("B"))
             del array  # the next tensor is read only after this one is written
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def export_safetensors(
@@ -361,16 +366,16 @@ def export_safetensors(
             if n == 1
             else [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
         )
-        written: list[Path] = []
-        try:
-            for name, shard in zip(names, shards, strict=True):
-                tmp = out / f".{name}.tmp"
-                written.append(tmp)
-                _write_file(reader, shard, tmp)
+        index = out / INDEX_FILE if n > 1 else None
+        # Every file is published when the stack closes, none if one fails to be written;
+        # the stack closes in reverse, so the index, entered first, comes after its shards.
+        with ExitStack() as stack:
             index_tmp = None
-            if n > 1:
-                index_tmp = out / f".{INDEX_FILE}.tmp"
-                written.append(index_tmp)
+            if index is not None:
+                index_tmp = stack.enter_context(_atomic(index))
+            for name, shard in zip(names, shards, strict=True):
+                _write_file(reader, shard, stack.enter_context(_atomic(out / name)))
+            if index_tmp is not None:
                 doc = {
                     "metadata": {"total_size": sum(w.nbytes for w in items)},
                     "weight_map": {
@@ -380,28 +385,13 @@ def export_safetensors(
                     },
                 }
                 index_tmp.write_text(json.dumps(doc, indent=2) + "\n")
-        except BaseException:
-            for tmp in written:
-                tmp.unlink(missing_ok=True)
-            raise
-    files = []
-    for name in names:
-        os.replace(out / f".{name}.tmp", out / name)
-        files.append(out / name)
-    index = None
-    if index_tmp is not None:
-        index = out / INDEX_FILE
-        os.replace(index_tmp, index)
+    files = [out / name for name in names]
     keep = {*names, INDEX_FILE} if index is not None else set(names)
     for old in out.iterdir():  # a previous export's files this one did not replace
         if old.name in (SINGLE_FILE, INDEX_FILE) or _SHARD.match(old.name):
             if old.name not in keep:
                 old.unlink()
-    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(out)  # the removals too
     return SafetensorsExport(
         out=out,
         files=tuple(files),

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpcckpt.store.io.durability import fsync_path
-from hpcckpt.store.io.safety import write_private
+from hpcckpt.store.io.durability import atomic_write, fsync_path
+from hpcckpt.store.io.safety import FILE_MODE
 
 PREFIX = "ckpt-"
 SUFFIX = ".h5"
@@ -111,9 +111,8 @@ def mark_bad(path: Path, reason: str) -> None:
     except OSError:  # no file to judge: the mark says so by leaving the record out
         pass
     sidecar = path.with_name(path.name + BAD)
-    tmp = sidecar.with_name(sidecar.name + ".tmp")
-    write_private(tmp, json.dumps(record) + "\n")  # no links
-    os.replace(tmp, sidecar)
+    # Durable, as clear_bad is: a restore after a crash must not take the file again.
+    atomic_write(sidecar, json.dumps(record) + "\n", mode=FILE_MODE, temp=sidecar.name + ".tmp")
 
 
 def _identity(path: Path) -> dict[str, int]:

@@ -1,27 +1,15 @@
-"""Making bytes and names durable: fsync of files and of the directory that names them."""
+"""Making bytes and names durable: fsync of files and of the directory that names them,
+the atomic write (:mod:`hpcckpt.atomicfile`, shared with the layers outside the store)
+and the commit's publish of a checkpoint file."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from hpcckpt.atomicfile import atomic_file, atomic_path, atomic_write, fsync_path, rename
 from hpcckpt.store.io.faults import fault_point
 
-
-def fsync_path(path: str | os.PathLike[str]) -> None:
-    """fsync a file or directory by path."""
-    flags = os.O_RDONLY | (os.O_DIRECTORY if Path(path).is_dir() else 0)
-    fd = os.open(path, flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def durable_rename(src: Path, dst: Path) -> None:
-    """Atomically give ``src`` the name ``dst`` and make the new name survive a power loss."""
-    os.replace(src, dst)
-    fsync_path(dst.parent)
+__all__ = ["atomic_file", "atomic_path", "atomic_write", "fsync_path", "publish", "rename"]
 
 
 def publish(partial: Path, final: Path) -> None:
@@ -32,4 +20,4 @@ def publish(partial: Path, final: Path) -> None:
     further fsync here would only cost the device another flush.
     """
     fault_point("commit.fsynced")
-    durable_rename(partial, final)
+    rename(partial, final, durable=True)

@@ -36,6 +36,7 @@ from typing import Any
 
 from hpcckpt import procfs
 from hpcckpt.store.errors import CheckpointError
+from hpcckpt.store.io.durability import rename
 from hpcckpt.store.io.safety import FILE_MODE, write_private
 
 log = logging.getLogger("hpcckpt.store")
@@ -237,7 +238,7 @@ class DirectoryLock:
         """Move a stale lock aside (one winner among racers) and delete it."""
         aside = self.directory / f".{LOCK_NAME}.stale.{self.token}"
         try:
-            os.rename(self.path, aside)
+            rename(self.path, aside, durable=False)
         except FileNotFoundError:
             return  # someone else broke it first
         moved = read_owner(aside)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol, runtime_checkable
 
-from hpcckpt.store.io.durability import fsync_path
+from hpcckpt.store.io.durability import atomic_file
 
 
 class MirrorUnavailable(Exception):
@@ -151,20 +151,12 @@ class DirectoryBackend:
     def _write(self, key: str, fill: Callable[[BinaryIO], object]) -> None:
         self._ensure_root()
         final = self._path(key)
-        tmp = final.with_name(f"{final.name}.{os.getpid()}.{threading.get_ident()}{self.PART}")
+        temp = f"{final.name}.{os.getpid()}.{threading.get_ident()}{self.PART}"
         try:
             final.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as out:
+            with atomic_file(final, mode=None, temp=temp) as out:
                 fill(out)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, final)
-            fsync_path(final.parent)
         except OSError as err:
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
             if isinstance(err, FileNotFoundError) and not self.root.is_dir():
                 raise MirrorUnavailable(f"the mirror directory {self.url} went away") from None
             raise self._unavailable(f"writing {key}", err) from None
@@ -184,17 +176,17 @@ class DirectoryBackend:
     def get_file(self, key: str, local: Path) -> None:
         self._ensure_root()
         src = self._path(key)
-        tmp = local.with_name(local.name + self.PART)
         try:
-            with open(src, "rb") as inp, open(tmp, "wb") as out:
+            # Not durable: the caller checks the bytes, then publishes them durably.
+            with (
+                open(src, "rb") as inp,
+                atomic_file(local, mode=None, durable=False, temp=local.name + self.PART) as out,
+            ):
                 while chunk := inp.read(CHUNK):
                     out.write(chunk)
-            os.replace(tmp, local)
         except FileNotFoundError:
-            tmp.unlink(missing_ok=True)
             raise
         except OSError as err:
-            tmp.unlink(missing_ok=True)
             raise self._unavailable(f"reading {key}", err) from None
 
     def read_range(self, key: str, offset: int, length: int) -> bytes:

@@ -35,7 +35,8 @@ import xxhash
 from hpcckpt.store.errors import CheckpointError
 from hpcckpt.store.file import layout
 from hpcckpt.store.file.reader import CheckpointReader
-from hpcckpt.store.io.durability import durable_rename
+from hpcckpt.store.io.durability import atomic_path
+from hpcckpt.store.io.safety import FILE_MODE
 from hpcckpt.store.mirror.backend import CHUNK, MirrorBackend, MirrorUnavailable
 from hpcckpt.store.retention import checkpoint_chain, checkpoint_time
 
@@ -294,10 +295,16 @@ def _name(name: str | int) -> str:
     return text
 
 
-def pull(backend: MirrorBackend, name: str | int, directory: str | os.PathLike[str]) -> Path:
+def pull(
+    backend: MirrorBackend,
+    name: str | int,
+    directory: str | os.PathLike[str],
+    *,
+    mode: int = FILE_MODE,
+) -> Path:
     """Fetch a good mirrored checkpoint (and the files of its chain the directory lacks)
     into ``directory``; each file is checked against its manifest before it gets its
-    name there (durably). The path of the checkpoint.
+    name there (durably), with the directory's file ``mode``. The path of the checkpoint.
 
     MirrorCopyBad when a file's bytes do not match (it is marked bad on the mirror);
     CheckpointError when the checkpoint is not good on the mirror; FileExistsError when
@@ -320,37 +327,30 @@ def pull(backend: MirrorBackend, name: str | int, directory: str | os.PathLike[s
                 f"{local} is another checkpoint than the one {name} is built on; move it "
                 "aside to pull this one"
             )
-        _fetch(backend, listing[cname], root)
+        _fetch(backend, listing[cname], root, mode)
     target = root / name
     if target.exists():
         if checkpoint_chain(target)[0] == m.uid and file_checksum(target) == m.checksum:
             return target
         raise FileExistsError(f"{target} exists and is another file; move it aside to pull")
-    return _fetch(backend, m, root)
+    return _fetch(backend, m, root, mode)
 
 
-def _fetch(backend: MirrorBackend, m: Mirrored, root: Path) -> Path:
-    tmp = root / (m.name + PULLING)
-    tmp.unlink(missing_ok=True)
-    try:
-        backend.get_file(m.name, tmp)
-    except FileNotFoundError:
-        mark_bad(backend, m.name, "its data object is missing")
-        raise MirrorCopyBad(f"{m.name} on the mirror {backend.url}: its data is missing") from None
-    got = file_checksum(tmp)
-    if got != m.checksum or tmp.stat().st_size != m.size:
-        tmp.unlink(missing_ok=True)
-        why = f"pulled bytes do not match its manifest ({ALGORITHM} {got} != {m.checksum})"
-        mark_bad(backend, m.name, why)
-        raise MirrorCopyBad(f"{m.name} on the mirror {backend.url}: {why}; marked bad there")
-    os.chmod(tmp, 0o600)
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _fetch(backend: MirrorBackend, m: Mirrored, root: Path, mode: int) -> Path:
     final = root / m.name
-    durable_rename(tmp, final)
+    with atomic_path(final, mode=mode, temp=m.name + PULLING) as tmp:
+        try:
+            backend.get_file(m.name, tmp)
+        except FileNotFoundError:
+            mark_bad(backend, m.name, "its data object is missing")
+            raise MirrorCopyBad(
+                f"{m.name} on the mirror {backend.url}: its data is missing"
+            ) from None
+        got = file_checksum(tmp)
+        if got != m.checksum or tmp.stat().st_size != m.size:
+            why = f"pulled bytes do not match its manifest ({ALGORITHM} {got} != {m.checksum})"
+            mark_bad(backend, m.name, why)
+            raise MirrorCopyBad(f"{m.name} on the mirror {backend.url}: {why}; marked bad there")
     layout.clear_marks(final)  # marks beside the name judged another file
     return final
 

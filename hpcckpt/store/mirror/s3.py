@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from hpcckpt.store.io.durability import atomic_path
 from hpcckpt.store.mirror.backend import MirrorUnavailable, ObjectInfo, Throttle
 
 try:  # the optional extra; importing hpcckpt never needs it
@@ -230,8 +231,9 @@ class S3Backend:
     def get_file(self, key: str, local: Path) -> None:
         """Download ``key`` into ``local`` through a temporary name (never half a file)."""
         local = Path(local)
-        tmp = local.with_name(f"{local.name}.{os.getpid()}.part")
-        try:
+        # Not durable: the caller checks the bytes, then publishes them durably.
+        temp = f"{local.name}.{os.getpid()}.part"
+        with atomic_path(local, mode=None, durable=False, temp=temp) as tmp:
             self._call(
                 f"downloading {key}",
                 self.client.download_file,
@@ -240,9 +242,6 @@ class S3Backend:
                 str(tmp),
                 Config=self.transfer,
             )
-            os.replace(tmp, local)
-        finally:
-            tmp.unlink(missing_ok=True)
 
     def read_range(self, key: str, offset: int, length: int) -> bytes:
         if length <= 0:

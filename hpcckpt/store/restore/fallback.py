@@ -176,7 +176,7 @@ class Restorer:
         assert self.mirror is not None
         name = layout.checkpoint_name(step)
         try:
-            path = mirror.pull(self.mirror, name, self.directory)
+            path = mirror.pull(self.mirror, name, self.directory, mode=self.file_mode)
         except (CheckpointError, MirrorUnavailable, OSError) as exc:
             log.warning("restore: %s from the mirror %s: %s", name, self.mirror.url, exc)
             return f"on the mirror: {exc}"

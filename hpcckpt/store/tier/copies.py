@@ -32,6 +32,7 @@ from hpcckpt.store.errors import CorruptCheckpoint
 from hpcckpt.store.file import layout
 from hpcckpt.store.io import blocks, safety
 from hpcckpt.store.io.direct_io import pwrite_all
+from hpcckpt.store.io.durability import atomic_write, rename
 from hpcckpt.store.tree import checks as tree_check
 from hpcckpt.store.tree.state_tree import ARRAY_KINDS
 
@@ -198,10 +199,11 @@ def manifest_doc(
 
 
 def write_manifest(path: Path, doc: dict[str, Any], mode: int) -> Path:
-    """Write a manifest document atomically (temporary name, then rename)."""
-    tmp = path.with_name(path.name + ".tmp")
-    safety.write_private(tmp, json.dumps(doc, allow_nan=True), mode)
-    os.replace(tmp, path)
+    """Write a manifest document atomically (temporary name, then rename; no fsync: see
+    the module's docs)."""
+    atomic_write(
+        path, json.dumps(doc, allow_nan=True), mode=mode, durable=False, temp=path.name + ".tmp"
+    )
     return path
 
 
@@ -357,7 +359,7 @@ def set_aside_file(manifest: Path) -> bool:
     """Rename a node-local manifest found damaged (:func:`.layout.set_aside_name`); whether
     this call did (False: it was gone already)."""
     try:
-        os.replace(manifest, manifest.with_name(layout.set_aside_name(manifest.name)))
+        rename(manifest, manifest.with_name(layout.set_aside_name(manifest.name)), durable=False)
     except OSError:
         return False
     return True

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -144,6 +145,22 @@ def test_restore_takes_the_mirror_when_the_directory_was_emptied(tmp_path, backe
     result = fresh.restore(got)
     assert result.step == 3 and result.source == "mirror"
     assert np.array_equal(got["u"], state(3)["u"]) and got["meta"]["k"] == 3
+
+
+@pytest.mark.parametrize("share_group, fmode", [(False, 0o600), (True, 0o640)])
+def test_a_pulled_checkpoint_gets_the_directorys_file_mode(tmp_path, backend, share_group, fmode):
+    store = saved(tmp_path, [1], incremental=False, share_group=share_group)
+    name = layout.checkpoint_name(1)
+    mirror.upload(backend, store.directory / name)
+    (store.directory / name).unlink()
+    fresh = CheckpointStore(
+        tmp_path / "ck", MPI.COMM_SELF, mirror=str(backend.root), share_group=share_group
+    )
+    assert fresh.restore(state(0)).source == "mirror"
+    assert stat.S_IMODE((store.directory / name).stat().st_mode) == fmode
+    assert not [p for p in store.directory.iterdir() if p.name.endswith((mirror.PULLING, ".part"))]
+    by_hand = mirror.pull(backend, 1, tmp_path / "by-hand")  # hpcckpt mirror pull
+    assert stat.S_IMODE(by_hand.stat().st_mode) == 0o600
 
 
 def test_the_newest_good_checkpoint_of_either_tier_wins(tmp_path, backend):
