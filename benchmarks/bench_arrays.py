@@ -145,10 +145,10 @@ def rank0(nranks: int, narrays: int, reps: int, scratch: Path) -> dict[str, floa
     import numpy as np
 
     from hpcckpt.store.file import writer as checkpoint_file
+    from hpcckpt.store.file.plan import ArraySpec
     from hpcckpt.store.file.reader import CheckpointReader
     from hpcckpt.store.io import blocks
     from hpcckpt.store.restore import read_plan
-    from hpcckpt.store.tree.state_tree import ArraySpec
 
     bs = blocks.DEFAULT_BLOCK_SIZE
     arrays = {f"a{i}": np.zeros((4, 8)) for i in range(narrays)}

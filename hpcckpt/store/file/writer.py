@@ -28,8 +28,8 @@ An *incremental* file (``kind="incremental"``, format version 2) replaces
 and ``/delta_index/<path>`` ((rank, block, start) of each), and names in ``chain`` the
 base and deltas it is built on. See docs/format.md.
 
-Just over 500 lines: :func:`write_file` (every rank) and rank 0's creation of the file
-share one plan of offsets; keeping both here keeps that plan in one place.
+Where each rank's bytes go is planned, without HDF5 or MPI, by :mod:`.plan`; this
+module runs the collectives around that plan and creates the file it describes.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcckpt._version import __version__
-from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
+from hpcckpt.store.errors import CheckpointError
 from hpcckpt.store.file import layout
 from hpcckpt.store.file.format import (
     ARRAY_INFO,
@@ -55,7 +55,6 @@ from hpcckpt.store.file.format import (
     CHECKSUMS,
     FORMAT,
     FORMAT_VERSION,
-    FULL,
     INCREMENTAL,
     LIBVER,
     META,
@@ -64,21 +63,12 @@ from hpcckpt.store.file.format import (
     delta_name,
     index_name,
 )
+from hpcckpt.store.file.plan import FilePlan, array_info, array_specs, plan_file, rank_counts
 from hpcckpt.store.io import blocks, integrity
 from hpcckpt.store.io.blocks import ChainPolicy, ChainState
 from hpcckpt.store.io.direct_io import Extent
-from hpcckpt.store.tree.state_tree import ArraySpec, dtensor_pieces, tensor_dtypes
 
-__all__ = [
-    "FORMAT",
-    "FORMAT_VERSION",
-    "ArrayLayout",
-    "CheckpointError",
-    "CorruptCheckpoint",
-    "Written",
-    "plan_layouts",
-    "write_file",
-]
+__all__ = ["DeferredHashes", "Written", "set_attrs", "write_file"]
 
 
 @dataclass(frozen=True)
@@ -125,137 +115,6 @@ class DeferredHashes:
             for hasher in self.hashers.values():
                 hasher.upto(len(hasher.raw))
             self.fill()
-
-
-@dataclass(frozen=True)
-class ArrayLayout:
-    path: str
-    dtype: np.dtype
-    layout: str  # "rows" or "flat"
-    shapes: list[tuple[int, ...]]
-    offsets: list[int]  # nranks + 1
-    distributed: bool = False
-    torch_dtype: str = ""  # a tensor's torch dtype (raw bits when numpy lacks it)
-    replicated: bool = False  # rank 0's copy only: every other rank holds an empty stand-in
-    #: A DTensor: its global shape and each rank's offset in it (None: a replica's stand-in).
-    dtensor: tuple[tuple[int, ...], list[tuple[int, ...] | None]] | None = None
-
-    @property
-    def global_shape(self) -> tuple[int, ...]:
-        if self.layout == "rows":
-            return (self.offsets[-1], *self.shapes[0][1:])
-        return (self.offsets[-1],)
-
-
-def plan_layouts(
-    per_rank: list[list[ArraySpec]],
-    distributed: Collection[str] = (),
-    replicated: Collection[str] = (),
-) -> list[ArrayLayout]:
-    """Decide each array's dataset from every rank's specs; names the array on mismatch.
-
-    Runs on every rank on the same gathered specs, so every rank raises alike.
-    """
-    by_path = [{s.path: s for s in specs} for specs in per_rank]
-    first = by_path[0]
-    for rank, specs in enumerate(by_path):
-        if specs.keys() != first.keys():
-            diff = sorted(specs.keys() ^ first.keys())
-            raise CheckpointError(
-                f"ranks hold different arrays: rank 0 and rank {rank} differ in {diff}; "
-                "every rank must save the same array names"
-            )
-    missing = sorted(set(distributed) - set(first))
-    if missing:
-        raise CheckpointError(
-            f"arrays declared distributed are not numpy arrays in the state: {missing}; "
-            f"the state's array paths are {sorted(first)}"
-        )
-    layouts = []
-    for path in sorted(first):
-        specs = [rank_specs[path] for rank_specs in by_path]
-        dtypes = {s.dtype for s in specs}
-        kinds = {s.torch_dtype or "numpy" for s in specs}
-        if len(kinds) != 1:
-            raise CheckpointError(
-                f"array {path!r} is a torch tensor on some ranks and not on others, or of "
-                f"different torch dtypes ({sorted(kinds)}); save one kind on every rank"
-            )
-        if path in distributed and path in replicated:
-            raise CheckpointError(
-                f"array {path!r} is declared both distributed and replicated; choose one"
-            )
-        if len(dtypes) != 1:
-            raise CheckpointError(
-                f"array {path!r} has different dtypes on different ranks ({sorted(dtypes)}); "
-                "cast it to one dtype on every rank"
-            )
-        shapes = [tuple(s.shape) for s in specs]
-        pieces = _pieces(path, specs, shapes, path in distributed or path in replicated)
-        rows = all(len(s) >= 1 for s in shapes) and len({s[1:] for s in shapes}) == 1
-        if path in distributed and not rows:
-            raise CheckpointError(
-                f"array {path!r} is declared distributed along axis 0, but the ranks' shapes "
-                f"{[list(s) for s in shapes]} differ beyond axis 0 (or are 0-d)"
-            )
-        sizes = [s[0] if rows else int(np.prod(s, dtype=np.int64)) for s in shapes]
-        offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(int).tolist()
-        layouts.append(
-            ArrayLayout(
-                path,
-                np.dtype(specs[0].dtype),
-                "rows" if rows else "flat",
-                shapes,
-                offsets,
-                path in distributed,
-                specs[0].torch_dtype,
-                path in replicated,
-                pieces,
-            )
-        )
-    return layouts
-
-
-def _pieces(
-    path: str, specs: list[ArraySpec], shapes: list[tuple[int, ...]], declared: bool
-) -> tuple[tuple[int, ...], list[tuple[int, ...] | None]] | None:
-    """A DTensor's global shape and each rank's offset (None for a replica's stand-in),
-    checked: every rank holds it, its pieces lie inside it and fill it once."""
-    kinds = {s.global_shape for s in specs}
-    if kinds == {None}:
-        return None
-    if None in kinds or len(kinds) != 1:
-        raise CheckpointError(
-            f"array {path!r} is a DTensor on some ranks and not on others, or of different "
-            f"global shapes ({sorted(map(str, kinds))}); save the same DTensor on every rank"
-        )
-    if declared:
-        raise CheckpointError(
-            f"array {path!r} is a DTensor: its placements say how it is split; do not "
-            "declare it distributed or replicated"
-        )
-    shape = specs[0].global_shape
-    assert shape is not None
-    filled = 0
-    for rank, (spec, held) in enumerate(zip(specs, shapes, strict=True)):
-        if spec.offset is None:
-            continue
-        inside = len(spec.offset) == len(shape) == len(held) and all(
-            0 <= o and o + n <= g for o, n, g in zip(spec.offset, held, shape, strict=True)
-        )
-        if not inside:
-            raise CheckpointError(
-                f"DTensor {path!r}: rank {rank}'s shard {list(held)} at {list(spec.offset)} "
-                f"does not lie inside the global shape {list(shape)}"
-            )
-        filled += int(np.prod(held, dtype=np.int64))
-    if filled != int(np.prod(shape, dtype=np.int64)):
-        raise CheckpointError(
-            f"DTensor {path!r}: the ranks' shards hold {filled} elements, the global shape "
-            f"{list(shape)} has {int(np.prod(shape, dtype=np.int64))}; every element must "
-            "be stored once"
-        )
-    return shape, [s.offset for s in specs]
 
 
 def write_file(
@@ -309,32 +168,11 @@ def write_file(
     rank, size = comm.Get_rank(), comm.Get_size()
     policy = policy or ChainPolicy()
     tree_bytes = json.dumps(tree, separators=(",", ":"), allow_nan=True).encode()
-    torch_dtypes = tensor_dtypes(tree)
-    pieces = dtensor_pieces(tree)
-    specs = []
-    for p, a in arrays.items():
-        piece = pieces.get(p)
-        if piece is None:
-            specs.append(ArraySpec(p, a.dtype.str, tuple(a.shape), torch_dtypes.get(p, "")))
-            continue
-        offset = tuple(piece["offset"]) if piece["holder"] else None
-        specs.append(
-            ArraySpec(
-                p, a.dtype.str, tuple(a.shape), torch_dtypes[p], tuple(piece["shape"]), offset
-            )
-        )
+    specs = array_specs(tree, arrays)
     t_hash = time.perf_counter()
-    hashes = dict(hashes or {})
-    later = set()  # arrays hashed while their bytes are written
-    for p, a in arrays.items():
-        if p in hashes:
-            continue
-        if hash_while_writing and parent is None:
-            nb = blocks.nblocks(a.size, blocks.block_elems(a.itemsize, block_size))
-            hashes[p] = np.empty(nb, dtype=np.uint64)
-            later.add(p)
-        else:
-            hashes[p] = blocks.block_hashes(a, block_size)
+    hashes, later = _block_hashes(
+        arrays, dict(hashes or {}), block_size, hash_while_writing and parent is None
+    )
     hash_seconds = time.perf_counter() - t_hash
     mine = blocks.specs_of(arrays, distributed)
     name = layout.checkpoint_name(step)
@@ -346,47 +184,114 @@ def write_file(
         and name not in parent.names  # never overwrite a file the delta needs
     ):
         dirty = {p: np.nonzero(h != parent.hashes[p])[0] for p, h in hashes.items()}
-    counts = {}  # path -> (blocks, dirty blocks, dirty elements)
-    for p, a in arrays.items():
-        nb = hashes[p].size
-        d = dirty[p] if dirty is not None else np.arange(nb)
-        counts[p] = (
-            nb,
-            d.size,
-            blocks.dirty_elems(d, blocks.block_elems(a.itemsize, block_size), a.size),
-        )
-    # This rank's place in every dataset: the sums of the counts of the ranks before it.
+    counts = rank_counts(arrays, hashes, dirty, block_size)
     names = sorted(arrays)
-    mine_counts = [len(tree_bytes)]
+    before = _ranks_before(comm, len(tree_bytes), names, arrays, counts)
+    gathered = comm.gather((specs, len(tree_bytes), dirty is not None, counts), root=0)
+    plan = _created(
+        comm,
+        path,
+        gathered,
+        lambda gathered: _create(
+            path,
+            gathered,
+            step,
+            size,
+            extra_meta,
+            distributed,
+            alignment,
+            block_size,
+            parent,
+            policy,
+            uid,
+            replicated,
+            prepare,
+        ),
+    )
+    if rank != 0 and list(plan["names"]) != names:
+        raise CheckpointError(f"rank {rank} holds other arrays than rank 0")
+    incremental = plan["kind"] == INCREMENTAL
+    uid = plan["uid"]
+    extents, written, hashing = _rank_extents(
+        plan, rank, names, arrays, tree_bytes, hashes, later, dirty, before, block_size
+    )
+    if incremental:
+        assert parent is not None
+        chain = (*parent.chain, (name, step, uid))
+        chain_bytes = parent.chain_bytes + plan["delta_bytes"]
+    else:
+        chain, chain_bytes = ((name, step, uid),), 0
+    state_bytes = plan["state_bytes"]
+    state = ChainState(step, uid, block_size, size, mine, hashes, chain, chain_bytes, state_bytes)
+    return Written(
+        written + len(tree_bytes),
+        plan["kind"],
+        int(plan["dirty_blocks"]),
+        int(plan["total_blocks"]),
+        int(plan["data_bytes"]),
+        hash_seconds,
+        state,
+        uid,
+        tuple(extents),
+        int(plan["data_bytes"]) + int(plan["tree_bytes"]),
+        hashing,
+        plan["full_reason"],
+    )
+
+
+def _block_hashes(
+    arrays: dict[str, np.ndarray], hashes: dict[str, np.ndarray], block_size: int, defer: bool
+) -> tuple[dict[str, np.ndarray], set[str]]:
+    """Every array's block hashes: those given, the others computed now or (``defer``)
+    left to compute while their bytes are written; and the paths left so."""
+    later = set()
+    for p, a in arrays.items():
+        if p in hashes:
+            continue
+        if defer:
+            nb = blocks.nblocks(a.size, blocks.block_elems(a.itemsize, block_size))
+            hashes[p] = np.empty(nb, dtype=np.uint64)
+            later.add(p)
+        else:
+            hashes[p] = blocks.block_hashes(a, block_size)
+    return hashes, later
+
+
+def _ranks_before(
+    comm: MPI.Comm,
+    tree_len: int,
+    names: list[str],
+    arrays: dict[str, np.ndarray],
+    counts: dict[str, tuple[int, int, int]],
+) -> np.ndarray:
+    """This rank's place in every dataset: the sums of the counts of the ranks before it
+    (an exclusive prefix sum): its tree's bytes, then per array (in ``names`` order) its
+    blocks, dirty blocks, dirty elements, rows and elements."""
+    mine_counts = [tree_len]
     for p in names:
         a = arrays[p]
         mine_counts += [*counts[p], a.shape[0] if a.ndim else 0, a.size]
     before = np.zeros(len(mine_counts), dtype=np.int64)
     comm.Exscan(np.asarray(mine_counts, dtype=np.int64), before, op=MPI.SUM)
-    if rank == 0:
+    if comm.Get_rank() == 0:
         before[:] = 0  # Exscan leaves rank 0's buffer undefined
-    gathered = comm.gather((specs, len(tree_bytes), dirty is not None, counts), root=0)
+    return before
 
+
+def _created(
+    comm: MPI.Comm,
+    path: Path,
+    gathered: list[Any] | None,
+    create: Callable[[list[Any]], dict[str, Any]],
+) -> dict[str, Any]:
+    """Rank 0 creates the file (``create``); every rank gets what it must write, or
+    raises alike what went wrong (rank 0 its own exception as it is)."""
     plan: dict[str, Any] | str | None = None
     failure: BaseException | None = None
-    if rank == 0:
+    if comm.Get_rank() == 0:
         assert gathered is not None
         try:
-            plan = _create(
-                path,
-                gathered,
-                step,
-                size,
-                extra_meta,
-                distributed,
-                alignment,
-                block_size,
-                parent,
-                policy,
-                uid,
-                replicated,
-                prepare,
-            )
+            plan = create(gathered)
         except CheckpointError as exc:  # the states do not fit one layout: said alike
             plan = str(exc)
         except Exception as exc:  # rank 0 raises it as it is (ENOSPC is explained so)
@@ -398,11 +303,25 @@ def write_file(
             raise failure
         raise CheckpointError(plan)
     assert isinstance(plan, dict)
-    if rank != 0 and list(plan["names"]) != names:
-        raise CheckpointError(f"rank {rank} holds other arrays than rank 0")
-    incremental = plan["kind"] == INCREMENTAL
-    uid = plan["uid"]
+    return plan
 
+
+def _rank_extents(
+    plan: dict[str, Any],
+    rank: int,
+    names: list[str],
+    arrays: dict[str, np.ndarray],
+    tree_bytes: bytes,
+    hashes: dict[str, np.ndarray],
+    later: set[str],
+    dirty: dict[str, np.ndarray] | None,
+    before: np.ndarray,
+    block_size: int,
+) -> tuple[list[Extent], int, DeferredHashes | None]:
+    """This rank's part of the created file: its extents (tree, checksum row, block
+    hashes, array bytes or changed blocks), its array bytes, and the hashes still to
+    compute while writing (``later``: the hash rows then come after the array bytes)."""
+    incremental = plan["kind"] == INCREMENTAL
     extents: list[Extent] = []
     bases = plan["bases"]
     if tree_bytes:
@@ -448,28 +367,7 @@ def write_file(
     if later:  # after the array bytes, once their hashes are complete
         hashing = DeferredHashes(hashers, len(extents), fill_rows)
         extents += hash_extents
-    if incremental:
-        assert parent is not None
-        chain = (*parent.chain, (name, step, uid))
-        chain_bytes = parent.chain_bytes + plan["delta_bytes"]
-    else:
-        chain, chain_bytes = ((name, step, uid),), 0
-    state_bytes = plan["state_bytes"]
-    state = ChainState(step, uid, block_size, size, mine, hashes, chain, chain_bytes, state_bytes)
-    return Written(
-        written + len(tree_bytes),
-        plan["kind"],
-        int(plan["dirty_blocks"]),
-        int(plan["total_blocks"]),
-        int(plan["data_bytes"]),
-        hash_seconds,
-        state,
-        uid,
-        tuple(extents),
-        int(plan["data_bytes"]) + int(plan["tree_bytes"]),
-        hashing,
-        plan["full_reason"],
-    )
+    return extents, written, hashing
 
 
 def _create(
@@ -487,34 +385,47 @@ def _create(
     replicated: Collection[str],
     prepare: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
-    """Rank 0: decide the layout from every rank's specs and counts, create the file
-    with all metadata and allocated, empty datasets; what every rank needs to write."""
-    layouts = plan_layouts([g[0] for g in gathered], distributed, replicated)
-    tree_offsets = np.concatenate([[0], np.cumsum([g[1] for g in gathered])]).astype(np.int64)
-    state_bytes = sum(
-        int(np.prod(lay.global_shape, dtype=np.int64)) * lay.dtype.itemsize for lay in layouts
-    )
-    delta_bytes = sum(g[3][lay.path][2] * lay.dtype.itemsize for g in gathered for lay in layouts)
-    fits = all(g[2] for g in gathered)
-    why_full = policy.why_full(parent, fits, delta_bytes, state_bytes, len(layouts), size)
-    incremental = why_full is None
-    kind = INCREMENTAL if incremental else FULL
-    # The block hash table: rank-major segments, one per (rank, array).
-    nblk = [g[3][lay.path][0] for g in gathered for lay in layouts]
-    hash_offsets = np.concatenate([[0], np.cumsum(nblk, dtype=np.int64)]).astype(np.int64)
-    total_blocks = int(hash_offsets[-1])
-    if incremental:
-        dirty_blocks = sum(g[3][lay.path][1] for g in gathered for lay in layouts)
-        data_bytes = delta_bytes
-    else:
-        dirty_blocks, data_bytes = total_blocks, state_bytes
+    """Rank 0: plan the file from every rank's specs and counts (:func:`.plan.plan_file`),
+    create it with all metadata and allocated, empty datasets; what every rank needs to
+    write."""
+    plan = plan_file(gathered, size, distributed, replicated, parent, policy)
     uid = uid or uuid.uuid4().hex
     options: dict[str, Any] = {}
     if alignment is not None:
         options["alignment_threshold"], options["alignment_interval"] = alignment
-    bases: dict[str, Any] = {}
     if prepare is not None:
-        prepare(state_bytes)
+        prepare(plan.state_bytes)
+    attrs = _meta_attrs(plan, step, size, block_size, uid, parent, extra_meta)
+    with h5py.File(path, "w", libver=LIBVER, **options) as f:
+        bases = _datasets(f, plan, attrs, gathered, size)
+    layouts = plan.layouts
+    return {
+        "names": [lay.path for lay in layouts],
+        "layouts": {lay.path: lay.layout for lay in layouts},
+        "kind": plan.kind,
+        "full_reason": plan.why_full,
+        "uid": uid,
+        "bases": bases,
+        "state_bytes": plan.state_bytes,
+        "delta_bytes": plan.delta_bytes,
+        "data_bytes": plan.data_bytes,
+        "tree_bytes": int(plan.tree_offsets[-1]),
+        "dirty_blocks": plan.dirty_blocks,
+        "total_blocks": plan.total_blocks,
+    }
+
+
+def _meta_attrs(
+    plan: FilePlan,
+    step: int,
+    size: int,
+    block_size: int,
+    uid: str,
+    parent: ChainState | None,
+    extra_meta: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The attributes of ``/meta`` (docs/format.md), its creation time now."""
+    layouts, incremental = plan.layouts, plan.incremental
     attrs: dict[str, Any] = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -525,15 +436,15 @@ def _create(
         "hpcckpt_version": __version__,
         "arrays": json.dumps([lay.path for lay in layouts]),
         ARRAY_INFO: json.dumps(
-            [_described(lay, incremental, block_size) for lay in layouts], separators=(",", ":")
+            [array_info(lay, incremental, block_size) for lay in layouts], separators=(",", ":")
         ),
-        "kind": kind,
+        "kind": plan.kind,
         "uid": uid,
         "block_size": block_size,
-        "state_bytes": state_bytes,
-        "data_bytes": data_bytes,
-        "total_blocks": total_blocks,
-        "dirty_blocks": dirty_blocks,
+        "state_bytes": plan.state_bytes,
+        "data_bytes": plan.data_bytes,
+        "total_blocks": plan.total_blocks,
+        "dirty_blocks": plan.dirty_blocks,
     }
     if incremental:
         assert parent is not None
@@ -546,66 +457,37 @@ def _create(
             attrs[f"{key}_uid"] = ref_uid
         attrs["chain"] = json.dumps([list(ref) for ref in parent.chain])
         attrs["chain_length"] = len(parent.chain)
-        attrs["chain_bytes"] = parent.chain_bytes + delta_bytes
+        attrs["chain_bytes"] = parent.chain_bytes + plan.delta_bytes
     attrs.update(extra_meta or {})
-    with h5py.File(path, "w", libver=LIBVER, **options) as f:
-        set_attrs(f.create_group(META), attrs)
-        rt = _allocated(f, RANK_TREE, (int(tree_offsets[-1]),), np.uint8)
-        set_attrs(h5py.Dataset(rt), {"offsets": tree_offsets})
-        cs = _allocated(f, CHECKSUMS, (size, len(layouts) + 1), np.uint64)
-        bh = _allocated(f, BLOCK_HASHES, (total_blocks,), np.uint64)
-        set_attrs(h5py.Dataset(bh), {"offsets": hash_offsets})
-        bases["rank_tree"], bases["checksums"] = _where(rt), _where(cs)
-        bases["block_hashes"] = _where(bh)
-        for lay in layouts:
-            if incremental:
-                elems = sum(g[3][lay.path][2] for g in gathered)
-                d = _allocated(f, delta_name(lay.path), (elems,), lay.dtype)
-                rows = sum(g[3][lay.path][1] for g in gathered)
-                ix = _allocated(f, index_name(lay.path), (rows, 3), np.int64)
-                bases[lay.path] = {"data": _where(d), "index": _where(ix)}
-            else:
-                d = _allocated(f, dataset_name(lay.path), lay.global_shape, lay.dtype)
-                bases[lay.path] = {"data": _where(d)}
-    return {
-        "names": [lay.path for lay in layouts],
-        "layouts": {lay.path: lay.layout for lay in layouts},
-        "kind": kind,
-        "full_reason": why_full,
-        "uid": uid,
-        "bases": bases,
-        "state_bytes": state_bytes,
-        "delta_bytes": delta_bytes,
-        "data_bytes": data_bytes,
-        "tree_bytes": int(tree_offsets[-1]),
-        "dirty_blocks": dirty_blocks,
-        "total_blocks": total_blocks,
-    }
+    return attrs
 
 
-def _described(lay: ArrayLayout, incremental: bool, block_size: int) -> dict[str, Any]:
-    """One array's entry of ``meta.attrs['array_info']``: how the ranks' parts lie in its
-    dataset (in a delta, also the array's global shape and elements per block)."""
-    described: dict[str, Any] = {
-        "layout": lay.layout,
-        "rank_offsets": lay.offsets,  # Python ints (plan_layouts), as JSON takes them
-        "rank_shapes": lay.shapes,
-        "distributed": bool(lay.distributed),
-    }
-    if incremental:
-        described["shape"] = lay.global_shape
-        described["block_elems"] = blocks.block_elems(lay.dtype.itemsize, block_size)
-    if lay.torch_dtype:
-        described["torch_dtype"] = lay.torch_dtype
-    if lay.replicated:
-        described["replicated"] = True
-    if lay.dtensor is not None:
-        shape, offsets = lay.dtensor
-        described["dtensor"] = {
-            "shape": list(shape),
-            "offsets": [None if o is None else list(o) for o in offsets],
-        }
-    return described
+def _datasets(
+    f: h5py.File, plan: FilePlan, attrs: dict[str, Any], gathered: list[Any], size: int
+) -> dict[str, Any]:
+    """Create ``/meta`` with ``attrs`` and every dataset, allocated and empty; the file
+    offset of each dataset's bytes (per array: its data, and in a delta its index)."""
+    layouts, incremental = plan.layouts, plan.incremental
+    bases: dict[str, Any] = {}
+    set_attrs(f.create_group(META), attrs)
+    rt = _allocated(f, RANK_TREE, (int(plan.tree_offsets[-1]),), np.uint8)
+    set_attrs(h5py.Dataset(rt), {"offsets": plan.tree_offsets})
+    cs = _allocated(f, CHECKSUMS, (size, len(layouts) + 1), np.uint64)
+    bh = _allocated(f, BLOCK_HASHES, (plan.total_blocks,), np.uint64)
+    set_attrs(h5py.Dataset(bh), {"offsets": plan.hash_offsets})
+    bases["rank_tree"], bases["checksums"] = _where(rt), _where(cs)
+    bases["block_hashes"] = _where(bh)
+    for lay in layouts:
+        if incremental:
+            elems = sum(g[3][lay.path][2] for g in gathered)
+            d = _allocated(f, delta_name(lay.path), (elems,), lay.dtype)
+            rows = sum(g[3][lay.path][1] for g in gathered)
+            ix = _allocated(f, index_name(lay.path), (rows, 3), np.int64)
+            bases[lay.path] = {"data": _where(d), "index": _where(ix)}
+        else:
+            d = _allocated(f, dataset_name(lay.path), lay.global_shape, lay.dtype)
+            bases[lay.path] = {"data": _where(d)}
+    return bases
 
 
 _STR = h5py.h5t.py_create(h5py.string_dtype(), logical=True)

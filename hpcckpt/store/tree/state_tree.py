@@ -35,20 +35,6 @@ ARRAY_KINDS = "biufc"
 BIG_INT_BITS = 12_000
 
 
-@dataclass(frozen=True)
-class ArraySpec:
-    """What one rank holds under one array path."""
-
-    path: str
-    dtype: str
-    shape: tuple[int, ...]
-    torch_dtype: str = ""  # the tensor's torch dtype, "" for a numpy array
-    #: A DTensor's global shape (None for anything else), and the offset of this rank's
-    #: piece in it (None when another rank stores the same box: a replica's stand-in).
-    global_shape: tuple[int, ...] | None = None
-    offset: tuple[int, ...] | None = None
-
-
 def escape(key: str) -> str:
     """Make a dict key safe as one HDF5 path component (no '/', '.', '..' or empty names)."""
     if not isinstance(key, str):

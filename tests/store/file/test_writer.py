@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 from hpcckpt.store.file import writer as checkpoint_file
+from hpcckpt.store.file.plan import ArraySpec
 from hpcckpt.store.file.reader import CheckpointReader
 from hpcckpt.store.io import blocks
 from hpcckpt.store.restore import read_plan
-from hpcckpt.store.tree.state_tree import ArraySpec
 
 ROWS, COLS = 4, 8
 
