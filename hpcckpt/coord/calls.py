@@ -1,4 +1,5 @@
-"""What a rank does while it waits in a Checkpointer call for the other ranks.
+"""What a rank does while it waits in a Checkpointer call for the other ranks, and the
+calls' agreement that once broken stays broken (:class:`Calls`).
 
 Every public call of the Checkpointer first agrees on which call and step each rank is
 making (:class:`hpcckpt.store.agreement.CallAgreement`): ranks in different calls get
@@ -35,8 +36,8 @@ from hpcckpt.rundir.heartbeat import (
     read_heartbeats,
     where,
 )
-from hpcckpt.store.agreement import SHOWN, TAIL, Call
-from hpcckpt.store.errors import CallTimeout
+from hpcckpt.store.agreement import SHOWN, TAIL, Call, CallAgreement
+from hpcckpt.store.errors import CallMismatch, CallTimeout
 
 log = logging.getLogger("hpcckpt")
 
@@ -48,6 +49,38 @@ WARN_AFTER = 60.0
 READERS = 4
 #: Seconds the other ranks wait past the timeout, so that a reader's message comes first.
 LATER = 2.0
+
+
+class Calls:
+    """One Checkpointer's calls, each agreed first thing (``agreement``, whose flags
+    ``due()`` uses); once the ranks fell apart (CallMismatch), every later call raises at
+    once, naming what happened (``broken``)."""
+
+    def __init__(self, agreement: CallAgreement) -> None:
+        self.agreement = agreement
+        #: Why the ranks fell apart (None: they did not).
+        self.broken: str | None = None
+
+    def drain(self) -> list[int] | None:
+        """Complete and check the agreement in flight (a due()'s): its flags, or None when
+        none was; CallMismatch on every rank when the ranks were in different calls."""
+        if self.broken is not None:
+            raise CallMismatch(self.broken)
+        try:
+            return self.agreement.complete()
+        except CallMismatch as exc:
+            self.broken = f"the ranks fell apart earlier: {exc}"
+            raise
+
+    def enter(self, call: str, step: int | None = None) -> None:
+        """Every rank agrees that it is in ``call`` at ``step``, first thing (CallMismatch
+        naming the ranks and their calls otherwise; CallTimeout after ``call_timeout``)."""
+        self.drain()
+        try:
+            self.agreement.enter(call, step)  # a wait past 0.5 s puts the call in the heartbeat
+        except CallMismatch as exc:
+            self.broken = f"the ranks fell apart earlier: {exc}"
+            raise
 
 
 class Patience:

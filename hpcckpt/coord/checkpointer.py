@@ -3,10 +3,11 @@
 It joins the *when* (interval, step count, stop signals) with the *where* (the
 store) over MPI. All public methods are collective: every rank of ``comm`` calls
 them in the same order with the same step, and each first agrees on which call and
-step every rank is making (:class:`~hpcckpt.store.agreement.CallAgreement`). Its
-settings are values checked once (:mod:`hpcckpt.coord.options`) and what it logs and
-records is written by :mod:`hpcckpt.coord.logbook`, so each method here is the order of
-one collective step.
+step every rank is making (:mod:`hpcckpt.coord.calls`). Its settings are values checked
+once (:mod:`hpcckpt.coord.options`), what it logs and records is worded by
+:mod:`hpcckpt.coord.logbook` and written to the directory by :mod:`hpcckpt.coord.record`,
+and the store chooses how each save is written and copies it to the mirror, so each
+method here is the order of one collective step.
 """
 
 from __future__ import annotations
@@ -22,38 +23,22 @@ from typing import Any
 from mpi4py import MPI
 
 from hpcckpt.coord import logbook
-from hpcckpt.coord.calls import Patience
+from hpcckpt.coord.calls import Calls, Patience
 from hpcckpt.coord.endtime import JobEnd
 from hpcckpt.coord.levels import Levels
 from hpcckpt.coord.options import CheckpointerOptions, init_signature
+from hpcckpt.coord.record import RunRecord
 from hpcckpt.coord.schedule import Schedule
 from hpcckpt.coord.signals import StopSignals
 from hpcckpt.coord.validate import guard
 from hpcckpt.policy import Deadline, multilevel
-from hpcckpt.rundir import directory
 from hpcckpt.rundir import events as job_events
 from hpcckpt.rundir import status as job_status
 from hpcckpt.rundir.heartbeat import HeartbeatWriter
-from hpcckpt.store import (
-    DirectoryLock,
-    DirectoryLocked,
-    HostBuffers,
-    fault_point,
-    make_directory,
-    state_bytes,
-)
+from hpcckpt.store import HostBuffers, fault_point, state_bytes
 from hpcckpt.store.agreement import CallAgreement
 from hpcckpt.store.errors import CallMismatch
-from hpcckpt.store.store import (
-    MIRROR_FAILED,
-    MIRROR_PRUNED,
-    MIRRORED,
-    STAGING_REFUSED,
-    CheckpointError,
-    CheckpointStore,
-    PendingSave,
-    SaveResult,
-)
+from hpcckpt.store.store import CheckpointError, CheckpointStore, PendingSave, SaveResult
 
 log = logging.getLogger("hpcckpt")
 
@@ -61,13 +46,6 @@ log = logging.getLogger("hpcckpt")
 # when every rank's background write of the pending staged save has finished.
 _SIGNAL, _TIME, _DEADLINE, _BUSY = 0, 1, 2, 3
 _UNDECIDED = (0, 0, 0, 1)  # no reduction was in flight
-#: The store's report kinds (the mirror's thread, a staged save refused) and their events.
-_STORE_EVENTS = {
-    MIRRORED: job_events.MIRRORED,
-    MIRROR_FAILED: job_events.MIRROR_FAILED,
-    MIRROR_PRUNED: job_events.MIRROR_PRUNED,
-    STAGING_REFUSED: job_events.STAGING_REFUSED,
-}
 
 
 class Checkpointer:
@@ -192,6 +170,8 @@ class Checkpointer:
         self.nranks = self.comm.Get_size()
         logbook.configure_logging(self.rank, options.job.log_level)
         self.directory = options.directory
+        #: Rank 0's lock, status file and events in the directory (coord/record.py).
+        self.record = RunRecord(self.directory, self.rank, self.nranks, options.job.attempt)
         #: The poisoned-state guard run before every save (coord/validate.py).
         self.validator = options.guard.validator
         #: Which checkpoints each commit keeps (a RetentionOptions; replace it to change).
@@ -206,7 +186,7 @@ class Checkpointer:
         self.costs, self.durable_costs = self.schedule.costs, self.schedule.durable_costs
         #: The store; it copies commits to the mirror and reports to the event log.
         self.store = CheckpointStore(
-            self.directory, self.comm, options.store, report=self._store_event
+            self.directory, self.comm, options.store, report=self.record.store_report
         )
         #: How the ranks decide together: the store's, so a failure reads the same anywhere.
         self.agreement = self.store.agreement
@@ -226,8 +206,7 @@ class Checkpointer:
 
         #: Every call first agrees on which call and step each rank is in; due()'s flags
         #: ride on its agreement (store/agreement.py, coord/calls.py).
-        self._calls = CallAgreement(self.comm, flags=4)
-        self._broken: str | None = None  # the ranks fell apart (CallMismatch): why
+        self._calls = Calls(CallAgreement(self.comm, flags=4))
         self._last_save_time = time.monotonic()
         self._last_save_step: int | None = None
         self._stop_pending: str | None = None
@@ -236,43 +215,24 @@ class Checkpointer:
         self._finished = False
         self.last_save: SaveResult | None = None
 
-        self._lock: DirectoryLock | None = None  # rank 0: one job per directory
-        self._take_lock()
+        self.record.lock(
+            self.agreement, self.store.dir_mode, self.store.file_mode, options.job.job_id
+        )
         self._heartbeat = HeartbeatWriter(self.directory, self.rank)
         self._heartbeat.beat(None, force=True)
-        self._calls.watch = Patience(
+        self._calls.agreement.watch = Patience(
             self._heartbeat, self.nranks, options.guard.call_timeout, lambda: self._last_step_seen
         )
         # Every rank has its handlers now: the wrapper may forward signals.
         self.comm.Barrier()
-        self._report(job_status.RUNNING)
-        self._event(
+        self.record.status(job_status.RUNNING)
+        self.record.event(
             job_events.START,
             pid=os.getpid(),
             policy=self.describe_schedule(),
             end_time=self.deadline.end_time,
             end_time_source=self._end.source,
         )
-
-    def _take_lock(self) -> None:
-        """Rank 0 creates and locks the directory; DirectoryLocked (or OSError) on every
-        rank when it cannot."""
-
-        def lock() -> tuple[str, str] | None:
-            try:
-                make_directory(self.directory, self.store.dir_mode)
-                self._lock = DirectoryLock(
-                    self.directory, mode=self.store.file_mode, job_id=self.options.job.job_id
-                ).acquire()
-            except DirectoryLocked as exc:
-                return ("locked", str(exc))
-            except OSError as exc:
-                return ("os", directory.explain(self.directory, exc, option="checkpoint directory"))
-            return None
-
-        error = self.agreement.from_root(lock)
-        if error:
-            raise DirectoryLocked(error[1]) if error[0] == "locked" else OSError(error[1])
 
     # -- when ----------------------------------------------------------------------
     def describe_schedule(self) -> str:
@@ -305,24 +265,6 @@ class Checkpointer:
         return self.schedule.interval
 
     # -- helpers -----------------------------------------------------------------
-    def _report(self, state: str, step: int | None = None, reason: str = "") -> None:
-        if self.rank == 0:
-            attempt = self.options.job.attempt
-            job_status.write_status(
-                self.directory, job_status.RunStatus(state, attempt, step, reason)
-            )
-
-    def _event(self, kind: str, **fields: Any) -> None:
-        if self.rank == 0:
-            job_events.append_event(
-                self.directory, kind, source="checkpointer", nranks=self.nranks, **fields
-            )
-
-    def _store_event(self, kind: str, fields: dict[str, Any]) -> None:
-        """The store's reports (the mirror's thread on rank 0, a refused staging): one
-        event each."""
-        self._event(_STORE_EVENTS[kind], **fields)
-
     def _mirror_wait(self, reason: str) -> None:
         """Rank 0: the newest checkpoint on its way to the mirror, waited for up to
         ``mirror_wait`` seconds; the ``mirror_wait`` event says whether it arrived."""
@@ -331,28 +273,7 @@ class Checkpointer:
             return
         line, fields = logbook.mirror_waited(waited, reason)
         (log.info if waited.done else log.warning)("%s", line)
-        self._event(job_events.MIRROR_WAIT, **fields)
-
-    def _drain(self) -> list[int] | None:
-        """Complete and check the agreement in flight (a due()'s): its flags, or None when
-        none was; CallMismatch on every rank when the ranks were in different calls."""
-        if self._broken is not None:
-            raise CallMismatch(self._broken)
-        try:
-            return self._calls.complete()
-        except CallMismatch as exc:
-            self._broken = f"the ranks fell apart earlier: {exc}"
-            raise
-
-    def _enter(self, call: str, step: int | None = None) -> None:
-        """Every rank agrees that it is in ``call`` at ``step``, first thing (CallMismatch
-        naming the ranks and their calls otherwise; CallTimeout after ``call_timeout``)."""
-        self._drain()
-        try:
-            self._calls.enter(call, step)  # a wait past 0.5 s puts the call in the heartbeat
-        except CallMismatch as exc:
-            self._broken = f"the ranks fell apart earlier: {exc}"
-            raise
+        self.record.event(job_events.MIRROR_WAIT, **fields)
 
     @property
     def _redundancy(self) -> str | None:
@@ -385,7 +306,7 @@ class Checkpointer:
         gets only the keys its ``state_dict()`` has), and says which in the log and the
         ``restore`` event (``skipped_keys``, ``added_keys``, ``ignored_keys``).
         """
-        self._enter("restore")
+        self._calls.enter("restore")
         if self.schedule.needs_size:
             self.schedule.size_first_cost(self.agreement.total(state_bytes(state)))
         self._heartbeat.beat(None, "restore", force=True)  # hang watch: I/O allowance
@@ -393,18 +314,18 @@ class Checkpointer:
         result = self.store.restore(state, only=only, strict=strict)
         set_aside = [] if self.store.tier is None else self.store.tier.take_set_aside()
         self._heartbeat.beat(None, force=True)  # back to compute
-        self._drain()
+        self._calls.drain()
         self._last_save_time = time.monotonic()
         line, events = logbook.restored(result, set_aside, self._redundancy, self.directory)
         log.info("%s", line)
         for kind, fields in events:
-            self._event(kind, **fields)
+            self.record.event(kind, **fields)
         if result is None:
             return None
         if result.source == "cache":
             # The directory must hold the newest durable checkpoint: drain the copy
             # restored from (as it is, in the background) before the run goes on.
-            self._event(job_events.CHECKPOINT_BEGIN, step=result.step, reason="restored")
+            self.record.event(job_events.CHECKPOINT_BEGIN, step=result.step, reason="restored")
             self._redrain(result.step, state)
             self._last_save_time = time.monotonic()
         self._last_save_step = result.step
@@ -421,12 +342,12 @@ class Checkpointer:
         """
         self._last_step_seen = step
         self._heartbeat.beat(step)
-        decided = self._drain()  # the last due()'s flags; CallMismatch if ranks were apart
+        decided = self._calls.drain()  # the last due()'s flags; CallMismatch if ranks were apart
         if decided is None:
             decided = _UNDECIDED
         if self._pending is not None and not decided[_BUSY]:
             self._complete_pending()  # every rank's bytes are durable: commit (collective)
-        send = self._calls.slots
+        send = self._calls.agreement.slots
         send[_SIGNAL] = 1 if self._signals.received is not None else 0
         interval = self.interval
         elapsed = time.monotonic() - self._last_save_time
@@ -434,7 +355,7 @@ class Checkpointer:
         cost = self.durable_cost_estimate
         send[_DEADLINE] = 1 if self.deadline.must_stop(time.time(), cost) else 0
         send[_BUSY] = 0 if self._pending is not None and self._pending.done() else 1
-        self._calls.post("due", step, lagged=True)  # the flags, and that this is due(step)
+        self._calls.agreement.post("due", step, lagged=True)  # the flags, and due(step)
 
         if decided[_SIGNAL]:
             self._stop_pending = "signal"
@@ -458,14 +379,14 @@ class Checkpointer:
         returns once the state is staged: the result's ``blocked_seconds`` is what the
         ranks waited, and the checkpoint is committed later (see the class docs).
         """
-        self._enter("save", step)
+        self._calls.enter("save", step)
         t0 = time.perf_counter()
         self._complete_pending()  # at most one background write: wait for the previous
         stop = self._stop_pending
         reason = stop or ("steps" if self.policy is None else "interval")
-        self._event(job_events.CHECKPOINT_BEGIN, step=step, reason=reason)
+        self.record.event(job_events.CHECKPOINT_BEGIN, step=step, reason=reason)
         self._heartbeat.beat(step, "save", force=True)
-        guard(self, step, state, event=self._event)  # PoisonedState on every rank
+        guard(self, step, state, event=self.record.event)  # PoisonedState on every rank
         local = self.cache is not None and not stop and self._local_only()
         if self.staged and not stop and not local:
             self.levels.local_saves = 0  # this one drains
@@ -516,7 +437,7 @@ class Checkpointer:
         step = tier.newest_step
         if not tier.hold_for_drain(step):  # it says why
             return
-        self._event(job_events.CHECKPOINT_BEGIN, step=step, reason="scavenge")
+        self.record.event(job_events.CHECKPOINT_BEGIN, step=step, reason="scavenge")
         try:
             pending = self.store.begin_save(step, None, {"reason": "scavenge"}, redrain=True)
         except CheckpointError as exc:
@@ -543,8 +464,7 @@ class Checkpointer:
 
     def _staged(self, pending: PendingSave, reason: str, t0: float) -> SaveResult:
         """The state is staged and its background write started; the commit comes later."""
-        step = pending.step
-        self._heartbeat.beat(step, force=True)
+        self._heartbeat.beat(pending.step, force=True)
         self._pending, self._pending_reason = pending, reason
         # The cost the job pays: waiting for the previous write plus staging this one.
         blocked = self.agreement.slowest(time.perf_counter() - t0)[0]
@@ -553,18 +473,8 @@ class Checkpointer:
         self._last_save_time = time.monotonic()
         line, fields = logbook.staged(pending, blocked, self.cache)
         log.debug("%s", line)
-        self._event(job_events.CHECKPOINT_STAGED, **fields)
-        w = pending.written
-        return SaveResult(
-            step=step,
-            path=pending.final,
-            bytes_written=pending.bytes_total,
-            seconds=blocked,
-            kind=w.kind,
-            dirty_blocks=w.dirty_blocks,
-            total_blocks=w.total_blocks,
-            blocked_seconds=blocked,
-        )
+        self.record.event(job_events.CHECKPOINT_STAGED, **fields)
+        return pending.staged_result()
 
     def wait(self) -> SaveResult | None:
         """Wait for the background write of the last staged save and commit it; collective.
@@ -572,7 +482,7 @@ class Checkpointer:
         Returns the committed checkpoint, or None when nothing was pending. Raises
         CheckpointError when the write failed (unless ``on_save_error="warn"``).
         """
-        self._enter("wait")
+        self._calls.enter("wait")
         return self._complete_pending()
 
     def _complete_pending(self) -> SaveResult | None:
@@ -612,7 +522,7 @@ class Checkpointer:
             and self.agreement.anyone(self._signals.received is not None)
         ):
             stop = "signal"  # it came during this save: the save just committed is the stop one
-        record = logbook.committed(
+        entry = logbook.committed(
             result,
             reason,
             stop=stop,
@@ -622,16 +532,16 @@ class Checkpointer:
             redundancy=self._redundancy,
             incremental=self.store.options.incremental.incremental,
         )
-        log.info("%s", record.line)
-        if record.warning:
-            log.warning("%s", record.warning)
-        self._event(job_events.CHECKPOINT, **record.fields)
-        for line, (kind, fields) in record.after:  # e.g. the bad mark of the file replaced
+        log.info("%s", entry.line)
+        if entry.warning:
+            log.warning("%s", entry.warning)
+        self.record.event(job_events.CHECKPOINT, **entry.fields)
+        for line, (kind, fields) in entry.after:  # e.g. the bad mark of the file replaced
             log.info("%s", line)
-            self._event(kind, **fields)
+            self.record.event(kind, **fields)
         if result.write_decision:  # the writer measured direct against buffered writes
             log.info("%s", logbook.writer_line(result.write_decision))
-            self._event(job_events.WRITE_PATH, step=step, **result.write_decision)
+            self.record.event(job_events.WRITE_PATH, step=step, **result.write_decision)
         if stop:
             self._honour_stop(step, stop)
 
@@ -641,8 +551,8 @@ class Checkpointer:
         sig = self._signals.received
         why = logbook.stop_reason(stop, sig.name if sig else None)
         self._mirror_wait("stop")  # rank 0, before the wrapper hears of the stop
-        self._report(job_status.STOPPED, step, why)
-        self._event(job_events.STOP, step=step, reason=stop, signal=sig.name if sig else None)
+        self.record.status(job_status.STOPPED, step, why)
+        self.record.event(job_events.STOP, step=step, reason=stop, signal=sig.name if sig else None)
         log.info("stop requested (%s): checkpoint of step %d committed, leaving", why, step)
 
     def finish(self) -> None:
@@ -650,53 +560,40 @@ class Checkpointer:
 
         A background write still under way is waited for and committed first.
         """
-        self._enter("finish")
+        self._calls.enter("finish")
         self._complete_pending()
         self._scavenge()
         self.comm.Barrier()
-        tier = self.store.tier
-        if tier is not None and tier.holds_newest:
-            log.warning(
-                "rank %d keeps its node-local copy in %s: the last drain failed, so it is "
-                "newer than the newest checkpoint in %s",
-                self.rank,
-                self.cache,
-                self.directory,
-            )
-        elif tier is not None:  # the job is done: free the node's memory or disk
-            tier.free()
+        self.store.free_tier()  # the job is done: the node's memory or disk
         self._finished = True
         self._mirror_wait("finish")
         self.store.close()
-        self._report(job_status.FINISHED, self._last_save_step, "finish() called")
-        self._event(job_events.FINISH, step=self._last_step_seen, last_step=self._last_save_step)
+        self.record.status(job_status.FINISHED, self._last_save_step, "finish() called")
+        self.record.event(
+            job_events.FINISH, step=self._last_step_seen, last_step=self._last_save_step
+        )
         self._heartbeat.beat(self._last_step_seen, "finished", force=True)
         self._signals.close()
-        self._release_lock()
+        self.record.release()
 
     def close(self) -> None:
         """Commit a background write under way, release signal handlers, the pending
         reduction and the directory lock (also done by ``finish``); collective. After a
         CallMismatch it only releases what this rank holds."""
-        if self._broken is None:
-            self._enter("close")
+        if self._calls.broken is None:
+            self._calls.enter("close")
         self._close()
 
     def _close(self) -> None:
         try:
-            if self._broken is None:
+            if self._calls.broken is None:
                 self._complete_pending()
                 if not self._finished:
                     self._scavenge()
         finally:
             self.store.close()  # rank 0's mirror thread
             self._signals.close()
-            self._release_lock()
-
-    def _release_lock(self) -> None:
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
+            self.record.release()
 
     def _save_failed(
         self, step: int, stop: str | None, reason: str, exc: Exception, staged: bool = False
@@ -708,7 +605,7 @@ class Checkpointer:
         """
         self._heartbeat.beat(step, force=True)
         fields = {"background": True} if staged else {}
-        self._event(
+        self.record.event(
             job_events.CHECKPOINT_FAILED, step=step, reason=reason, error=str(exc)[:2000], **fields
         )
         if self.options.guard.on_save_error == "raise":
@@ -717,8 +614,10 @@ class Checkpointer:
         self._last_save_time = time.monotonic()
         if stop:
             self._stop_requested = True
-            self._report(job_status.STOPPED, self._last_save_step, f"{stop}; checkpoint failed")
-            self._event(job_events.STOP, step=step, reason=stop, checkpoint_failed=True)
+            self.record.status(
+                job_status.STOPPED, self._last_save_step, f"{stop}; checkpoint failed"
+            )
+            self.record.event(job_events.STOP, step=step, reason=stop, checkpoint_failed=True)
         return False
 
     def __enter__(self) -> Checkpointer:
@@ -729,9 +628,9 @@ class Checkpointer:
             self.close()
             return
         # Leaving on an error, perhaps on this rank only: no agreement to wait for.
-        if self._broken is None:
+        if self._calls.broken is None:
             try:
-                self._drain()
+                self._calls.drain()
             except CallMismatch:
                 pass  # the error on its way out says more
         self._close()

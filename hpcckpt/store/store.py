@@ -225,6 +225,22 @@ class CheckpointStore:
             raise ValueError("save_local needs a node-local tier: set cache=PATH")
         return self.tier.save_local(step, state)
 
+    def free_tier(self) -> None:
+        """The run is over: delete this node's copies on the node-local tier, unless the
+        last drain failed and they hold a checkpoint the directory lacks (then kept, and
+        said). Nothing without a tier."""
+        tier = self.tier
+        if tier is not None and tier.holds_newest:
+            log.warning(
+                "rank %d keeps its node-local copy in %s: the last drain failed, so it is "
+                "newer than the newest checkpoint in %s",
+                self.rank,
+                self.options.tier.path,
+                self.directory,
+            )
+        elif tier is not None:
+            tier.free()
+
     def _committed(self, result: SaveResult, force: bool = False) -> SaveResult:
         """Rank 0 hands a checkpoint committed in the directory to the mirror's worker,
         which copies it when it is due (``mirror_every``, ``mirror_interval``) or ``force``."""

@@ -95,6 +95,21 @@ class PendingSave:
         """Whether this rank's background write has finished (well or not); never blocks."""
         return self.writer.done()
 
+    def staged_result(self) -> SaveResult:
+        """What the save says before its commit: the file it becomes, its bytes and kind,
+        and the ranks' ``blocked`` seconds as its cost."""
+        w = self.written
+        return SaveResult(
+            step=self.step,
+            path=self.final,
+            bytes_written=self.bytes_total,
+            seconds=self.blocked,
+            kind=w.kind,
+            dirty_blocks=w.dirty_blocks,
+            total_blocks=w.total_blocks,
+            blocked_seconds=self.blocked,
+        )
+
 
 class StagingRefused(Exception):
     """Raised on every rank by :meth:`Saver.begin_save` when some rank has too little
