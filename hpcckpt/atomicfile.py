@@ -53,10 +53,9 @@ def _temp_name(path: Path) -> str:
 
 @contextmanager
 def _renamed_over(path: Path, temp: str | None, durable: bool) -> Iterator[Path]:
-    """The temporary name beside ``path`` (a leftover of that name removed first, never
-    followed); renamed over ``path`` when the block ends, removed when it raises."""
+    """The temporary name beside ``path``: renamed over ``path`` when the block ends,
+    removed when it raises."""
     tmp = path.with_name(temp or _temp_name(path))
-    tmp.unlink(missing_ok=True)
     try:
         yield tmp
         rename(tmp, path, durable=durable)
@@ -90,7 +89,12 @@ def atomic_file(
     """
     with _renamed_over(Path(path), temp, durable) as tmp:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(tmp, flags, 0o666 if mode is None else mode)
+        create = 0o666 if mode is None else mode
+        try:
+            fd = os.open(tmp, flags, create)
+        except FileExistsError:  # a leftover of a crash, or a planted link: never followed
+            tmp.unlink(missing_ok=True)
+            fd = os.open(tmp, flags, create)
         with os.fdopen(fd, "wb") as out:
             if mode is not None:
                 _exact_mode(fd, mode)
@@ -112,6 +116,7 @@ def atomic_path(
     ends the file there gets ``mode`` (None: as its writer made it), is fsynced and
     published as ``path``. A file the block did not create is an error (FileNotFoundError)."""
     with _renamed_over(Path(path), temp, durable) as tmp:
+        tmp.unlink(missing_ok=True)  # a leftover, or a link its writer would follow
         yield tmp
         if mode is not None or durable:
             fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
