@@ -66,6 +66,37 @@ MAY_IMPORT: dict[str, set[str]] = {
     "hpcckpt": {"hpcckpt.coord", "hpcckpt._version"},
 }
 
+#: The store's rooms from the bottom up (docs/architecture.md, "Inside the store"): a front
+#: module directly under ``store/`` or a sub-package (a subject). A module of the store
+#: imports only its own room and the rooms before it.
+STORE_ORDER = [
+    "hpcckpt.store.errors",
+    "hpcckpt.store.io",
+    "hpcckpt.store.agreement",
+    "hpcckpt.store.tree",
+    "hpcckpt.store.results",
+    "hpcckpt.store.file",
+    "hpcckpt.store.retention",
+    "hpcckpt.store.mirror",
+    "hpcckpt.store.tier",
+    "hpcckpt.store.save",
+    "hpcckpt.store.restore",
+    "hpcckpt.store.export",
+    "hpcckpt.store.options",
+    "hpcckpt.store.store",
+    "hpcckpt.store.catalog",
+]
+#: The front: the modules directly under ``store/`` besides ``__init__`` (the public API).
+STORE_FRONT = {
+    "hpcckpt.store.store",
+    "hpcckpt.store.options",
+    "hpcckpt.store.results",
+    "hpcckpt.store.errors",
+    "hpcckpt.store.agreement",
+    "hpcckpt.store.retention",
+    "hpcckpt.store.catalog",
+}
+
 #: Libraries that load HDF5 or MPI: the wrapper's process must never import them.
 HEAVY = ("h5py", "mpi4py")
 #: Rooms that must stay free of them (transitively): the wrapper and what it uses.
@@ -302,6 +333,81 @@ def _cycle_members(graph: dict[str, list[str]]) -> set[str]:
                 seen.add(node)
                 todo.extend(graph[node])
     return members
+
+
+def store_room(name: str) -> str | None:
+    """The room of STORE_ORDER that store module ``name`` belongs to (None: not in one)."""
+    return next((r for r in STORE_ORDER if name == r or name.startswith(r + ".")), None)
+
+
+def store_violations(graph: dict[str, list[str]]) -> list[str]:
+    """Imports against the store's order, and imports of the store's insides from outside."""
+    wrong = []
+    for name, deps in graph.items():
+        inside = name.startswith("hpcckpt.store.")
+        for dep in deps:
+            if not dep.startswith("hpcckpt.store"):
+                continue
+            if not inside:
+                if dep != "hpcckpt.store" and dep not in STORE_FRONT:
+                    wrong.append(f"{name} imports {dep}: import it from hpcckpt.store")
+                continue
+            if dep == "hpcckpt.store":
+                wrong.append(f"{name} imports the public API: import the defining module")
+                continue
+            mine, theirs = store_room(name), store_room(dep)
+            if mine is None or theirs is None:
+                wrong.append(f"{name} -> {dep}: a module of the store outside STORE_ORDER")
+            elif STORE_ORDER.index(theirs) > STORE_ORDER.index(mine):
+                wrong.append(f"{name} ({mine}) imports {dep} ({theirs}), a room above it")
+    return sorted(wrong)
+
+
+def test_the_store_rooms_import_only_the_rooms_below_them():
+    """Sub-packages and front modules of the store in one order, one way (STORE_ORDER)."""
+    assert not store_violations(GRAPH), "\n".join(store_violations(GRAPH))
+
+
+def test_every_module_directly_under_store_is_the_front():
+    """Only the front lies directly under store/: every other module is in a sub-package."""
+    direct = {
+        name
+        for name, path in MODULES.items()
+        if name.startswith("hpcckpt.store.")
+        and path.parent == PKG / "store"
+        and path.name != "__init__.py"
+    }
+    assert direct == STORE_FRONT, sorted(direct ^ STORE_FRONT)
+    packages = {
+        name
+        for name, path in MODULES.items()
+        if name.startswith("hpcckpt.store.") and path.name == "__init__.py"
+    }
+    assert packages <= set(STORE_ORDER), sorted(packages - set(STORE_ORDER))
+
+
+def test_the_public_api_names_resolve():
+    """Every name hpcckpt.store exports is found where its table says."""
+    import hpcckpt.store as api
+
+    missing = [name for name in api.__all__ if getattr(api, name, None) is None]
+    assert not missing, missing
+
+
+def test_the_store_check_sees_an_upward_import_and_a_reach_inside():
+    """The checks above can fail: io importing the commit, coord reaching into a package."""
+    fake = {
+        "hpcckpt.store.io.blocks": ["hpcckpt.store.save.commit"],
+        "hpcckpt.coord.checkpointer": ["hpcckpt.store.mirror.worker", "hpcckpt.store.options"],
+        "hpcckpt.store.save.commit": ["hpcckpt.store"],
+    }
+    assert store_violations(fake) == [
+        "hpcckpt.coord.checkpointer imports hpcckpt.store.mirror.worker: import it from "
+        "hpcckpt.store",
+        "hpcckpt.store.io.blocks (hpcckpt.store.io) imports hpcckpt.store.save.commit "
+        "(hpcckpt.store.save), a room above it",
+        "hpcckpt.store.save.commit imports the public API: import the defining module",
+    ]
 
 
 def _private(name: str) -> bool:
