@@ -20,7 +20,7 @@ import pytest
 from hpcckpt.coord import calls
 from hpcckpt.rundir.heartbeat import Heartbeat, HeartbeatWriter, read_heartbeats
 from hpcckpt.store.agreement import Call
-from hpcckpt.store.errors import CallTimeout
+from hpcckpt.store.errors import CallMismatch, CallTimeout
 from tests.mpi_helpers import mpi_env, mpirun_cmd
 
 APP = Path(__file__).parent / "apps" / "calls_app.py"
@@ -164,3 +164,43 @@ def test_ranks_past_the_readers_say_less_and_give_up_later(tmp_path):
     watch.waiting(Call("finish"), 3.0)  # not yet: the readers speak first
     with pytest.raises(CallTimeout, match="for the other ranks \\(ranks 0-3 name them\\)"):
         watch.waiting(Call("finish"), 3.0 + calls.LATER)
+
+
+class Agreeing:
+    """In place of a CallAgreement in one process: ``complete`` raises the mismatch it
+    was given, once; ``enter`` completes, then records the call."""
+
+    def __init__(self, mismatch: CallMismatch | None = None) -> None:
+        self.mismatch = mismatch
+        self.entered: list[tuple[str, int | None]] = []
+
+    def complete(self) -> list[int] | None:
+        if self.mismatch is not None:
+            mismatch, self.mismatch = self.mismatch, None
+            raise mismatch
+        return None
+
+    def enter(self, name: str, step: int | None = None) -> None:
+        self.complete()
+        self.entered.append((name, step))
+
+
+def test_calls_that_agree_go_on():
+    agreement = Agreeing()
+    sequence = calls.Calls(agreement)
+    sequence.enter("save", 5)
+    assert sequence.drain() is None and sequence.broken is None
+    assert agreement.entered == [("save", 5)]
+
+
+def test_once_the_ranks_fell_apart_every_later_call_says_so_at_once():
+    agreement = Agreeing(CallMismatch("rank 0 is in save(step=5), rank 1 is in finish()"))
+    sequence = calls.Calls(agreement)
+    with pytest.raises(CallMismatch, match=r"^rank 0 is in save\(step=5\)"):
+        sequence.enter("finish")
+    earlier = r"^the ranks fell apart earlier: rank 0 is in save\(step=5\)"
+    with pytest.raises(CallMismatch, match=earlier):
+        sequence.drain()
+    with pytest.raises(CallMismatch, match=earlier):
+        sequence.enter("close")
+    assert agreement.entered == [], "no call was agreed after the mismatch"
