@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 from hpcckpt.coord import logbook
 from hpcckpt.store.results import RestoreResult, SaveResult
+from hpcckpt.store.store import MirrorWait
 
 MIB = 1 << 20
 
@@ -195,3 +196,27 @@ def test_why_the_run_stops():
     assert logbook.stop_reason("signal", "USR1") == "signal USR1"
     assert logbook.stop_reason("signal", None) == "signal"
     assert logbook.stop_reason("deadline", "USR1") == "deadline"
+
+
+def test_the_wait_for_the_mirror():
+    arrived = MirrorWait(step=59, done=True, seconds=1.26, newest_mirrored=59, error=None)
+    text, fields = logbook.mirror_waited(arrived, "finish")
+    assert text == "mirror: step 59 is on the mirror (finish, waited 1.3 s)"
+    assert fields == {
+        "step": 59,
+        "done": True,
+        "seconds": 1.26,
+        "reason": "finish",
+        "newest_mirrored": 59,
+        "error": None,
+    }
+    late = MirrorWait(step=59, done=False, seconds=300.2, newest_mirrored=None, error="full")
+    text, fields = logbook.mirror_waited(late, "stop")
+    assert text == (
+        "mirror: step 59 did not reach the mirror within 300 s (stop); the mirror holds "
+        "nothing yet from this run; last failure: full; the checkpoint directory keeps it"
+    )
+    assert (fields["done"], fields["newest_mirrored"], fields["error"]) == (False, None, "full")
+    behind = MirrorWait(step=59, done=False, seconds=2.0, newest_mirrored=49, error=None)
+    text, _ = logbook.mirror_waited(behind, "stop")
+    assert "the mirror holds step 49 from this run; the checkpoint directory" in text
