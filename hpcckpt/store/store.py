@@ -228,7 +228,7 @@ class CheckpointStore:
     def free_tier(self) -> None:
         """The run is over: delete this node's copies on the node-local tier, unless the
         last drain failed and they hold a checkpoint the directory lacks (then kept, and
-        said). Nothing without a tier."""
+        said). Collective; nothing without a tier."""
         tier = self.tier
         if tier is not None and tier.holds_newest:
             log.warning(
