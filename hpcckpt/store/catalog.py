@@ -16,7 +16,7 @@ from hpcckpt.store.file.reader import CheckpointReader
 from hpcckpt.store.mirror import copy as mirror
 from hpcckpt.store.mirror.backend import MirrorBackend, MirrorUnavailable
 from hpcckpt.store.retention import checkpoint_chain
-from hpcckpt.store.tree.state_tree import scalar_leaves
+from hpcckpt.store.tree.queries import scalar_leaves
 
 GOOD, BAD, PARTIAL = "good", "bad", "partial"
 REJECTED = "rejected"  # kept aside by the poisoned-state guard, never restored

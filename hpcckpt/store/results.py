@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpcckpt.store.tree.state_tree import KeyDifferences
+from hpcckpt.store.tree.matching import KeyDifferences
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class RestoreResult:
     #: Node-local checkpoints newer than the one restored that could not be, with why.
     local_skipped: tuple[tuple[int, str], ...] = ()
     #: ``restore(strict=False)`` only (a strict one raises instead), as this rank found
-    #: them (key paths, state_tree.KeyDifferences): the state's keys the checkpoint
+    #: them (key paths, matching.KeyDifferences): the state's keys the checkpoint
     #: lacks (left as they were), the checkpoint's keys added to the state's dicts, and
     #: an object's saved keys its state_dict() no longer has (not given to it).
     skipped_keys: tuple[str, ...] = ()

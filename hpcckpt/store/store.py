@@ -342,7 +342,7 @@ class CheckpointStore:
 
         ``strict`` (the default): the state's keys must be the checkpoint's, else
         CheckpointError on every rank naming both sets of keys, before anything is read
-        into the state (:func:`.state_tree.key_differences` says which keys: those of
+        into the state (:func:`.matching.key_differences` says which keys: those of
         every dict at any depth, except an empty one, which takes what the checkpoint
         holds; an object's ``state_dict()`` keys; with ``only``, below those keys).
         ``strict=False`` restores what matches: the state's keys the checkpoint lacks

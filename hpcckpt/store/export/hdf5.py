@@ -33,7 +33,7 @@ import numpy as np
 from hpcckpt.store.file.format import LIBVER
 from hpcckpt.store.file.reader import CheckpointReader
 from hpcckpt.store.io.durability import atomic_path
-from hpcckpt.store.tree.state_tree import scalar_leaves
+from hpcckpt.store.tree.queries import scalar_leaves
 
 EXPORT_FORMAT = "hpcckpt-export"
 EXPORT_VERSION = 1

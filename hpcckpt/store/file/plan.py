@@ -21,7 +21,7 @@ from hpcckpt.store.errors import CheckpointError
 from hpcckpt.store.file.format import FULL, INCREMENTAL
 from hpcckpt.store.io import blocks
 from hpcckpt.store.io.blocks import ChainPolicy, ChainState
-from hpcckpt.store.tree.state_tree import dtensor_pieces, tensor_dtypes
+from hpcckpt.store.tree.queries import dtensor_pieces, tensor_dtypes
 
 __all__ = [
     "ArrayLayout",

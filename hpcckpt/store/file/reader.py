@@ -62,7 +62,7 @@ from hpcckpt.store.file.format import (
 )
 from hpcckpt.store.io import blocks, direct_io, integrity, safety
 from hpcckpt.store.tree import checks as tree_check
-from hpcckpt.store.tree.state_tree import array_paths
+from hpcckpt.store.tree.queries import array_paths
 
 
 def parse_tree(raw: bytes, names: Iterable[str], rank: int, path: Path) -> Any:

@@ -30,7 +30,8 @@ from hpcckpt.store.restore.load import Loader
 from hpcckpt.store.results import RestoreResult
 from hpcckpt.store.tier.node_local import NodeLocalTier
 from hpcckpt.store.tree.encoding import Encoder
-from hpcckpt.store.tree.state_tree import Targets, key_differences
+from hpcckpt.store.tree.matching import key_differences
+from hpcckpt.store.tree.state_tree import Targets
 
 log = logging.getLogger("hpcckpt.store")
 

@@ -27,15 +27,10 @@ from hpcckpt.store.io.blocks import ChainState
 from hpcckpt.store.restore import pieces, read_plan
 from hpcckpt.store.restore.resharding import common_tree, even_split, resolve_ranges
 from hpcckpt.store.tree import tensors
+from hpcckpt.store.tree.matching import check_fits, check_keys, lookup
 from hpcckpt.store.tree.options import Split
-from hpcckpt.store.tree.state_tree import (
-    Targets,
-    check_fits,
-    check_keys,
-    escape,
-    lookup,
-    select_keys,
-)
+from hpcckpt.store.tree.queries import select_keys
+from hpcckpt.store.tree.state_tree import Targets, escape
 
 
 class ReadPath(Protocol):

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hpcckpt.store.errors import CheckpointError
-from hpcckpt.store.tree.state_tree import first_difference
+from hpcckpt.store.tree.matching import first_difference
 
 #: What a rank asks for: ("count", n) rows after the previous rank's, or ("range", lo, hi).
 Request = tuple[Any, ...]

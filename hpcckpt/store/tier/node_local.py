@@ -29,7 +29,8 @@ from hpcckpt.store.tier import rebuild as local_restore
 from hpcckpt.store.tier import redundancy
 from hpcckpt.store.tier.options import TierOptions
 from hpcckpt.store.tree.encoding import Encoder
-from hpcckpt.store.tree.state_tree import Targets, check_fits, check_keys, key_differences
+from hpcckpt.store.tree.matching import check_fits, check_keys, key_differences
+from hpcckpt.store.tree.state_tree import Targets
 
 log = logging.getLogger("hpcckpt.store")
 

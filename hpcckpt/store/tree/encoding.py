@@ -19,8 +19,9 @@ from hpcckpt.store.errors import CheckpointError
 from hpcckpt.store.io import blocks
 from hpcckpt.store.tree import tensors
 from hpcckpt.store.tree.options import ArrayOptions
+from hpcckpt.store.tree.queries import dtensor_pieces
 from hpcckpt.store.tree.replicated import check_and_stand_in
-from hpcckpt.store.tree.state_tree import Targets, decode_into, dtensor_pieces, encode, is_stateful
+from hpcckpt.store.tree.state_tree import Targets, decode_into, encode, is_stateful
 
 
 @dataclass

@@ -22,7 +22,8 @@ from mpi4py import MPI
 
 from hpcckpt.store.errors import CheckpointError
 from hpcckpt.store.io import blocks
-from hpcckpt.store.tree.state_tree import first_difference, subtree
+from hpcckpt.store.tree.matching import first_difference
+from hpcckpt.store.tree.queries import subtree
 
 
 def normalize(names: Iterable[str] | str) -> tuple[str, ...]:

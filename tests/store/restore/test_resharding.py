@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from hpcckpt.store.errors import CheckpointError
 from hpcckpt.store.restore.resharding import common_tree, even_split, resolve_ranges
-from hpcckpt.store.tree.state_tree import encode, first_difference, lookup
+from hpcckpt.store.tree.state_tree import encode
 
 
 @pytest.mark.parametrize("rows, n", [(17, 3), (17, 2), (2, 5), (0, 3), (100, 7)])
@@ -43,29 +42,3 @@ def test_common_tree_takes_equal_trees_and_names_the_first_difference():
     trees = [encode({"t": 1.5, "cfg": {"n": 3, "seed": r}})[0] for r in range(3)]
     with pytest.raises(CheckpointError, match=r"state\['cfg/seed'\].*rank 1 of the 3 ranks.*has 2"):
         common_tree(trees, 3, 2)
-
-
-@pytest.mark.parametrize(
-    "a, b, where",
-    [
-        ({"x": 1}, {"x": 1}, None),
-        ({"x": 1}, {"x": 2}, "x"),
-        ({"x": [1, 2]}, {"x": [1, 3]}, "x/1"),
-        ({"x": [1, 2]}, {"x": [1]}, "x"),
-        ({"a/b": 1}, {"a/b": 2}, "a%2Fb"),
-        ({"x": 1}, {"x": 1, "y": 2}, "y"),
-        ({"g": np.random.default_rng(1)}, {"g": np.random.default_rng(2)}, "g"),
-        ({"u": np.zeros(3)}, {"u": np.ones(5)}, None),  # arrays are compared elsewhere
-    ],
-)
-def test_first_difference(a, b, where):
-    assert first_difference(encode(a)[0], encode(b)[0]) == where
-
-
-def test_lookup_follows_array_paths():
-    u = np.zeros(3)
-    state = {"fields": {"u": u, "a/b": [None, u]}, "l": [1, (2, u)]}
-    tree, arrays = encode(state)
-    for path in arrays:
-        assert lookup(state, path) is u
-    assert lookup(state, "fields/missing") is None and lookup(state, "l/9") is None

@@ -98,21 +98,3 @@ def test_escape_is_reversible_and_path_safe():
         name = escape(key)
         assert "/" not in name and name not in ("", ".", "..")
         assert unescape(name) == key
-
-
-def test_which_keys_a_strict_restore_compares():
-    """Keys of dicts at any depth (int keys too), through lists and tuples position by
-    position; an empty dict takes anything; ``only`` leaves the top level alone."""
-    from hpcckpt.store.tree.state_tree import KeyDifferences, key_differences
-
-    tree, _ = encode({"a": {0: {"x": 1}, 1: 2}, "l": [{"p": 1}, {"q": 2}], "t": ({"m": 1},)})
-    same = {"a": {0: {"x": 0}, 1: 0}, "l": [{"p": 0}, {"q": 0}], "t": ({"m": 0},)}
-    assert key_differences(same, tree) == KeyDifferences() and not KeyDifferences()
-    other = {"a": {0: {"y": 0}, 2: 0}, "l": [{"p": 0}], "t": ({"n": 0},), "z": 0}
-    assert key_differences(other, tree) == KeyDifferences(
-        skipped=("z", "a/2", "a/0/y", "t/0/n"), added=("a/1", "a/0/x", "t/0/m")
-    )
-    assert key_differences({"a": {}, "l": [], "t": None}, tree) == KeyDifferences()
-    assert key_differences({"a": {0: {"y": 0}}, "z": 0}, tree, only=("a",)) == KeyDifferences(
-        skipped=("a/0/y",), added=("a/1", "a/0/x")
-    )

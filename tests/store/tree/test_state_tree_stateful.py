@@ -9,7 +9,7 @@ import torch
 from mpi4py import MPI
 
 from hpcckpt.store.store import CheckpointError, CheckpointStore
-from hpcckpt.store.tree.state_tree import decode_into, encode, first_difference
+from hpcckpt.store.tree.state_tree import decode_into, encode
 
 
 def training(seed: int = 0):
@@ -120,9 +120,3 @@ def test_load_state_dict_refusal_is_a_checkpoint_error_naming_the_key(store):
     store.save(2, {"c": c})
     with pytest.raises(CheckpointError, match=r"state\['c'\]: Picky.load_state_dict refused"):
         store.restore({"c": Picky()})
-
-
-def test_first_difference_finds_keys_inside_objects():
-    a, _ = encode({"o": {0: {"x": 1}}})
-    b, _ = encode({"o": {0: {"x": 2}}})
-    assert first_difference(a, b) == "o/0/x"
