@@ -18,7 +18,8 @@ replicated one, a non-contiguous view, empty and 0-d arrays, arrays whose shapes
 across ranks, Python and numpy scalars, nested dicts, lists and tuples, non-str keys,
 numpy generators and the global random states; with torch, a small model and its AdamW
 after one step, replicated, and a bfloat16 tensor. Step 1 changes a few blocks and
-must come out incremental (``/meta`` ``kind``), else ``save`` fails.
+must come out incremental (``/meta`` ``kind``), else ``save`` fails. ``--staging async`` or
+``cache`` saves through the staged (asynchronous) paths instead.
 
 ``compare`` walks both files of each step: the file (size, mode, superblock bounds),
 every link, group and dataset (object header, type, shape, layout, chunks, filters,
@@ -171,8 +172,13 @@ def change_a_few_blocks(state: dict[str, Any], rank: int, torch: Any) -> None:
         torch.rand(2)
 
 
-def save(directory: Path, detection: str, use_torch: bool) -> None:
-    """Write ckpt-0 (full) and ckpt-1 (incremental) of :func:`build_state` into ``directory``."""
+def save(directory: Path, detection: str, use_torch: bool, staging: str) -> None:
+    """Write ckpt-0 (full) and ckpt-1 (incremental) of :func:`build_state` into ``directory``.
+
+    ``staging``: ``sync`` saves synchronously; ``async`` stages the arrays in host buffers
+    (``async_save=True``); ``cache`` stages them in a node-local directory in /dev/shm
+    (``cache=``), as the staged saves' code paths write the file.
+    """
     from mpi4py import MPI
 
     import hpcckpt
@@ -185,12 +191,17 @@ def save(directory: Path, detection: str, use_torch: bool) -> None:
             torch = None
     comm = MPI.COMM_WORLD
     rank, nranks = comm.Get_rank(), comm.Get_size()
+    if directory.exists() and any(directory.iterdir()):  # every rank sees it: all stop
+        raise SystemExit(f"{directory} is not empty: give a new directory")
     if rank == 0:
-        if directory.exists() and any(directory.iterdir()):
-            raise SystemExit(f"{directory} is not empty: give a new directory")
         print(f"hpcckpt {hpcckpt.__version__} from {Path(hpcckpt.__file__).parent}")
         print(f"{nranks} ranks, torch {'no' if torch is None else torch.__version__}")
     replicated = ["shared", *(["model", "optim"] if torch is not None else [])]
+    staged: dict[str, Any] = {
+        "sync": {},
+        "async": {"async_save": True},
+        "cache": {"cache": f"/dev/shm/{directory.name}-cache"},
+    }[staging]
     ck = hpcckpt.Checkpointer(
         directory,
         comm,
@@ -201,11 +212,14 @@ def save(directory: Path, detection: str, use_torch: bool) -> None:
         block_size=BLOCK,
         min_delta_saving=0,
         change_detection=detection,
+        **staged,
     )
     state = build_state(rank, nranks, torch)
     ck.save(0, state)
+    ck.wait()  # a staged save is committed here; a synchronous one already was
     change_a_few_blocks(state, rank, torch)
     ck.save(1, state)
+    ck.wait()
     ck.finish()
     if rank == 0:
         import h5py
@@ -632,12 +646,13 @@ def main() -> None:
     s.add_argument("directory", type=Path)
     s.add_argument("--detection", default="auto", help="change_detection (auto, kernel, hashes)")
     s.add_argument("--no-torch", action="store_true", help="leave the torch part out")
+    s.add_argument("--staging", choices=("sync", "async", "cache"), default="sync")
     c = sub.add_parser("compare", help="compare the checkpoint files of two directories")
     c.add_argument("a", type=Path)
     c.add_argument("b", type=Path)
     args = ap.parse_args()
     if args.cmd == "save":
-        save(args.directory.absolute(), args.detection, not args.no_torch)
+        save(args.directory.absolute(), args.detection, not args.no_torch, args.staging)
     else:
         sys.exit(compare(args.a, args.b))
 
