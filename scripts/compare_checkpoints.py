@@ -26,9 +26,11 @@ every link, group and dataset (object header, type, shape, layout, chunks, filte
 fill, address in the file, bytes) and every attribute (type, shape, value; JSON text
 compared as parsed JSON). Then it accounts for every byte that differs between the two
 files: inside an ignored value, an object header's timestamps, or a metadata checksum
-over them (HDF5's lookup3, recomputed). It prints every difference and exits 1 if any
-is not ignored. Ignored are only the values that differ between two runs of the same
-code (``IGNORED``, ``CHAIN_UIDS``, ``VERSION``, ``HEADER_TIMES``), each with its reason.
+over them (HDF5's lookup3, recomputed). Last, the directory's entries (kind, mode) and
+its JSON files (events, status, heartbeats) as parsed JSON. It prints every difference
+and exits 1 if any is not ignored. Ignored are only the values that differ between two
+runs of the same code (``IGNORED``, ``CHAIN_UIDS``, ``VERSION``, ``HEADER_TIMES``,
+``MEASURED``), each with its reason.
 """
 
 from __future__ import annotations
@@ -53,6 +55,19 @@ IGNORED = {
 CHAIN_UIDS = {"chain": "the chain's files as [name, step, uid]: the uid is random"}
 #: Ignored only when the two differ (two trees can carry different version strings).
 VERSION = "hpcckpt_version"
+#: Keys of the directory's JSON files (events.jsonl, hpcckpt-status.json, heartbeat/)
+#: that legitimately differ between two runs: clocks, process ids and measured costs.
+MEASURED = {
+    "time": "wall-clock seconds of the event or record",
+    "pid": "the process id of rank 0",
+    "seconds": "a save's measured duration",
+    "blocked_seconds": "a staged save's measured blocking time",
+    "cost_estimate": "the schedule's estimate, from the measured durations",
+    "peak_rss": "measured peak memory of rank 0",
+    "pages_written": "kernel change detection: the pages of a change depend on where the "
+    "arrays lie in memory (compared under --detection hashes)",
+    "bytes_hashed": "kernel change detection: the blocks of those pages re-hashed",
+}
 #: The timestamps HDF5 puts in the object headers of the groups it creates.
 HEADER_TIMES = "object header times"
 #: Why each ignored key may differ, as ``compare`` prints it.
@@ -61,6 +76,7 @@ WHY = {
     **{f"the uids in /meta@{k}": v for k, v in CHAIN_UIDS.items()},
     f"/meta@{VERSION}": "the version string of each tree (ignored only where they differ)",
     HEADER_TIMES: "HDF5's access/modification/change/birth times of a group: wall clock",
+    **{f"JSON files: {k}": v for k, v in MEASURED.items()},
 }
 
 BLOCK = 4096  # small blocks: an incremental file of a small state holds several
@@ -616,8 +632,61 @@ def compare_files(pa: Path, pb: Path, rep: Report) -> None:
         account_bytes(pa, pb, rep)
 
 
+def _masked(value: Any, rep: Report, where: str, other: Any) -> tuple[Any, Any]:
+    """Two parsed JSON values with the MEASURED keys taken out of every object in them."""
+    if isinstance(value, dict) and isinstance(other, dict):
+        a, b = {}, {}
+        for k in value.keys() | other.keys():
+            if k in MEASURED:
+                if value.get(k) != other.get(k):
+                    rep.ignore(f"JSON files: {k}", where, value.get(k), other.get(k))
+                continue
+            if k in value and k in other:
+                a[k], b[k] = _masked(value[k], rep, where, other[k])
+            elif k in value:
+                a[k] = value[k]
+            else:
+                b[k] = other[k]
+        return a, b
+    if isinstance(value, list) and isinstance(other, list):
+        n = min(len(value), len(other))
+        pairs = [_masked(value[i], rep, f"{where}[{i}]", other[i]) for i in range(n)]
+        return [x for x, _ in pairs] + value[n:], [y for _, y in pairs] + other[n:]
+    return value, other
+
+
+def _read_json(path: Path) -> Any:
+    text = path.read_text()
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return json.loads(text)
+
+
+def compare_directory(da: Path, db: Path, rep: Report) -> None:
+    """The directory's entries (kind, mode) and the content of its JSON files."""
+
+    def entries(d: Path) -> dict[str, tuple[str, str]]:
+        return {
+            str(p.relative_to(d)): ("dir" if p.is_dir() else "file", oct(p.stat().st_mode & 0o7777))
+            for p in sorted(d.rglob("*"))
+        }
+
+    ea, eb = entries(da), entries(db)
+    for name in sorted(ea.keys() | eb.keys()):
+        if ea.get(name) != eb.get(name):
+            rep.diff(f"directory/{name}", "kind and mode", ea.get(name), eb.get(name))
+    for name in sorted(ea.keys() & eb.keys()):
+        if name.endswith((".json", ".jsonl")) and ea[name][0] == "file":
+            ja, jb = _masked(_read_json(da / name), rep, name, _read_json(db / name))
+            for d in _json_diffs(ja, jb):
+                rep.diffs.append(f"{name}: JSON {d}")
+
+
 def compare(da: Path, db: Path) -> int:
     """Compare every checkpoint file of two directories; 1 if any difference is not ignored."""
+    for d in (da, db):
+        if not d.is_dir():
+            raise SystemExit(f"{d}: not a directory")
     rep = Report()
     files_a = sorted(p.name for p in da.glob("ckpt-*.h5*"))
     files_b = sorted(p.name for p in db.glob("ckpt-*.h5*"))
@@ -628,12 +697,14 @@ def compare(da: Path, db: Path) -> int:
     for name in sorted(set(files_a) & set(files_b)):
         if name.endswith(".h5"):
             compare_files(da / name, db / name, rep)
+    compare_directory(da, db, rep)
     for key, lines in rep.ignored.items():
         print(f"IGNORED {key} ({WHY[key]}): differs in {len(lines)} place(s), e.g. {lines[0]}")
     for line in rep.diffs:
         print("DIFF", line)
     print(
-        f"{len(files_a)} file(s) compared: {len(rep.diffs)} difference(s); "
+        f"{len(files_a)} checkpoint file(s) and the directory compared: "
+        f"{len(rep.diffs)} difference(s); "
         f"ignored where they differ: {', '.join(WHY)}"
     )
     return 1 if rep.diffs else 0
