@@ -24,9 +24,10 @@ SIGTERM to the launcher (srun and mpirun then take their tasks down), SIGKILL af
 grace period. If the wrapper itself is SIGKILLed, the child gets SIGTERM from the kernel
 (``PR_SET_PDEATHSIG``), and inside Slurm proctrack cleans up anyway.
 
-Over 500 lines on purpose: the main loop and the stop-signal handling (hold, forward,
-duplicates, interrupts) need the child, the status file and the stop request together;
-everything that decides something else lives in the modules imported below.
+This module keeps the process: the main loop, the child, the run's sequence and the
+decision after the step. What becomes of each stop signal (held, forwarded, a duplicate,
+the third interrupt) is :mod:`hpcckpt.job.forwarding`'s; everything else that decides
+lives in the modules imported below, each with a narrow view of the wrapper.
 """
 
 from __future__ import annotations
@@ -36,13 +37,12 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Mapping
 from typing import Any, TextIO
 
 from hpcckpt import procfs
-from hpcckpt.job import delivery, hang, leadtime, poison, relaunch, stalled, step
+from hpcckpt.job import hang, poison, relaunch, stalled, step
 from hpcckpt.job.appmode import AppMode
 from hpcckpt.job.config import (
     EXIT_INTERNAL,
@@ -56,6 +56,7 @@ from hpcckpt.job.config import (
     step_environment,
 )
 from hpcckpt.job.continuation import Continuation
+from hpcckpt.job.forwarding import Forwarding, forward_signal
 from hpcckpt.job.outcome import (
     EXIT_OK,
     Outcome,
@@ -65,15 +66,13 @@ from hpcckpt.job.outcome import (
 )
 from hpcckpt.job.reporting import DETAIL, WARN
 from hpcckpt.job.signal_queue import SignalQueue
-from hpcckpt.job.stop import StopRequest, wall_time
+from hpcckpt.job.stop import StopRequest
 from hpcckpt.job.stops import OwnScheduleMode, WrapperStops, died_by_signal
 from hpcckpt.rundir import events, verbosity
 from hpcckpt.rundir.env import LOG_LEVEL_ENV
-from hpcckpt.rundir.status import FINISHED, RUNNING, STOPPED, RunStatus, read_status
+from hpcckpt.rundir.status import RunStatus, read_status
 from hpcckpt.signames import signal_name
 from hpcckpt.slurm import env as slurm_env
-from hpcckpt.slurm import jobid
-from hpcckpt.slurm.runner import SlurmError
 
 __all__ = ["Wrapper", "run_wrapper"]
 
@@ -101,11 +100,11 @@ class Wrapper:
         self.command: list[str] = list(config.command)  # placed on nodes by --spare-nodes
         # Applications without the API: restart files and the periodic signal.
         self.app = AppMode(self, config, attempt=self.attempt)  # used with --app-signal
-        self._lead_thread: threading.Thread | None = None
         self.hang: hang.HangWatch | None = None  # --hang-timeout (job/hang.py)
         self.node_failures: relaunch.NodeFailures | None = None  # --spare-nodes, node failures
         self.stops: WrapperStops | None = None  # not exec'd, the end-time stop, preemption
         self.own: OwnScheduleMode | None = None  # --restart-files without --app-signal
+        self.forwarding = Forwarding(self)  # each stop request's way to the step
 
     # -- logging -------------------------------------------------------------------------
     def log(self, message: str, level: int = verbosity.NORMAL) -> None:
@@ -146,231 +145,16 @@ class Wrapper:
     @property
     def forward_signal(self) -> signal.Signals:
         """What a stop request becomes for the step: --app-signal, else --signal."""
-        return self.config.app_signal or self.config.stop_signal
+        return forward_signal(self.config)
 
     def own_status(self) -> RunStatus | None:
         status = read_status(self.config.ckpt_dir)
         return status if status is not None and status.attempt == self.attempt else None
 
-    def _when(self, t: float | None) -> str:
-        return "during start-up" if t is None else f"{self.elapsed(t):.1f} s after start"
-
-    def app_ready(self) -> bool:
-        """May a signal reach the application now? (--app-signal: --app-ready after start)"""
-        if self.child is None or self.child.poll() is not None:
-            return False
-        if self.config.app_mode:
-            assert self.child_started is not None
-            return time.monotonic() - self.child_started >= self.config.app_ready
-        status = self.own_status()
-        return status is not None and status.state == RUNNING
-
     def handle_signal(self, signum: int, t: float | None, heard: str | None = None) -> None:
-        """A stop request: a signal, or (``heard``) the wrapper's own end-time stop."""
-        own = heard is not None  # the end-time stop: no signal, no lead time to check
-        name = signal_name(signum) if heard is None else heard
-        if heard is None:
-            heard = f"signal {name} received"
-        when = self._when(t)
-        elapsed = None if t is None else round(self.elapsed(t), 3)
-        note = ""
-        if not own and signum not in (self.config.stop_signal, signal.SIGTERM, signal.SIGINT):
-            note = f" (not the configured --signal {signal_name(self.config.stop_signal)})"
-        if signum == signal.SIGTERM and not own:
-            self.continuing.term_heard = True  # scancel? asked before continuing the job
-        if signum == signal.SIGINT:
-            self.stop.interrupts += 1
-            if self.stop.interrupts >= 3 and self.child is not None and self.child.poll() is None:
-                hard = signal.SIGKILL if self.stop.interrupts >= 4 else signal.SIGTERM
-                self.log(
-                    f"interrupt #{self.stop.interrupts}: sending {signal_name(hard)} to the step "
-                    f"(pid {self.child.pid}); no checkpoint will be taken"
-                )
-                self._kill_child(hard)
-                self.event(events.SIGNAL, name=name, elapsed=elapsed, forwarded=False, killed=True)
-                return
-        if self.stop.under_way or self.stop.held:
-            self.log(
-                f"{heard} {when}{note}; a stop request is already "
-                + (
-                    "held until the application is ready for it"
-                    if self.stop.held
-                    else "under way; not forwarding it again"
-                )
-            )
-            self.event(events.SIGNAL, name=name, elapsed=elapsed, forwarded=False, duplicate=True)
-            if not own:  # Slurm's signal after the end-time stop: was it early enough?
-                self._start_lead_check(wall_time(t))
-            return
-        self.stop.request(name, t)
-        if not own:
-            self._start_lead_check()
-        if self.child is None or self.child.poll() is not None:
-            self.stop.hold()
-            self.log(f"{heard} {when}{note}; held until the step is running")
-            self.event(events.SIGNAL, name=name, elapsed=elapsed, forwarded=False, held=True)
-            return
-        if self.config.app_mode:
-            if self.app_ready():
-                self._stop_app(f"{heard} {when}{note}")
-                self.event(
-                    events.SIGNAL,
-                    name=name,
-                    elapsed=elapsed,
-                    forwarded=True,
-                    as_signal=self._fwd_name(),
-                )
-            else:
-                self.stop.hold()
-                self.log(
-                    f"{heard} {when}{note}; held until the application has run "
-                    f"{self.config.app_ready:g} s (--app-ready)"
-                )
-                self.event(events.SIGNAL, name=name, elapsed=elapsed, forwarded=False, held=True)
-            return
-        status = self.own_status()
-        state = status.state if status is not None else None
-        if state == RUNNING:
-            self._forward(f"{heard} {when}{note}")
-            self.event(
-                events.SIGNAL,
-                name=name,
-                elapsed=elapsed,
-                forwarded=True,
-                as_signal=self._fwd_name(),
-            )
-        elif state in (STOPPED, FINISHED):
-            self.log(
-                f"{heard} {when}{note}; the application already reported {state}; not forwarding"
-            )
-            self.event(events.SIGNAL, name=name, elapsed=elapsed, forwarded=False, app_state=state)
-        else:
-            self.stop.hold()
-            self.log(
-                f"{heard} {when}{note}; held: the application has not "
-                "reported running yet (forwarding as soon as it does)"
-            )
-            self.event(events.SIGNAL, name=name, elapsed=elapsed, forwarded=False, held=True)
-
-    def _fwd_name(self) -> str:
-        return signal_name(self.forward_signal)
-
-    def _send(self, what: str, subject: str = "", sig: signal.Signals | None = None) -> bool:
-        """Send the step (launcher) ``sig`` (default: the forward signal); log it."""
-        assert self.child is not None
-        sig = self.forward_signal if sig is None else sig
-        fwd = signal_name(sig)
-        as_ = "" if fwd == self.stop.name else f" as {fwd}"
-        subject = f"{subject} " if subject else ""
-        try:
-            got = self._deliver(sig)
-        except ProcessLookupError:
-            self.log(f"{what}; the step (pid {self.child.pid}) is already gone")
-            return False
-        self.log(f"{what}; {subject}forwarded{as_} {got.describe()}")
-        return True
-
-    def _deliver(self, sig: signal.Signals) -> delivery.Delivered:
-        """Send ``sig`` to the step's ranks once, by the launcher's safe path (job/delivery)."""
-        assert self.child is not None
-        kind = delivery.launcher_kind(self.command)
-        try:
-            got = delivery.deliver(
-                kind, self.child.pid, sig, job=jobid.target(self.environ), environ=self.environ
-            )
-        except SlurmError as exc:  # scancel failed and no task found on this node
-            self.log(
-                f"warning: cannot deliver {signal_name(sig)} to the tasks: {exc}; not sending it "
-                "to srun (srun kills its tasks on TERM); the application hears of the stop only "
-                "from Slurm at the time limit",
-                WARN,
-            )
-            self.event(
-                events.SIGNAL_DELIVERED, signal=signal_name(sig), path="none", error=str(exc)
-            )
-            return delivery.Delivered("none", [str(self.child.pid)], str(exc))
-        if got.note:
-            self.log(f"note: {got.note}", WARN)
-        if got.path != "launcher":  # a path other than kill(launcher): say which
-            per_node = {"nodes": got.per_node} if got.per_node else {}  # each node's signaller
-            self.event(
-                events.SIGNAL_DELIVERED,
-                signal=signal_name(sig),
-                path=got.path,
-                targets=got.targets,
-                **per_node,
-            )
-        return got
-
-    def _forward(self, what: str, subject: str = "") -> None:
-        self.stop.forward()
-        self._send(what, subject)
-
-    def _stop_app(self, what: str, subject: str = "") -> None:
-        """A stop request for an application without the API (job/appmode.py)."""
-        self.stop.forward()
-        if self.own is not None:  # no signal to send: end the step once no write is under way
-            self.log(f"{what}; {self.own.stop_text()}")
-            return
-        self.app.stop(what, lambda: self._send(what, subject))
-
-    def _forwarded_event(self, held_for: float) -> None:
-        """The event for a held stop request that has now reached the step."""
-        self.event(
-            events.SIGNAL_FORWARDED,
-            name=self.stop.name,
-            as_signal=self._fwd_name(),
-            elapsed=round(self.elapsed(), 3),
-            held_for=round(held_for, 3),
-        )
-
-    def check_held(self) -> None:
-        """While a stop request is held, forward it once the application is ready."""
-        if not self.stop.held or self.child is None:
-            return
-        if self.config.app_mode:
-            if self.app_ready():
-                held_for = self.stop.held_for(self.t0)
-                self._stop_app(
-                    f"the application has run {self.config.app_ready:g} s",
-                    f"{self.stop.name} held for {held_for:.1f} s",
-                )
-                self._forwarded_event(held_for)
-            return
-        status = self.own_status()
-        if status is None:
-            return
-        if status.state == RUNNING:
-            held_for = self.stop.held_for(self.t0)
-            step = f" (step {status.step})" if status.step is not None else ""
-            self._forward(
-                f"application reported running{step} {self.elapsed():.1f} s after start",
-                f"{self.stop.name} held for {held_for:.1f} s",
-            )
-            self._forwarded_event(held_for)
-        else:
-            self.stop.drop()
-            self.log(
-                f"the application reported {status.state} before the held "
-                f"{self.stop.name} could be forwarded; not forwarding"
-            )
-
-    # -- lead time: was the stop signal early enough for a checkpoint? ---------------------
-    def _start_lead_check(self, arrived: float | None = None) -> None:
-        """Check in the background whether Slurm's stop signal (which arrived at
-        ``arrived``, Unix time; default: the stop request's) left time to checkpoint."""
-        job = self.slurm_env.job_id
-        arrived = self.stop.requested_wall if arrived is None else arrived
-        if job is None or self._lead_thread is not None or arrived is None:
-            return
-        self._lead_thread = leadtime.start_check(
-            self,
-            job=job,
-            arrived=arrived,
-            signal_name=signal_name(self.config.stop_signal),
-            ckpt_dir=self.config.ckpt_dir,
-            environ=self.environ,
-        )
+        """A stop request: a signal, or (``heard``) the wrapper's own end-time stop
+        (job/forwarding.py decides what becomes of it)."""
+        self.forwarding.handle(signum, t, heard)
 
     # -- applications without the API (job/appmode.py) --------------------------------------
     def signal_step(self) -> bool:
@@ -378,7 +162,7 @@ class Wrapper:
         if self.child is None:
             return False
         try:
-            self._deliver(self.forward_signal)
+            self.forwarding.deliver(self.forward_signal)
         except ProcessLookupError:
             return False
         return True
@@ -390,10 +174,6 @@ class Wrapper:
         self._terminate_child(reason=reason)
 
     # -- ending the step -------------------------------------------------------------------
-    def _kill_child(self, sig: signal.Signals) -> None:
-        if self.child is not None:
-            step.send(self.child, sig)
-
     def _terminate_child(self, reason: str = "") -> dict[str, Any]:
         """Take the step down (:func:`hpcckpt.job.step.take_down`); what it took."""
         child = self.child
@@ -449,14 +229,15 @@ class Wrapper:
                 self.handle_signal(*got)
             if self.stops is not None:
                 self.stops.tick()  # the wrapper's own end-time stop (job/stops.py)
-            self.check_held()
+            self.forwarding.check_held()
             if self.own is not None:
                 self.own.tick()
             elif self.config.app_mode:
                 assert self.child is not None
                 self.app.tick(
-                    may_signal=not (self.stop.forwarded or self.stop.held) and self.app_ready(),
-                    signal=self._fwd_name(),
+                    may_signal=not (self.stop.forwarded or self.stop.held)
+                    and self.forwarding.app_ready(),
+                    signal=signal_name(self.forward_signal),
                     pid=self.child.pid,
                 )
             self._check_hang()
@@ -555,7 +336,8 @@ class Wrapper:
         prepare_ckpt_dir(cfg.ckpt_dir)
         self.own = OwnScheduleMode(self) if cfg.own_schedule else None
         where = f"Slurm job {self.slurm_env.job_id}" if self.slurm_env.in_job else "outside Slurm"
-        mode = f"; application signal {self._fwd_name()}" if cfg.app_mode else ""
+        app_signal = signal_name(self.forward_signal)
+        mode = f"; application signal {app_signal}" if cfg.app_mode else ""
         if self.own is not None:
             mode = "; the application takes no signal"
         self.log(
@@ -599,9 +381,9 @@ class Wrapper:
         code = self._after_step(self.wait_child(), extra)
         while (got := self.signals.pop()) is not None:  # e.g. TERM while scontrol requeue ran
             signum, t = got
-            self.log(f"signal {signal_name(signum)} received {self._when(t)}; step already ended")
-        if self._lead_thread is not None:
-            self._lead_thread.join(timeout=2.0)
+            when = self.forwarding.when(t)
+            self.log(f"signal {signal_name(signum)} received {when}; step already ended")
+        self.forwarding.join_lead_check(2.0)
         return code
 
     def _after_step(self, rc: int, extra: Mapping[str, str]) -> int:
