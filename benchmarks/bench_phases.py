@@ -36,10 +36,22 @@ import _util  # noqa: E402
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-#: (module, attribute holder, name, label, top level?): the steps timed. Rows of an older
-#: store's layout (before the split into commit/restore/load, 2026-11-26) keep its labels,
-#: so both codes can be timed by this file and compared row by row.
+#: (module, attribute holder, name, label, top level?): the steps timed. The store's
+#: sub-packages (2026-11-27) come first; rows of older layouts (the flat store, and before
+#: the split into commit/restore/load, 2026-11-26) keep their labels, so every code can be
+#: timed by this file and compared row by row.
 SAVE = [
+    ("tree.encoding", "Encoder", "encode", "encode + agree", True),
+    ("save.commit", "Saver", "_chain_intact", "chain intact? (rank 0)", False),
+    ("save.commit", "Saver", "_prepare_directory", "directory ready (rank 0)", False),
+    ("save.commit", "Saver", "_prepare", "prepare (1-2)", False),
+    ("save.commit", None, "write_file", "plan + create (3a)", True),
+    ("save.commit", "Saver", "_write_data", "write + fsync (3b)", True),
+    ("save.commit", "Saver", "_agree_or_discard", "every rank wrote (4)", True),
+    ("save.commit", "Saver", "_commit", "commit agreed (5)", True),
+    ("file.writer", None, "_create", "create the file (rank 0)", False),
+    ("io.safety", None, "set_mode", "set the file's mode", True),
+    ("io.durability", None, "publish", "rename + fsync dir (rank 0)", False),
     ("encoding", "Encoder", "encode", "encode + agree", True),
     ("commit", "Saver", "_chain_intact", "chain intact? (rank 0)", False),
     ("commit", "Saver", "_prepare_directory", "directory ready (rank 0)", False),
@@ -62,6 +74,18 @@ SAVE = [
     ("store", "CheckpointStore", "_commit", "commit agreed (5)", True),
 ]
 RESTORE = [
+    ("restore.fallback", "Restorer", "_listing", "list + mark (rank 0) + bcast", True),
+    ("restore.fallback", "Restorer", "_died_reading", "leave the marker (rank 0)", False),
+    ("restore.load", "Loader", "load", "load", False),
+    ("restore.load", "Loader", "_plans", "validate + plan (rank 0) + scatter", True),
+    ("restore.load", "Loader", "_chain_state", "chain state (hashes)", True),
+    ("tree.encoding", "Encoder", "decode", "decode + agree", True),
+    ("file.reader", "CheckpointReader", "__init__", "open + validate", False),
+    ("file.heap_check", None, "check_global_heaps", "check global heaps", False),
+    ("restore.read_plan", None, "plans", "every rank's plan (rank 0)", False),
+    ("restore.read_plan", "PlanReader", "__init__", "open + read the hash rows", True),
+    ("restore.read_plan", "PlanReader", "tree", "read + check the tree", True),
+    ("io.direct_io", None, "read_hashed", "read + hash the data", True),
     ("restore", "Restorer", "_listing", "list + mark (rank 0) + bcast", True),
     ("restore", "Restorer", "_died_reading", "leave the marker (rank 0)", False),
     ("load", "Loader", "load", "load", False),
@@ -120,8 +144,9 @@ def install(clock: Clock) -> None:
                 mod = importlib.import_module(f"hpcckpt.store.{module}")
             except ModuleNotFoundError:  # an older store: its rows stay empty
                 continue
-            holder = getattr(mod, cls) if cls else mod
-            if hasattr(holder, name):  # an older store may lack a step: its row stays empty
+            holder = getattr(mod, cls, None) if cls else mod
+            # an older store may lack a step, a newer one a module: its row stays empty
+            if holder is not None and hasattr(holder, name):
                 clock.wrap(holder, name, label)
 
 
