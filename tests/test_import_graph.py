@@ -410,6 +410,20 @@ def test_the_store_check_sees_an_upward_import_and_a_reach_inside():
     ]
 
 
+#: The most lines a module may have: past it, a module holds more than one idea (split it
+#: along a seam, as docs/structure.md's map shows).
+MAX_LINES = 700
+
+
+def test_no_module_is_over_the_line_limit():
+    long = {
+        str(path.relative_to(ROOT)): n
+        for path in MODULES.values()
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
 def _private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
