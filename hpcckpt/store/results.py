@@ -27,12 +27,12 @@ class SaveResult:
     staging: str | None = None
     staging_bytes: int = 0
     #: Synchronous saves: "direct" or "buffered", and the choice made after it, if any
-    #: (:mod:`.write_path`: the rates measured, the path kept).
+    #: (:mod:`.io.write_path`: the rates measured, the path kept).
     write_path: str | None = None
     write_decision: dict[str, Any] | None = None
     #: "directory" (committed there), or "cache": a node-local checkpoint only.
     tier: str = "directory"
-    #: How the changed blocks were found: "kernel" (written pages, :mod:`.write_tracking`)
+    #: How the changed blocks were found: "kernel" (written pages, :mod:`.save.write_tracking`)
     #: or "hashes" (every block hashed); the most pages the kernel reported, bytes hashed
     #: and seconds scanning on a rank.
     change_detection: str = "hashes"

@@ -3,5 +3,6 @@ planning where each rank's bytes lie, creating the HDF5 file, and reading it bac
 every check before trusting it (descriptions, global heaps).
 
 May import :mod:`hpcckpt.store.io`, :mod:`hpcckpt.store.tree` and
-:mod:`~hpcckpt.store.errors`; no MPI.
+:mod:`~hpcckpt.store.errors`; MPI only in the writer (rank 0 creates the file, the
+ranks agree on it), so the readers serve the one-process command-line tools.
 """

@@ -1,8 +1,8 @@
 """The checkpoint file's format: its name and version, HDF5 object formats, the names of its
 groups, datasets and attributes, and the bounds past which a value is damage.
 
-One home for what the writer (:mod:`.checkpoint_file`) and the readers (:mod:`.reader`,
-:mod:`.descriptions`, :mod:`.read_plan`) must agree on; documented in docs/format.md.
+One home for what the writer (:mod:`.file.writer`) and the readers (:mod:`.file.reader`,
+:mod:`.file.descriptions`, :mod:`.restore.read_plan`) must agree on; documented in docs/format.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Read one checkpoint file with plain h5py, in one process, validating before trusting it.
 
 No MPI here: a restore's rank 0 validates the file with it and sends the other ranks
-their read plans (:mod:`.read_plan`); every rank opens it only to reshard; and the
+their read plans (:mod:`.restore.read_plan`); every rank opens it only to reshard; and the
 command-line tools read checkpoints without mpirun. Every attribute that sizes a read
 (rank offsets, rank shapes, the number of ranks) is checked against the dataset shapes
 and the file size first, so a crafted or damaged file raises :class:`CorruptCheckpoint`
@@ -16,8 +16,8 @@ is present, not marked bad and the very file it was written against (by uid), an
 each block in the chain, verifying every block against its hash.
 
 How arrays are described (one ``/meta`` attribute in format version 4, attributes of
-each dataset in versions 1-3) is read and checked by :mod:`.descriptions`; the format's
-names and version are :mod:`.format`'s.
+each dataset in versions 1-3) is read and checked by :mod:`.file.descriptions`; the format's
+names and version are :mod:`.file.format`'s.
 
 Over 500 lines on purpose: verifying and reading a checkpoint (per-rank slices,
 resharding, checksums) is one path a restore follows end to end.
@@ -88,7 +88,7 @@ class CheckpointReader:
         self, path: str | os.PathLike[str], *, resolve_chain: bool = True, direct_io: bool = False
     ) -> None:
         """``direct_io``: read array bytes that are not in the page cache past it (see
-        :func:`.direct_io.read_hashed`), as the store does where its saves write so."""
+        :func:`.io.direct_io.read_hashed`), as the store does where its saves write so."""
         self.path = Path(path)
         self.direct_io = direct_io
         self._members: list[CheckpointReader] = []

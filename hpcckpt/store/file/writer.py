@@ -96,7 +96,7 @@ class Written:
 class DeferredHashes:
     """Block hashes computed while a rank's array bytes are written, not before.
 
-    ``progress(i, n)`` (for :func:`.direct_io.write_extents`) hashes what extent ``i``
+    ``progress(i, n)`` (for :func:`.io.direct_io.write_extents`) hashes what extent ``i``
     has handed on; ``before(i)`` completes every hash and the rank's checksum row when
     extent ``i`` is the first that holds them (they come after the array bytes).
     """
@@ -146,7 +146,7 @@ def write_file(
     handles data or metadata of the others: three collectives, whatever the rank count.
     ``Written.extents`` is this rank's part of the file (its state tree, its row of
     checksums, its block hashes, its arrays' bytes or changed blocks and their index
-    rows), written by :func:`.direct_io.write_extents` or a staged save's writer.
+    rows), written by :func:`.io.direct_io.write_extents` or a staged save's writer.
 
     ``alignment`` is the HDF5 (threshold, interval) in bytes from
     :mod:`hpcckpt.store.io.filesystem`. Every rank hashes its arrays' blocks (one pass

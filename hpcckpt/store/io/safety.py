@@ -13,8 +13,8 @@
   refused before HDF5 writes, and a failed write into a full file system (MPI-IO
   reports only "file write failed") becomes a message naming ENOSPC and the directory.
 
-A file's contents are checked elsewhere: HDF5's global heaps by :mod:`.heap_check`,
-state trees by :mod:`.tree_check`.
+A file's contents are checked elsewhere: HDF5's global heaps by :mod:`.file.heap_check`,
+state trees by :mod:`.tree.checks`.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ while every file of its chain is, with those uids.
 
 Every function is one process, no MPI (rank 0's background worker, restore on rank 0,
 and the ``hpcckpt mirror`` commands use them). Backends raise
-:class:`~.mirror_backend.MirrorUnavailable` when the mirror cannot be reached.
+:class:`~.mirror.backend.MirrorUnavailable` when the mirror cannot be reached.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 After a commit, the store's rank 0 hands the checkpoint to :class:`MirrorWorker`
 (``committed``; :class:`~hpcckpt.store.store.CheckpointStore` owns the worker); the
-thread uploads it (:func:`.mirror.upload`: verified, manifest last), then applies the
+thread uploads it (:func:`.mirror.copy.upload`: verified, manifest last), then applies the
 mirror's retention. One writer per checkpoint: the checkpoint is one file, already
 durable in the directory, so one sequential stream reads it once and no rank waits.
 Only the newest checkpoint waiting counts: a newer one replaces an older one not yet

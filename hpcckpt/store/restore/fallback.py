@@ -2,10 +2,10 @@
 
 The sequence (docs/format.md, "Restore"): list the directory's committed checkpoints,
 newest first, skipping those marked bad; take a node-local copy instead when the tier
-has one newer than all of them (:mod:`.local_tier`); guard each read against a crash of
+has one newer than all of them (:mod:`.tier.node_local`); guard each read against a crash of
 HDF5 itself (a marker only a completed read removes); read and verify it
-(:mod:`.load`); mark one that fails bad (never delete it) and fall back to the next.
-With a mirror (:mod:`.mirror`), its good checkpoints the directory lacks join the list:
+(:mod:`.restore.load`); mark one that fails bad (never delete it) and fall back to the next.
+With a mirror (:mod:`.mirror.copy`), its good checkpoints the directory lacks join the list:
 rank 0 pulls one (and its chain) into the directory, checked against its manifest, when
 its turn comes, so the newest good checkpoint of either tier wins; a copy that fails
 is marked bad on the mirror too.

@@ -2,10 +2,10 @@
 rank count or the rows changed.
 
 Two paths (docs/format.md, "Restore"): the *planned* read, when every rank takes what it
-saved: rank 0 validates the file once (:mod:`.reader`) and scatters each rank's read
-plan (:mod:`.read_plan`), so the other ranks read with ``pread`` and never parse HDF5
+saved: rank 0 validates the file once (:mod:`.file.reader`) and scatters each rank's read
+plan (:mod:`.restore.read_plan`), so the other ranks read with ``pread`` and never parse HDF5
 metadata; and the *general* read, where every rank opens the file to take other rows
-(:mod:`.resharding`). Either way the ranks agree on what they found
+(:mod:`.restore.resharding`). Either way the ranks agree on what they found
 (:meth:`.Agreement.findings`): damage is a CorruptCheckpoint (the caller falls back to
 an older checkpoint), a checkpoint that cannot fit this run is :class:`.Refused`.
 """

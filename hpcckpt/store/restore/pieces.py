@@ -1,6 +1,6 @@
 """Any box of a DTensor's global array, read from the pieces a checkpoint stores of it.
 
-A checkpoint stores each DTensor as the writing ranks' pieces (:mod:`.sharded`). A restore
+A checkpoint stores each DTensor as the writing ranks' pieces (:mod:`.tree.sharded`). A restore
 on any mesh, any rank count, asks for this rank's new box: for every stored piece that
 overlaps it, only the piece's elements from the first to the last one of the overlap are
 read (rounded out to whole blocks, each checked against its block hash), seen as the

@@ -67,7 +67,8 @@ def plans(reader: CheckpointReader) -> list[RankPlan] | None:
     """Every rank's plan of a validated, open checkpoint; None when some part cannot be
     read as raw bytes (format version 1, or a dataset HDF5 would have to convert), or
     when the checkpoint holds DTensors: each rank reads the boxes of its new shards from
-    the pieces other ranks stored (:mod:`.pieces`), which a plan of its own bytes cannot say.
+    the pieces other ranks stored (:mod:`.restore.pieces`), which a plan of its own bytes
+    cannot say.
 
     O(p) on the one process that calls it: what is the same for every rank is computed
     once, and each rank's numbers come from numpy columns over the ranks.

@@ -1,6 +1,6 @@
 """How a synchronous save finds the blocks that changed: told by the kernel, or by hashing.
 
-With ``"kernel"`` tracking (:mod:`.write_tracking`), an incremental save takes the
+With ``"kernel"`` tracking (:mod:`.save.write_tracking`), an incremental save takes the
 previous checkpoint's block hashes and hashes again only the blocks the kernel saw
 written, so it never reads unchanged memory. Arrays the kernel cannot vouch for
 (shared or file-backed memory, new or moved arrays, a region whose scan failed) are

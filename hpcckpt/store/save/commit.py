@@ -4,7 +4,7 @@ One save, all ranks taking part (docs/format.md):
 
 1. every rank encodes its state while rank 0 checks that the last checkpoint's chain
    is intact (reading the directory only); one reduction agrees on both
-   (:mod:`.encoding`);
+   (:mod:`.tree.encoding`);
 2. rank 0 creates the directory (owner-only), removes ``*.partial`` leftovers and
    checks the free space, right before step 3 and within its agreement; on the first
    save it also applies the file-system tuning (``lfs setstripe`` on Lustre);
@@ -12,26 +12,26 @@ One save, all ranks taking part (docs/format.md):
    datasets allocated, from every rank's specs (a gather; plain HDF5, no MPI-IO); every
    rank learns its offsets (a bcast, which also carries step 2's outcome, and a prefix
    sum) and writes its own part (tree, checksums, block hashes, array bytes:
-   ``O_DIRECT`` where the file system takes it, :mod:`.direct_io`) and fsyncs;
+   ``O_DIRECT`` where the file system takes it, :mod:`.io.direct_io`) and fsyncs;
 4. the ranks agree that every one of them succeeded (one reduction); if not, rank 0
    deletes the partial file and every rank raises;
 5. rank 0 renames it to ``ckpt-<step>.h5`` and fsyncs the directory (the file itself
    is durable already: every rank fsynced it after its last write, rank 0 after
    creating it and setting its mode, and step 4 agreed that every fsync succeeded);
-   a ``.bad`` mark of a file it replaced is removed (:func:`.layout.clear_marks`).
+   a ``.bad`` mark of a file it replaced is removed (:func:`.file.layout.clear_marks`).
 
 Only step 5 makes the checkpoint visible, so a crash at any moment leaves either the
 previous set of checkpoints or the previous set plus this complete one.
 
 A *staged* save (:meth:`Saver.begin_save`) runs steps 1-2, copies the state to a
-staging area (:mod:`.staging_modes`), creates the ``.partial`` file with all its
+staging area (:mod:`.save.staging_modes`), creates the ``.partial`` file with all its
 metadata and returns; a thread per rank writes the array bytes and fsyncs.
 :meth:`Saver.finish_save` then runs steps 4-5.
 
 Saves are incremental by default: each rank remembers the block hashes of the last
-committed (or restored) checkpoint (:class:`~.blocks.ChainState`) and the next save
+committed (or restored) checkpoint (:class:`~.io.blocks.ChainState`) and the next save
 writes only the blocks whose hash changed, into a file that names the files it is built
-on (its chain), within the bounds of :class:`~.blocks.ChainPolicy`.
+on (its chain), within the bounds of :class:`~.io.blocks.ChainPolicy`.
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ class Saver:
         self.rank, self.nranks = agreement.rank, agreement.nranks
         self.block_size = int(incremental.block_size)  # type: ignore[arg-type]
         self.chain_policy = incremental.chain_policy
-        #: How synchronous saves find changed blocks (:mod:`.change_detection`).
+        #: How synchronous saves find changed blocks (:mod:`.save.change_detection`).
         self.changes = ChangeDetector(incremental.change_detection)
         #: This rank's hashes of the last committed or restored checkpoint (None: next is full).
         self.last: ChainState | None = None
@@ -391,7 +391,7 @@ class Saver:
         """This rank's way to stage ``arrays`` in host memory within its budget.
 
         Raises StagingRefused on every rank when any rank is too short of memory
-        (:mod:`.staging_budget`): then nothing is staged, nothing written.
+        (:mod:`.save.staging_budget`): then nothing is staged, nothing written.
         """
         comm = self.agreement.comm
         if self._local_ranks is None:
@@ -535,7 +535,7 @@ class Saver:
 
     def _write_data(self, partial: Path, written: Written, direct: bool) -> BaseException | None:
         """Step 3b: this rank writes its part into the created ``.partial`` and fsyncs it
-        (:mod:`.direct_io`), hashing its arrays meanwhile if they were not hashed yet;
+        (:mod:`.io.direct_io`), hashing its arrays meanwhile if they were not hashed yet;
         the error it met, for the agreement."""
         hashing = written.hashing
         try:
@@ -588,7 +588,7 @@ class Saver:
 
     def _clear_marks(self, final: Path) -> str | None:
         """Rank 0, after the rename: the marks of the file ``final`` replaced are removed
-        (a failure is only logged: a mark left there is ignored, :func:`.layout.read_bad`)."""
+        (a failure is only logged: a mark left there is ignored, :func:`.file.layout.read_bad`)."""
         try:
             return layout.clear_marks(final)
         except OSError as exc:

@@ -8,7 +8,7 @@ the background write of the created file's extents. The modes:
 
 - :class:`HostCopy`: into host buffers reused from save to save, hashed while copied;
 - :class:`Pieces`: a state larger than the staging budget, copied piece by piece through
-  a ring of buffers while earlier pieces are written (:mod:`.staging_budget`);
+  a ring of buffers while earlier pieces are written (:mod:`.save.staging_budget`);
 - :class:`NodeLocal`: into this rank's files on the node-local tier, which survive a
   crash of the job's processes;
 - :class:`Redrain`: a copy already on the node-local tier (just restored, or the newest

@@ -356,7 +356,7 @@ def remove(
 
 
 def set_aside_file(manifest: Path) -> bool:
-    """Rename a node-local manifest found damaged (:func:`.layout.set_aside_name`); whether
+    """Rename a node-local manifest found damaged (:func:`.file.layout.set_aside_name`); whether
     this call did (False: it was gone already)."""
     try:
         rename(manifest, manifest.with_name(layout.set_aside_name(manifest.name)), durable=False)

@@ -1,8 +1,8 @@
 """The node-local tier of a store: checkpoints in a node-local directory, sealed with
 their redundancy across nodes, and restored from there when newer than the directory's.
 
-The files themselves are :mod:`.fast_tier`'s (copies) and :mod:`.redundancy`'s (partner
-copies, XOR parity); moving and rebuilding copies is :mod:`.local_restore`'s. This
+The files themselves are :mod:`.tier.copies`'s (copies) and :mod:`.tier.redundancy`'s (partner
+copies, XOR parity); moving and rebuilding copies is :mod:`.tier.rebuild`'s. This
 module is the collective sequence around them, and :class:`NodeLocalTier` holds all
 that the tier knows of its copies: whether one is newer than the directory's newest
 checkpoint, which step that is, the copy a drain reads, the files set aside.

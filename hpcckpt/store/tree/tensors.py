@@ -38,7 +38,7 @@ def _torch() -> Any:
 
 def _host(tensor: Any) -> Any:
     """A detached CPU tensor of ``tensor``'s values, with conjugate/negative bits resolved
-    (another device's through host staging: :func:`.devices.to_host`)."""
+    (another device's through host staging: :func:`.tree.devices.to_host`)."""
     return devices.to_host(tensor).resolve_conj().resolve_neg()
 
 
