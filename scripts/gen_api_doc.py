@@ -33,7 +33,7 @@ SECTIONS: list[tuple[str, str, list[str], str]] = [
     ),
     (
         "What `save` returns and what it raises",
-        "hpcckpt.store.store",
+        "hpcckpt.store",
         ["SaveResult", "CheckpointError"],
         "",
     ),

@@ -68,6 +68,7 @@ _HOMES: dict[str, str] = {
     "Split": "options",
     "fields_of": "options",
     "route": "options",
+    "TuningOptions": "io.filesystem",
     # errors
     "CheckpointError": "errors",
     "CorruptCheckpoint": "errors",
