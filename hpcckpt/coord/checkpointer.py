@@ -24,7 +24,7 @@ from mpi4py import MPI
 
 from hpcckpt.coord import logbook
 from hpcckpt.coord.calls import Calls, Patience
-from hpcckpt.coord.endtime import JobEnd
+from hpcckpt.coord.endtime import JobEnd, mirror_wait_bound
 from hpcckpt.coord.levels import Levels
 from hpcckpt.coord.options import CheckpointerOptions, init_signature
 from hpcckpt.coord.record import RunRecord
@@ -265,13 +265,25 @@ class Checkpointer:
         return self.schedule.interval
 
     # -- helpers -----------------------------------------------------------------
-    def _mirror_wait(self, reason: str) -> None:
+    def _mirror_wait(self, reason: str, step: int | None) -> None:
         """Rank 0: the newest checkpoint on its way to the mirror, waited for up to
-        ``mirror_wait`` seconds; the ``mirror_wait`` event says whether it arrived."""
-        waited = self.store.mirror_wait()
+        ``mirror_wait`` seconds, cut to end in time for the wrapper's requeue before the
+        job's end (:func:`~hpcckpt.coord.endtime.mirror_wait_bound`); the ``mirror_wait``
+        event says whether it arrived."""
+        if self.store.mirroring is None:
+            return
+        wait = float(self.store.options.mirror.mirror_wait)  # type: ignore[arg-type]
+        end, now = self.deadline.end_time, time.time()
+        bound = mirror_wait_bound(wait, end, now)
+        cut = None
+        if end is not None and bound < wait:
+            cut = logbook.MirrorCut(wait, bound, end, end - now)
+            if step is not None:
+                log.info("%s", logbook.mirror_cut(cut, step, reason, self.directory))
+        waited = self.store.mirror_wait(bound)
         if waited is None:
             return
-        line, fields = logbook.mirror_waited(waited, reason)
+        line, fields = logbook.mirror_waited(waited, reason, self.directory, cut)
         (log.info if waited.done else log.warning)("%s", line)
         self.record.event(job_events.MIRROR_WAIT, **fields)
 
@@ -329,6 +341,8 @@ class Checkpointer:
             self._redrain(result.step, state)
             self._last_save_time = time.monotonic()
         self._last_save_step = result.step
+        if result.source == "directory":
+            self.store.mirror_wait(0)  # rank 0: a stop's checkpoint the mirror lacks goes there
         return result.step
 
     def due(self, step: int) -> bool:
@@ -550,7 +564,7 @@ class Checkpointer:
         self._stop_requested = True
         sig = self._signals.received
         why = logbook.stop_reason(stop, sig.name if sig else None)
-        self._mirror_wait("stop")  # rank 0, before the wrapper hears of the stop
+        self._mirror_wait("stop", step)  # rank 0, before the wrapper hears of the stop
         self.record.status(job_status.STOPPED, step, why)
         self.record.event(job_events.STOP, step=step, reason=stop, signal=sig.name if sig else None)
         log.info("stop requested (%s): checkpoint of step %d committed, leaving", why, step)
@@ -566,7 +580,7 @@ class Checkpointer:
         self.comm.Barrier()
         self.store.free_tier()  # the job is done: the node's memory or disk
         self._finished = True
-        self._mirror_wait("finish")
+        self._mirror_wait("finish", self._last_save_step)
         self.store.close()
         self.record.status(job_status.FINISHED, self._last_save_step, "finish() called")
         self.record.event(

@@ -12,13 +12,25 @@ import time
 
 from hpcckpt import slurm
 from hpcckpt.coord.options import CheckpointerOptions
-from hpcckpt.policy import Deadline
+from hpcckpt.policy import Deadline, requeue_lead
 from hpcckpt.store.agreement import Agreement
 
 log = logging.getLogger("hpcckpt")
 
 #: How often rank 0 asks Slurm again for the job's end time (seconds).
 REFRESH = 300.0
+
+
+def mirror_wait_bound(wait: float, end_time: float | None, now: float) -> float:
+    """Seconds a stop or ``finish()`` may wait for the mirror: ``wait``, cut so that the
+    ranks are done :func:`~hpcckpt.policy.requeue_lead` seconds before the job's end time
+    (never below 0; ``wait`` when there is no end time), the time the wrapper needs after
+    them to take the step down and requeue the job. Slurm's ``KillWait`` is not counted:
+    the job must be requeued before its end, not in Slurm's grace after its TERM, and rank
+    0 does not ask the controller for it at a stop."""
+    if end_time is None:
+        return wait
+    return max(0.0, min(wait, end_time - now - requeue_lead()))
 
 
 class JobEnd:

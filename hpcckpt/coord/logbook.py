@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpcckpt.policy import requeue_lead
 from hpcckpt.policy.durations import format_duration
 from hpcckpt.rundir import events as job_events
 from hpcckpt.rundir import verbosity
@@ -229,20 +230,51 @@ def restored(
     return line, [*events, (job_events.RESTORE, fields)]
 
 
-def mirror_waited(waited: MirrorWait, reason: str) -> tuple[str, dict[str, Any]]:
+@dataclass(frozen=True)
+class MirrorCut:
+    """A mirror wait cut short for the job's end time: ``mirror_wait`` as set (``wait``),
+    the seconds it was cut to (``bound``), and the job's end time (Unix seconds) and the
+    seconds to it when the wait began (``left``)."""
+
+    wait: float
+    bound: float
+    job_end: float
+    left: float
+
+
+def mirror_cut(cut: MirrorCut, step: int, reason: str, where: Path | str) -> str:
+    """The line, before the wait, of a mirror wait cut for the job's end time."""
+    after = "take the step down and requeue the job" if reason == "stop" else "end the job"
+    return (
+        f"mirror wait cut to {cut.bound:.0f} s (mirror_wait {cut.wait:g} s): the job ends in "
+        f"{cut.left:.0f} s and the wrapper needs {requeue_lead():g} s after the ranks to "
+        f"{after}; step {step} stays in {where} and is copied by the next run if it does not "
+        "reach the mirror by then"
+    )
+
+
+def mirror_waited(
+    waited: MirrorWait,
+    reason: str,
+    where: Path | str | None = None,
+    cut: MirrorCut | None = None,
+) -> tuple[str, dict[str, Any]]:
     """The line (info when it arrived, else a warning) and the ``mirror_wait`` event of a
-    ``finish()`` or stop that waited for the newest checkpoint to reach the mirror."""
+    ``finish()`` or stop that waited for the newest checkpoint to reach the mirror;
+    ``where``: the checkpoint directory, ``cut``: how the wait was cut for the job's end."""
     step, seconds = waited.step, waited.seconds
+    why = reason if cut is None else f"{reason}, cut for the job's end in {cut.left:.0f} s"
     if waited.done:
-        line = f"mirror: step {step} is on the mirror ({reason}, waited {seconds:.1f} s)"
+        line = f"mirror: step {step} is on the mirror ({why}, waited {seconds:.1f} s)"
     else:
         newest = waited.newest_mirrored
         have = "nothing yet" if newest is None else f"step {newest}"
         line = (
-            f"mirror: step {step} did not reach the mirror within {seconds:.0f} s ({reason}); "
+            f"mirror: step {step} did not reach the mirror within {seconds:.0f} s ({why}); "
             f"the mirror holds {have} from this run"
             + (f"; last failure: {waited.error}" if waited.error else "")
             + "; the checkpoint directory keeps it"
+            + ("" if where is None else f" ({where}) and the next run copies it")
         )
     fields = {
         "step": step,
@@ -252,6 +284,8 @@ def mirror_waited(waited: MirrorWait, reason: str) -> tuple[str, dict[str, Any]]
         "newest_mirrored": waited.newest_mirrored,
         "error": waited.error,
     }
+    if cut is not None:
+        fields.update(cut_to=round(cut.bound, 3), job_end=cut.job_end)
     return line, fields
 
 

@@ -14,7 +14,8 @@ however the step ends. So the wrapper ends the step only
   cannot time it, Slurm ends the run as it returns) that Slurm's ``KillWait`` after its
   own TERM at the limit does not already give, plus 5 s for end times in whole seconds
   and a poll. A write under way then may finish when its measured duration says it ends
-  before the end time (and it has not yet taken three times that long).
+  before the end time (and it has not yet taken three times that long). These margins
+  live in :func:`hpcckpt.policy.requeue_lead`, which a stop's mirror wait shares.
 
 Never before the application's first write when there is time for it: with no write seen
 in a run, only the latest stop ends it. The numbers: the write period (median of the last
@@ -31,14 +32,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hpcckpt.policy import requeue_lead
+from hpcckpt.policy.deadline import END_SLACK as SLACK
+from hpcckpt.policy.deadline import REQUEUE as DEFAULT_REQUEUE
+from hpcckpt.policy.deadline import TAKEDOWN
 from hpcckpt.rundir import events as ev
 
-#: Seconds to take a step that takes no signal down (TERM ends it at once).
-TAKEDOWN = 2.0
-#: Seconds the wrapper needs to requeue (``scontrol requeue``).
-DEFAULT_REQUEUE = 5.0
-#: End times come in whole seconds and the wrapper looks once a second.
-SLACK = 5.0
+__all__ = ["DEFAULT_REQUEUE", "SLACK", "TAKEDOWN", "EndDecision", "Measured", "decide", "measured"]
+
 #: The next write is expected this many periods after the last one.
 PERIOD_SAFETY = 1.25
 #: A write under way this many measured durations long is not waited for any more.
@@ -60,7 +61,7 @@ class Measured:
 
     def lead(self) -> float:
         """Seconds before the end time of the latest stop (see the module doc)."""
-        return max(0.0, TAKEDOWN + self.requeue - (self.kill_wait or 0.0)) + SLACK
+        return requeue_lead(self.kill_wait, self.requeue)
 
     def describe(self) -> str:
         """The numbers used, in words."""

@@ -20,6 +20,7 @@ from hpcckpt.policy.deadline import (
     Deadline,
     fit_interval,
     parse_end_time,
+    requeue_lead,
 )
 from hpcckpt.policy.durations import format_duration, format_hms, parse_duration
 from hpcckpt.policy.formulas import (
@@ -87,6 +88,7 @@ __all__ = [
     "optimal_interval",
     "parse_duration",
     "parse_end_time",
+    "requeue_lead",
     "young",
 ]
 

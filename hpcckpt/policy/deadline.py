@@ -17,10 +17,14 @@ from hpcckpt.policy.durations import parse_duration
 __all__ = [
     "DEFAULT_MARGIN",
     "DEFAULT_SAFETY",
+    "END_SLACK",
     "INTERVAL_SLACK",
+    "REQUEUE",
+    "TAKEDOWN",
     "Deadline",
     "fit_interval",
     "parse_end_time",
+    "requeue_lead",
 ]
 
 DEFAULT_SAFETY: float = 1.5
@@ -46,6 +50,26 @@ The application's clock starts after the launcher's start-up, and codes that cou
 steps rather than seconds drift; a write planned to end exactly at the stop would come
 too late and take the whole run's work with it.
 """
+
+TAKEDOWN: float = 2.0
+"""Seconds to take a step down once its ranks are done (TERM ends them at once)."""
+
+REQUEUE: float = 5.0
+"""Seconds the wrapper needs to requeue the job (``scontrol requeue``; it cannot time it,
+Slurm ends the run as it returns)."""
+
+END_SLACK: float = 5.0
+"""End times come in whole seconds and the wrapper looks once a second."""
+
+
+def requeue_lead(kill_wait: float | None = None, requeue: float = REQUEUE) -> float:
+    """Seconds before the job's end time by which a step must be over for the wrapper to
+    take it down and requeue the job: the take-down and the requeue that Slurm's
+    ``KillWait`` after its own TERM at the limit does not already give (None: not known,
+    none counted), plus :data:`END_SLACK`. The wrapper places its latest stop with it
+    (:mod:`hpcckpt.job.ownlead`), the Checkpointer bounds a stop's mirror wait with it."""
+    return max(0.0, TAKEDOWN + requeue - (kill_wait or 0.0)) + END_SLACK
+
 
 _UNKNOWN = {"", "unknown", "n/a", "none", "(null)", "null", "unlimited", "infinite"}
 _EARLIEST_UNIX = 1e8  # 1973-03-03: smaller numbers are durations, not Unix times
