@@ -66,7 +66,10 @@ def report(directory: Path, plot: Path | None, as_json: bool) -> None:
         ) from None
     except OSError as exc:
         raise click.ClickException(f"cannot read the events of {directory}: {exc}") from None
-    result = analyze(events)
+    from hpcckpt.store import committed_checkpoints
+
+    folder = directory if directory.is_dir() else directory.parent
+    result = analyze(events, present={e.step for e in committed_checkpoints(folder)})
     result["directory"] = str(directory)
     if plot is not None:
         try:

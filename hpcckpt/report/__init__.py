@@ -19,6 +19,8 @@ holding several launches of the application) or, without the wrapper, a Checkpoi
   back to work: its later commit protects the work done up to the staging. It is the
   time in ``save()``: the store's part (the event's ``seconds``; a staged save's
   ``blocked_seconds``) and the work around it (checking the state, retention, events);
+- ``mirror_wait`` — at ``finish()`` and a stop, the wait for the newest checkpoint to
+  reach the mirror (the ``mirror_wait`` event, at its end, with the ``seconds`` waited);
 - ``compute`` — the rest of the time the application ran: useful work, except
 - ``lost`` — work after the last committed checkpoint of an attempt (or launch) that
   crashed or was killed: it is redone by the next attempt. A checkpoint begun and never

@@ -4,7 +4,7 @@ used against Young's and Daly's, as one JSON-ready dict (:func:`analyze`)."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from hpcckpt.policy.formulas import daly, efficiency, young
@@ -57,8 +57,11 @@ _KNOWN = {
 }
 
 
-def analyze(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """The report of a list of events, as a JSON-ready dict.
+def analyze(
+    events: Iterable[Mapping[str, Any]], present: Collection[int] | None = None
+) -> dict[str, Any]:
+    """The report of a list of events, as a JSON-ready dict; ``present``: the steps of
+    the checkpoints in the directory now, when known (the mirror's ``behind``).
 
     Durations are seconds; ``time.t0`` is the first attempt's start (Unix time), and
     every other time is in seconds since ``t0``. Unknown values are ``None``. Keys:
@@ -84,7 +87,9 @@ def analyze(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
       to the commit, or to the staging of a staged save), of which
       ``checkpoint_store_seconds`` (the store's part: the ``seconds`` of each synchronous
       save, the ``blocked_seconds`` of a staged one) and ``checkpoint_other_seconds``
-      (the rest: checking the state, retention, events), ``overhead_seconds``,
+      (the rest: checking the state, retention, events), ``mirror_wait_seconds`` (at
+      ``finish()`` and a stop, waiting for the newest checkpoint to reach the mirror: the
+      ``mirror_wait`` events' ``seconds``; not useful work), ``overhead_seconds``,
       ``lost_seconds``, ``unrecorded_seconds``, ``queue_seconds``;
     - ``efficiency``: ``run`` (useful / run time), ``wall`` (useful / wall time);
     - ``failures``: ``count``, ``mtbf_seconds`` (run time / count), ``note``;
@@ -201,6 +206,7 @@ def analyze(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "checkpoint_store_seconds": rounded(min(in_store, totals["checkpoint"])),
         "checkpoint_other_seconds": rounded(max(0.0, totals["checkpoint"] - in_store)),
         "overhead_seconds": rounded(totals["overhead"]),
+        "mirror_wait_seconds": rounded(totals["mirror_wait"]),
         "lost_seconds": rounded(totals["lost"]),
         "unrecorded_seconds": rounded(totals["unrecorded"]),
         "queue_seconds": rounded(totals["queue"]),
@@ -231,7 +237,7 @@ def analyze(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "node_failures": analyze_node_failures(events, rows, t0),
         "restores": tiers.analyze_restores(events, t0),
         "gave_up": gave_up(events),
-        "mirror": analyze_mirror(events),
+        "mirror": analyze_mirror(events, present),
     }
 
 

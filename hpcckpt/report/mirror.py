@@ -9,20 +9,28 @@ and whether the last wait at ``finish()`` or a stop saw the newest one arrive.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from hpcckpt.rundir.events import MIRROR_FAILED, MIRROR_PRUNED, MIRROR_WAIT, MIRRORED
 
 
-def analyze_mirror(events: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+def analyze_mirror(
+    events: Sequence[Mapping[str, Any]], present: Collection[int] | None = None
+) -> dict[str, Any] | None:
     """The mirror's part of the report, or None when the run had no mirror events.
 
     Keys: ``mirror`` (URL), ``mirrored`` (steps, in order), ``bytes``, ``median_rate``
     (bytes/s), ``newest_mirrored``, ``newest_committed`` (the directory's),
-    ``behind`` (committed steps newer than the newest mirrored one), ``failures``,
-    ``last_failure`` (``step``, ``reason``), ``pruned`` (files the mirror's retention
-    deleted), ``last_wait`` (``reason``, ``done``, ``seconds``, ``step``) or None."""
+    ``behind`` (committed steps newer than the newest mirrored one), ``failures`` (failed
+    tries: a ``mirror_failed`` event with a ``count`` stands for that many of one run of
+    failures, ``since`` its first), ``last_failure`` (``step``, ``reason``), ``pruned``
+    (files the mirror's retention deleted), ``last_wait`` (``reason``, ``done``,
+    ``seconds``, ``step``) or None.
+
+    With ``present`` (the steps of the checkpoints in the directory now), ``behind`` holds
+    only those, and ``behind_deleted`` counts the others (deleted by the directory's
+    retention before they were copied: a newer one took their place); else None."""
     mirrored: list[int] = []
     rates: list[float] = []
     total = 0
@@ -54,7 +62,19 @@ def analyze_mirror(events: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None
     newest = max(mirrored) if mirrored else None
     newest_committed = max(committed) if committed else None
     behind = sorted({s for s in committed if newest is None or s > newest})
+    deleted = None
+    if present is not None:
+        here = set(present)
+        deleted = sum(1 for s in behind if s not in here)
+        behind = [s for s in behind if s in here]
     last = failures[-1] if failures else None
+    runs: dict[Any, int] = {}  # one run of failures of one cause -> its latest count
+    for i, ev in enumerate(failures):
+        count, since = ev.get("count"), ev.get("since")
+        if isinstance(count, int) and since is not None:
+            runs[(ev.get("mirror"), since)] = max(count, runs.get((ev.get("mirror"), since), 0))
+        else:  # one event per failure (an older run), or a copy given up
+            runs[i] = 1
     return {
         "mirror": url,
         "mirrored": mirrored,
@@ -63,7 +83,8 @@ def analyze_mirror(events: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None
         "newest_mirrored": newest,
         "newest_committed": newest_committed,
         "behind": behind,
-        "failures": len(failures),
+        "behind_deleted": deleted,
+        "failures": sum(runs.values()),
         "last_failure": None
         if last is None
         else {"step": last.get("step"), "reason": last.get("reason")},
@@ -89,10 +110,15 @@ def format_mirror(m: Mapping[str, Any] | None) -> list[str]:
         more = f" (and {len(behind) - 5} more)" if len(behind) > 5 else ""
         lines.append(
             f"  behind: {len(behind)} committed checkpoint(s) not on the mirror, steps "
-            f"{shown}{more}; the directory keeps them until they are"
+            f"{shown}{more}"
         )
-    else:
+    elif not m.get("behind_deleted"):
         lines.append("  up to date: the newest committed checkpoint is on the mirror")
+    if m.get("behind_deleted"):
+        lines.append(
+            f"  {m['behind_deleted']} more committed checkpoint(s) never reached the mirror: "
+            "the directory's retention deleted them (a newer one took their place)"
+        )
     if m["failures"]:
         last = m["last_failure"]
         lines.append(

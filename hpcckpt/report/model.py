@@ -15,7 +15,15 @@ from typing import Any
 from hpcckpt.rundir import events as evlog
 
 #: Segment kinds, in the order the plot's legend shows them.
-SEGMENT_KINDS = ("compute", "checkpoint", "overhead", "lost", "unrecorded", "queue")
+SEGMENT_KINDS = (
+    "compute",
+    "checkpoint",
+    "mirror_wait",
+    "overhead",
+    "lost",
+    "unrecorded",
+    "queue",
+)
 
 #: Outcomes after which the job was not meant to run again by itself.
 FINISHED, STOPPED, CRASHED = evlog.OUTCOME_FINISHED, evlog.OUTCOME_STOPPED, evlog.OUTCOME_CRASHED
@@ -230,6 +238,11 @@ def segments_of(att: Attempt, next_start: float | None) -> tuple[list[Segment], 
             state, open_ckpt, safe_until = "compute", False, t
             if ev.get("step") is not None:
                 last_step = ev["step"]
+        elif kind == "mirror_wait":
+            waited = number(ev.get("seconds"))
+            if waited is not None and waited > 0:  # the event comes when the wait ended
+                add(state, t - waited)
+                add("mirror_wait", t)
         elif kind in ("stop", "finish"):
             add(state, t)
             state = "overhead"

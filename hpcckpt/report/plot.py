@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hpcckpt.report.format import dur, pct
-from hpcckpt.report.model import STOPPED, UNKNOWN
+from hpcckpt.report.model import SEGMENT_KINDS, STOPPED, UNKNOWN
 
 __all__ = ["COLORS", "LABELS", "plot_report"]
 
@@ -19,6 +19,7 @@ __all__ = ["COLORS", "LABELS", "plot_report"]
 COLORS = {
     "compute": "#59a14f",
     "checkpoint": "#1f4e9c",
+    "mirror_wait": "#76b7b2",
     "overhead": "#a0a0a0",
     "lost": "#e15759",
     "unrecorded": "#f4b6b7",
@@ -27,6 +28,7 @@ COLORS = {
 LABELS = {
     "compute": "useful work",
     "checkpoint": "checkpoint (line: commit)",
+    "mirror_wait": "waiting for the mirror (finish, stop)",
     "overhead": "start-up / restore / shut-down",
     "lost": "lost work (redone after a failure)",
     "unrecorded": "end not recorded (lost or idle)",
@@ -72,6 +74,8 @@ def _panel_text(report: Mapping[str, Any]) -> str:
         f"  run {dur(run)}, wall {dur(wall)}",
         f"  waiting {dur(tm['queue_seconds'])}",
     ]
+    if tm.get("mirror_wait_seconds"):
+        lines.insert(4, f"  mirror wait   {share(tm['mirror_wait_seconds'], run)}")
     if tm["unrecorded_seconds"]:
         lines.append(f"  unrecorded {dur(tm['unrecorded_seconds'])}")
     lines += [
@@ -135,7 +139,15 @@ def plot_report(
     used: set[str] = set()
     for row, a in enumerate(attempts):
         y = row
-        for kind in ("queue", "overhead", "compute", "lost", "unrecorded", "checkpoint"):
+        for kind in (
+            "queue",
+            "overhead",
+            "mirror_wait",
+            "compute",
+            "lost",
+            "unrecorded",
+            "checkpoint",
+        ):
             bars = [
                 (s["start"] / scale, (s["end"] - s["start"]) / scale)
                 for s in a["segments"]
@@ -194,7 +206,7 @@ def plot_report(
         ax.spines[spine].set_visible(False)
 
     handles: list[Any] = []
-    for kind in ("compute", "checkpoint", "overhead", "lost", "unrecorded", "queue"):
+    for kind in SEGMENT_KINDS:
         if kind not in used and kind not in ("compute", "checkpoint", "lost"):
             continue
         if kind == "checkpoint":

@@ -101,10 +101,13 @@ def format_report(report: Mapping[str, Any]) -> str:
     for key, label in (
         ("useful_seconds", "useful work"),
         ("checkpoint_seconds", "writing checkpoints"),
+        ("mirror_wait_seconds", "waiting for the mirror"),
         ("overhead_seconds", "start-up, restore, shut-down"),
         ("lost_seconds", "lost to failures (redone)"),
     ):
-        v = tm[key] or 0.0
+        v = tm.get(key) or 0.0
+        if key == "mirror_wait_seconds" and not v:
+            continue
         share = f" ({100 * v / run:.1f}% of run)" if run > 0 else ""
         lines.append(f"  {label:<30} {dur(v):>9}{share}")
         if key == "checkpoint_seconds" and v and tm.get("checkpoint_store_seconds") is not None:

@@ -62,3 +62,50 @@ def test_pruned_files_are_counted_and_the_report_shows_the_section():
     assert report["mirror"]["pruned"] == 2 and "mirrored" not in report["unknown_events"]
     assert "2 file(s) deleted by the mirror's retention" in format_report(report)
     assert f"Mirror {URL}" in format_report(report)
+
+
+def test_a_mirror_wait_is_waiting_not_useful_work():
+    from tests.report.test_model import ck as cke
+    from tests.report.test_model import save
+
+    events = [cke(0, "start", attempt="a"), cke(5, "restore", step=None), *save(15, 1, 2.0)]
+    events.append(cke(347, "mirror_wait", step=1, done=False, seconds=300.0, reason="finish",
+                      error="refused", mirror=URL))  # fmt: skip
+    events.append(cke(348, "finish", step=1, last_step=1))
+    report = analyze(events)
+    t = report["time"]
+    assert t["mirror_wait_seconds"] == 300.0
+    assert t["useful_seconds"] == 10.0 + 30.0 + 1.0  # before the save, after it, finish
+    total = sum(t[k] for k in ("useful_seconds", "checkpoint_seconds", "overhead_seconds"))
+    assert total + t["mirror_wait_seconds"] == t["run_seconds"]
+    assert {"kind": "mirror_wait", "start": 47.0, "end": 347.0} in report["attempts"][0]["segments"]
+    text = format_report(report)
+    assert "waiting for the mirror             5 min (86.2% of run)" in text
+    assert "useful work                         41 s (11.8% of run)" in text
+    assert report["efficiency"]["run"] < 0.2
+
+
+def test_behind_counts_only_the_checkpoints_still_in_the_directory():
+    events = [ck(s) for s in range(1, 17)]
+    events.append({"event": "mirror_failed", "step": 16, "reason": "refused", "count": 40,
+                   "since": 5.0, "mirror": URL})  # fmt: skip
+    m = analyze_mirror(events, present={14, 15, 16})
+    assert m["behind"] == [14, 15, 16] and m["behind_deleted"] == 13
+    text = "\n".join(format_mirror(m))
+    assert "behind: 3 committed checkpoint(s) not on the mirror, steps 14, 15, 16" in text
+    assert "13 more committed checkpoint(s) never reached the mirror" in text
+    assert "keeps them" not in text
+    assert analyze_mirror(events)["behind_deleted"] is None  # the directory unknown
+
+
+def test_failures_reported_with_a_count_are_counted_once_each():
+    events = [ck(5)]
+    for count in (1, 2, 4, 8):
+        events.append({"event": "mirror_failed", "step": 5, "reason": "refused", "attempt": count,
+                       "count": count, "since": 50.0, "mirror": URL})  # fmt: skip
+    events.append({"event": "mirror_failed", "step": 5, "reason": "denied", "count": 1,
+                   "since": 90.0, "mirror": URL})  # fmt: skip
+    events.append({"event": "mirror_failed", "step": 5, "reason": "old style", "mirror": URL})
+    m = analyze_mirror(events)
+    assert m["failures"] == 8 + 1 + 1
+    assert "10 failed cop(ies); the last, step 5: old style" in "\n".join(format_mirror(m))

@@ -6,16 +6,22 @@ thread uploads it (:func:`.mirror.copy.upload`: verified, manifest last), then a
 mirror's retention. One writer per checkpoint: the checkpoint is one file, already
 durable in the directory, so one sequential stream reads it once and no rank waits.
 Only the newest checkpoint waiting counts: a newer one replaces an older one not yet
-started. A mirror that refuses, is slow or full costs retries with a backoff (1 s,
-doubling, up to ``mirror_retry_max``) and a ``mirror_failed`` report each time, never a
-stall: the ranks go on, and the directory keeps what is on its way (``protected``).
+started. A mirror that refuses, is slow or full costs retries with a backoff (about 1 s,
+doubling, up to ``mirror_retry_max``, with jitter: :func:`retry_delay`) that nothing but
+:meth:`MirrorWorker.close` cuts short, never a stall: the ranks go on, and the directory
+keeps what is on its way (``protected``). Failures of one cause are one ``mirror_failed``
+report and log line, then a summary with their ``count`` when the count doubles or every
+:data:`SUMMARY_EVERY` seconds, and one line when the mirror is back (:class:`Streak`).
 At a stop or ``finish()`` the store waits a bounded time for the newest checkpoint
-(:meth:`MirrorWorker.wait_newest`, a :class:`MirrorWait`).
+(:meth:`MirrorWorker.wait_newest`, a :class:`MirrorWait`). An error of the worker's own
+is reported and retried like a failed copy: the thread ends only at ``close()``.
 """
 
 from __future__ import annotations
 
 import logging
+import random
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +42,44 @@ log = logging.getLogger("hpcckpt.store")
 #: The report callback: (event name, fields); the Checkpointer writes them as events.
 Report = Callable[[str, dict[str, Any]], None]
 MIRRORED, MIRROR_FAILED, MIRROR_PRUNED = "mirrored", "mirror_failed", "mirror_pruned"
+
+#: The longest time between two summaries of one run of failures of the same cause.
+SUMMARY_EVERY = 300.0
+#: 2 ** this many seconds is beyond any ``mirror_retry_max``; the exponent stops there.
+_MAX_DOUBLINGS = 40
+
+
+def retry_delay(failures: int, retry_max: float, rng: random.Random) -> float:
+    """Seconds before the next try after ``failures`` failures in a row: 1 s doubling
+    per failure, capped at ``retry_max``, then a random cut of up to half ("equal
+    jitter", so that ranks of many jobs failing together do not retry in step)."""
+    nominal = min(float(retry_max), 2.0 ** min(max(failures - 1, 0), _MAX_DOUBLINGS))
+    return nominal * (0.5 + 0.5 * rng.random())
+
+
+def _cause(exc: BaseException, reason: str) -> str:
+    """What makes two failures "the same": the error's kind and its words, numbers
+    aside (a step, a size, a request id)."""
+    return f"{type(exc).__name__}: {re.sub(r'[0-9]+', '#', reason)}"
+
+
+@dataclass
+class Streak:
+    """Failures in a row of one cause: when the first was (``since``, Unix time), how
+    many so far, how many were reported and when the last report was."""
+
+    cause: str
+    since: float
+    count: int = 0
+    reported_count: int = 0
+    reported_at: float = 0.0  # monotonic
+
+    def due(self, now: float) -> bool:
+        """Whether this failure is reported: the first, each doubling of the count, or
+        :data:`SUMMARY_EVERY` seconds after the last report."""
+        if self.reported_count == 0 or self.count >= 2 * self.reported_count:
+            return True
+        return now - self.reported_at >= SUMMARY_EVERY
 
 
 @dataclass(frozen=True)
@@ -80,7 +124,12 @@ class MirrorWorker:
         #: The newest step verified on the mirror by this worker (None: none yet).
         self.newest_mirrored: int | None = None
         self.last_error: str | None = None
+        #: Failed tries, all causes together, since the worker began.
         self.failures = 0
+        #: Tries of a copy (successful or not) since the worker began.
+        self.tries = 0
+        self._streak: Streak | None = None
+        self._rng = random.Random()
         self._thread: threading.Thread | None = None
 
     # -- the ranks' side (rank 0's main thread) ---------------------------------------------
@@ -142,14 +191,13 @@ class MirrorWorker:
 
     def wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until nothing is queued or being copied;
-        whether that happened."""
+        whether that happened. Waiting never hurries a retry: the backoff holds."""
         end = time.monotonic() + timeout
         with self._lock:
             while self._pending is not None or self._current is not None:
                 left = end - time.monotonic()
                 if left <= 0:
                     return False
-                self._wake.set()  # skip a backoff sleep: try now
                 self._lock.wait(min(left, 0.5))
         return True
 
@@ -188,20 +236,22 @@ class MirrorWorker:
         delay = 0.0
         attempt = 0
         while not self._stop.is_set():
-            if delay:
-                self._wake.wait(delay)
-                self._wake.clear()
-                if self._stop.is_set():
-                    return
+            if delay and self._stop.wait(delay):  # a backoff: only close() ends it early
+                return
+            delay = 0.0
             target = self._take()
             if target is None:
                 self._wake.wait(1.0)
                 self._wake.clear()
                 continue
             attempt += 1
-            retry = self._copy(target, attempt)
+            self.tries += 1
+            try:
+                retry = self._copy(target, attempt)
+            except Exception as exc:  # noqa: BLE001 (the worker's own error: never the thread's end)
+                retry = self._own_error(target, exc, attempt)
             if retry is None:  # done (copied, or cannot ever be)
-                delay, attempt = 0.0, 0
+                attempt = 0
                 self._done()
                 continue
             with self._lock:  # back in the queue unless a newer one came meanwhile
@@ -211,6 +261,21 @@ class MirrorWorker:
                 self._lock.notify_all()
             delay = retry
 
+    def _own_error(self, target: Target, exc: Exception, attempt: int) -> float:
+        """A bug or a report that raised, not the mirror: logged with its traceback once
+        per cause, reported like a failed copy, retried after the backoff."""
+        if self._streak is None or self._streak.cause != _cause(exc, str(exc)):
+            log.exception("mirror: the copy of step %d hit an error of its own", target.step)
+        delay = retry_delay(self._failures_in_row() + 1, self.options.mirror_retry_max, self._rng)
+        try:
+            self._failed(target, exc, attempt, delay)
+        except Exception:  # noqa: BLE001 (the report itself fails: the log has it)
+            log.exception("mirror: reporting a failed copy failed")
+        return delay
+
+    def _failures_in_row(self) -> int:
+        return self._streak.count if self._streak is not None else 0
+
     def _copy(self, target: Target, attempt: int) -> float | None:
         """Copy one checkpoint; None when done with it, else seconds before a retry."""
         try:
@@ -218,17 +283,14 @@ class MirrorWorker:
         except (MirrorUnavailable, mirror.MirrorCopyBad, OSError) as exc:
             if isinstance(exc, FileNotFoundError) and not target.path.exists():
                 return self._give_up(target, f"{target.path.name} left the directory", attempt)
-            delay = min(float(self.options.mirror_retry_max), 2.0 ** (attempt - 1))
-            self._failed(target, exc, attempt, delay)
-            return delay
+            return self._retry_later(target, exc, attempt)
         except CheckpointError as exc:  # the local checkpoint cannot be mirrored at all
             return self._give_up(target, str(exc), attempt)
         except Exception as exc:  # noqa: BLE001 (a client library's own error: retry)
-            delay = min(float(self.options.mirror_retry_max), 2.0 ** (attempt - 1))
-            self._failed(target, exc, attempt, delay)
-            return delay
+            return self._retry_later(target, exc, attempt)
         self.newest_mirrored = max(self.newest_mirrored or -1, target.step)
         self.last_error = None
+        self._recovered(target)
         rate = uploaded.bytes / uploaded.seconds if uploaded.seconds > 0 else None
         self.report(
             MIRRORED,
@@ -245,28 +307,66 @@ class MirrorWorker:
         self._prune()
         return None
 
+    def _retry_later(self, target: Target, exc: BaseException, attempt: int) -> float:
+        delay = retry_delay(self._failures_in_row() + 1, self.options.mirror_retry_max, self._rng)
+        self._failed(target, exc, attempt, delay)
+        return delay
+
     def _failed(self, target: Target, exc: BaseException, attempt: int, delay: float) -> None:
+        """Count a failed try in its streak; log and report it when :meth:`Streak.due`."""
         reason = str(exc) or type(exc).__name__
         self.last_error = reason
         self.failures += 1
-        log.warning(
-            "mirror: copying step %d to %s failed (attempt %d, again in %.0f s): %s",
-            target.step,
-            self.backend.url,
-            attempt,
-            delay,
-            reason,
-        )
+        cause, now = _cause(exc, reason), time.monotonic()
+        streak = self._streak
+        if streak is None or streak.cause != cause:
+            streak = self._streak = Streak(cause, time.time())
+        streak.count += 1
+        if not streak.due(now):
+            return
+        streak.reported_count, streak.reported_at = streak.count, now
+        if streak.count == 1:
+            log.warning(
+                "mirror: copying step %d to %s failed (again in %.3g s): %s",
+                target.step,
+                self.backend.url,
+                delay,
+                reason,
+            )
+        else:
+            log.warning(
+                "mirror: copying to %s failed %d times since %s (step %d, again in %.3g s): %s",
+                self.backend.url,
+                streak.count,
+                _clock(streak.since),
+                target.step,
+                delay,
+                reason,
+            )
         self.report(
             MIRROR_FAILED,
             {
                 "step": target.step,
                 "reason": reason[:2000],
                 "attempt": attempt,
-                "retry_in": delay,
+                "retry_in": round(delay, 3),
+                "count": streak.count,
+                "since": streak.since,
                 "mirror": self.backend.url,
             },
         )
+
+    def _recovered(self, target: Target) -> None:
+        """A copy went through: one line when failures came before it."""
+        streak, self._streak = self._streak, None
+        if streak is not None and streak.count:
+            log.info(
+                "mirror: %s is back: step %d copied after %d failed tries since %s",
+                self.backend.url,
+                target.step,
+                streak.count,
+                _clock(streak.since),
+            )
 
     def _give_up(self, target: Target, reason: str, attempt: int) -> None:
         self.last_error = reason
@@ -279,6 +379,8 @@ class MirrorWorker:
                 "reason": reason[:2000],
                 "attempt": attempt,
                 "retry_in": None,
+                "count": 1,
+                "since": time.time(),
                 "mirror": self.backend.url,
             },
         )
@@ -296,6 +398,10 @@ class MirrorWorker:
             return
         if deleted:
             self.report(MIRROR_PRUNED, {"deleted": deleted, "mirror": self.backend.url})
+
+
+def _clock(unix: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(unix))
 
 
 def mirror_candidates(listing: list[mirror.Mirrored]) -> list[Candidate]:

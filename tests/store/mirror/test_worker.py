@@ -4,7 +4,11 @@ back, and the mirror's retention after each copy."""
 
 from __future__ import annotations
 
+import logging
+import math
+import random
 import subprocess
+import threading
 import time
 
 import numpy as np
@@ -13,8 +17,14 @@ from mpi4py import MPI
 
 from hpcckpt.store.file import layout
 from hpcckpt.store.mirror import copy as mirror
-from hpcckpt.store.mirror.backend import DirectoryBackend, open_backend
-from hpcckpt.store.mirror.worker import MIRROR_FAILED, MIRRORED, MirrorWorker, prune_mirror
+from hpcckpt.store.mirror.backend import DirectoryBackend, MirrorUnavailable, open_backend
+from hpcckpt.store.mirror.worker import (
+    MIRROR_FAILED,
+    MIRRORED,
+    MirrorWorker,
+    prune_mirror,
+    retry_delay,
+)
 from hpcckpt.store.options import MirrorOptions
 from hpcckpt.store.store import CheckpointStore
 from tests.mpi_helpers import wait_for
@@ -111,7 +121,10 @@ def test_a_mirror_down_then_back_is_retried_and_catches_up(tmp_path, store):
         wait_for(lambda: len(reports.of(MIRROR_FAILED)) >= 3, 30, "three failed attempts")
         failed = reports.of(MIRROR_FAILED)
         assert "does not exist" in failed[0]["reason"] and failed[0]["retry_in"] is not None
-        assert [f["attempt"] for f in failed[:3]] == [1, 2, 3]
+        # one report for the first failure, then one each time their count doubles
+        assert [f["count"] for f in failed[:3]] == [1, 2, 4]
+        assert [f["attempt"] for f in failed[:3]] == [1, 2, 4]
+        assert len({f["since"] for f in failed}) == 1
         assert not worker.wait(0.3)  # bounded: says it did not arrive
         assert 3 in worker.protected()
         root.mkdir()  # the mirror is back
@@ -131,7 +144,127 @@ def test_retries_wait_one_second_doubling_up_to_mirror_retry_max(tmp_path, store
         wait_for(lambda: len(reports.of(MIRROR_FAILED)) >= 3, 30, "three failed attempts")
     finally:
         worker.close()
-    assert [f["retry_in"] for f in reports.of(MIRROR_FAILED)[:3]] == [1.0, 2.0, 3.0]
+    # reported at the 1st, 2nd and 4th failure: 1 s, 2 s, then 3 s (the cap), each
+    # less a random cut of up to half
+    retry_in = [f["retry_in"] for f in reports.of(MIRROR_FAILED)[:3]]
+    for got, nominal in zip(retry_in, (1.0, 2.0, 3.0), strict=True):
+        assert nominal / 2 <= got <= nominal
+
+
+def test_the_backoff_doubles_to_its_cap_with_jitter_and_never_overflows():
+    rng = random.Random(7)
+    for failures in (1, 2, 3, 6, 1_000, 10**9):
+        nominal = min(60.0, 2.0 ** (failures - 1)) if failures < 100 else 60.0
+        delays = [retry_delay(failures, 60.0, rng) for _ in range(200)]
+        assert all(nominal / 2 <= d <= nominal for d in delays)
+        assert max(delays) - min(delays) > nominal / 4  # jittered, not one value
+    assert retry_delay(10**9, 1e300, rng) <= 2.0**40
+
+
+class StoreAway:
+    """A mirror whose store is away: every request fails at once, and its time is kept."""
+
+    url = "s3://away/run"
+
+    def __init__(self) -> None:
+        self.tries: list[float] = []
+
+    def _refuse(self, *args, **kwargs):
+        self.tries.append(time.monotonic())
+        raise MirrorUnavailable("the store at http://127.0.0.1:9 refused the connection")
+
+    put_file = get_file = read_range = put_bytes = get_bytes = list = delete = _refuse
+
+
+class Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_thousands_of_failures_cost_little_cpu_few_lines_and_never_kill_the_thread(tmp_path, store):
+    away, reports, lines = StoreAway(), Reports(), Lines()
+    logging.getLogger("hpcckpt.store").addHandler(lines)
+    retry_max = 0.002
+    worker = MirrorWorker(away, MirrorOptions(away.url, mirror_retry_max=retry_max), reports)
+    stop = threading.Event()
+
+    def waiter() -> None:  # what finish() and a stop do, over and over
+        while not stop.is_set():
+            worker.wait(0.01)
+
+    waiting = threading.Thread(target=waiter)
+    path = store.save(1, {"u": np.arange(10.0)}).path
+    try:
+        cpu0, t0 = time.process_time(), time.monotonic()
+        worker.committed(1, path)
+        waiting.start()
+        time.sleep(3.0)
+        cpu, wall = time.process_time() - cpu0, time.monotonic() - t0
+        alive = worker._thread is not None and worker._thread.is_alive()
+    finally:
+        stop.set()
+        waiting.join()
+        worker.close()
+        logging.getLogger("hpcckpt.store").removeHandler(lines)
+    tries = len(away.tries)
+    assert alive
+    assert tries >= 500, tries  # retried all along (about 1,400 here)
+    assert worker.failures == tries
+    # the pace follows the backoff: never back to back
+    gaps = sorted(b - a for a, b in zip(away.tries, away.tries[1:], strict=False))
+    assert gaps[0] >= 0.9 * retry_max / 2
+    assert gaps[len(gaps) // 2] >= 0.9 * 0.75 * retry_max
+    # one report and one log line per doubling of the count, not one per try
+    failed = reports.of(MIRROR_FAILED)
+    bound = math.log2(tries) + 2
+    assert len(failed) <= bound and len(lines.records) <= bound
+    assert failed[-1]["count"] <= tries and failed[-1]["count"] > tries / 2
+    assert "refused" in lines.records[-1].getMessage()
+    assert f"failed {failed[-1]['count']} times since" in lines.records[-1].getMessage()
+    assert cpu < 0.6 * wall, (cpu, wall)  # a spinning thread takes a whole core
+
+
+def test_a_wait_during_a_backoff_ends_at_its_timeout_without_a_try(tmp_path, store):
+    away, reports = StoreAway(), Reports()
+    worker = MirrorWorker(away, MirrorOptions(away.url, mirror_retry_max=60), reports)
+    try:
+        worker.committed(1, save(store, 1).path)
+        wait_for(lambda: reports.of(MIRROR_FAILED), 30, "a failed try")
+        assert reports.of(MIRROR_FAILED)[0]["retry_in"] >= 0.5  # the first backoff
+        for _ in range(3):
+            t0 = time.monotonic()
+            assert not worker.wait(0.1)
+            assert time.monotonic() - t0 >= 0.1
+        assert len(away.tries) == 1  # no try hurried by the waits
+        assert worker._thread is not None and worker._thread.is_alive()
+    finally:
+        worker.close()
+
+
+def test_an_error_of_the_workers_own_is_reported_and_the_thread_goes_on(tmp_path, store):
+    (tmp_path / "m").mkdir()
+    seen: list[tuple[str, dict]] = []
+
+    def report(kind: str, fields: dict) -> None:
+        seen.append((kind, fields))
+        if kind == MIRRORED and len(seen) == 1:
+            raise RuntimeError("the event log is full")
+
+    options = MirrorOptions(str(tmp_path / "m"), mirror_retry_max=0.05)
+    worker = MirrorWorker(DirectoryBackend(tmp_path / "m"), options, report)
+    try:
+        worker.committed(1, save(store, 1).path)
+        assert worker.wait(30)
+        assert worker._thread is not None and worker._thread.is_alive()
+    finally:
+        worker.close()
+    kinds = [k for k, _ in seen]
+    assert kinds[:2] == [MIRRORED, MIRROR_FAILED] and kinds[-1] == MIRRORED
+    assert "the event log is full" in seen[1][1]["reason"]
 
 
 def test_a_full_mirror_is_reported_and_nothing_counts_there(tmp_path, store):
