@@ -103,7 +103,7 @@ def mirror_group() -> None:
 @_URL
 @_JSON
 def mirror_ls(url: str, as_json: bool) -> None:
-    """List the checkpoints on MIRROR, newest first.
+    """List the checkpoints on MIRROR, oldest first (as 'hpcckpt ls').
 
     \b
     Columns: STEP, TIME the checkpoint was written (UTC), SIZE of its file,
@@ -122,7 +122,7 @@ def mirror_ls(url: str, as_json: bool) -> None:
       hpcckpt mirror ls s3://ckpts/run1 --json | jq '.[] | select(.status=="good") | .step'
     """
     backend = open_mirror(url)
-    listing = _listing(backend)
+    listing = _listing(backend)[::-1]  # oldest first, as the directory's ls
     if as_json:
         _emit([m.to_dict() for m in listing])
         return

@@ -126,7 +126,9 @@ def inspect_command(
     reason...; --json gives the time as Unix seconds). Reads structure and scalars
     only; 'hpcckpt verify' checks the data. Tiers: where the checkpoint is, the
     directory and, with --mirror (or $HPCCKPT_MIRROR), its copy on the mirror:
-    status there, when it was mirrored, its checksum.
+    status there, when it was mirrored, its checksum. A STEP only the mirror holds
+    is described from the mirror's manifest (file, time, size, chain, status); its
+    arrays are in the data, not fetched ('hpcckpt mirror pull' fetches it).
 
     \b
     Example:
@@ -137,7 +139,12 @@ def inspect_command(
     try:
         path = catalog.find(directory, step)
         info = catalog.describe(path)
-    except (FileNotFoundError, CheckpointError) as exc:
+    except FileNotFoundError as exc:
+        if step is None or not mirror_url:
+            raise click.ClickException(str(exc)) from None
+        _inspect_mirrored(directory, step, mirror_url, str(exc), as_json)
+        return
+    except CheckpointError as exc:
         raise click.ClickException(str(exc)) from None
     info["tiers"] = {"directory": str(path)}
     if mirror_url:
@@ -179,6 +186,42 @@ def inspect_command(
         if key == "time" and isinstance(value, (int, float)):
             value = _when(value)  # a date to read; --json keeps the number
         click.echo(f"  {key} = {value}")
+
+
+def _inspect_mirrored(
+    directory: Path, step: int, mirror_url: str, missing: str, as_json: bool
+) -> None:
+    """``inspect`` of a step only the mirror holds: what its manifest says."""
+    from hpcckpt.store import MirrorUnavailable, catalog
+
+    backend = open_mirror(mirror_url)
+    try:
+        info = catalog.describe_mirrored(backend, step)
+    except MirrorUnavailable as exc:
+        raise click.ClickException(f"{missing}; the mirror could not be listed: {exc}") from None
+    if info is None:
+        raise click.ClickException(f"{missing}, nor on the mirror {backend.url}")
+    if as_json:
+        _emit(info)
+        return
+    m = info["tiers"]["mirror"]
+    click.echo(
+        f"{info['file']}: step {info['step']}, written {_when(info['time'])}, "
+        f"{size(info['size'])}, only on the mirror"
+    )
+    if info["chain"]:
+        click.echo(f"incremental: built on {', '.join(info['chain'])}")
+    click.echo("tiers:")
+    click.echo(f"  directory: not in {directory}")
+    why = f" ({m['reason']})" if m["status"] != "good" and m.get("reason") else ""
+    click.echo(
+        f"  mirror: {m['url']}: {m['status']}, mirrored {_when(m['mirrored_at'])}, "
+        f"checksum {m['checksum']}{why}"
+    )
+    click.echo(
+        f"arrays, scalars, meta: in the data, not fetched; 'hpcckpt mirror pull {m['url']} "
+        f"{step} --to DIR' fetches it, then 'hpcckpt inspect DIR {step}'"
+    )
 
 
 @click.command("verify")

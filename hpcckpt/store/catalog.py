@@ -159,6 +159,40 @@ def mirror_tier(path: Path, backend: MirrorBackend) -> dict[str, Any]:
     }
 
 
+def describe_mirrored(backend: MirrorBackend, step: int) -> dict[str, Any] | None:
+    """What the mirror's manifest says of its checkpoint of ``step`` (for ``inspect`` of a
+    step the directory lacks): file, step, time, size, kind, chain and the mirror's
+    status; arrays, scalars and meta are None (they are in the data, which is not
+    fetched: ``hpcckpt mirror pull`` does). None when the mirror holds no such step;
+    MirrorUnavailable when it cannot be listed."""
+    m = next((m for m in mirror.list_mirrored(backend) if m.step == step), None)
+    if m is None:
+        return None
+    return {
+        "file": m.name,
+        "step": m.step,
+        "nranks": None,
+        "time": m.time,
+        "size": m.size,
+        "format_version": None,
+        "kind": "incremental" if m.chain else "full",
+        "chain": [name for name, _, _ in m.chain],
+        "meta": None,
+        "arrays": None,
+        "scalars": None,
+        "tiers": {
+            "directory": None,
+            "mirror": {
+                "url": backend.url,
+                "status": m.status,
+                "reason": m.reason,
+                "mirrored_at": m.mirrored_at,
+                "checksum": m.to_dict()["checksum"],
+            },
+        },
+    }
+
+
 def _rejected_rows(root: Path) -> list[dict[str, Any]]:
     """Checkpoints kept aside as ``ckpt-<step>.h5.rejected``: their state failed the check."""
     rows = []

@@ -65,20 +65,22 @@ def test_every_subcommand_teaches_with_examples_and_offers_json():
         assert "Example" in out and "--json" in out and "MIRROR" in out, name
 
 
-def test_ls_lists_newest_first_in_text_and_json(mirrored):
+def test_ls_lists_oldest_first_as_the_directorys_ls_in_text_and_json(mirrored, ckdir):
     url, _ = mirrored
     r = invoke("mirror", "ls", url)
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
     assert lines[0].split()[:3] == ["STEP", "TIME", "(UTC)"]
-    assert [line.split()[0] for line in lines[1:]] == ["30", "20", "10"]
+    assert [line.split()[0] for line in lines[1:]] == ["10", "20", "30"]
     assert all(line.split()[-1] == "good" for line in lines[1:])
     rows = json.loads(invoke("mirror", "ls", url, "--json").output)
     assert [(m["step"], m["status"], m["chain"]) for m in rows] == [
-        (30, "good", []),
-        (20, "good", []),
         (10, "good", []),
+        (20, "good", []),
+        (30, "good", []),
     ]
+    in_dir = json.loads(invoke("ls", ckdir, "--json").output)
+    assert [m["step"] for m in rows] == [row["step"] for row in in_dir]
     assert all(m["checksum"].startswith("xxh3_64:") and m["mirrored_at"] > 0 for m in rows)
 
 
@@ -123,7 +125,7 @@ def test_pull_fetches_the_newest_good_and_skips_a_damaged_copy(mirrored, ckdir, 
     assert not (target / layout.checkpoint_name(30)).exists()
     assert not list(target.glob("*.pulling"))
     # the damaged copy is marked on the mirror; asking for it by step is an error
-    assert json.loads(invoke("mirror", "ls", url, "--json").output)[0]["status"] == "bad"
+    assert json.loads(invoke("mirror", "ls", url, "--json").output)[-1]["status"] == "bad"
     r = invoke("mirror", "pull", url, "30", "--to", target)
     assert r.exit_code == 1 and "cannot be pulled" in r.output
     r = invoke("mirror", "pull", url, "10", "--to", target)
@@ -183,3 +185,32 @@ def test_ls_and_inspect_show_each_checkpoints_tiers(ckdir, s3_mirror):
     assert info["tiers"]["mirror"]["url"] == s3_mirror.url
     text = invoke("inspect", ckdir, "30", "--mirror", s3_mirror.url).output
     assert f"  mirror: {s3_mirror.url}: not mirrored" in text
+
+
+def test_inspect_describes_a_step_only_the_mirror_holds(ckdir, tmp_path):
+    on_disk = tmp_path / "project" / "mirror"
+    on_disk.mkdir(parents=True)
+    backend = open_backend(str(on_disk))
+    for step in (10, 20):
+        mirror.upload(backend, ckdir / layout.checkpoint_name(step))
+    (ckdir / layout.checkpoint_name(10)).unlink()  # purged from scratch
+    url = str(on_disk)
+
+    r = invoke("inspect", ckdir, "10", "--mirror", url, "--json")
+    assert r.exit_code == 0, r.output
+    info = json.loads(r.output)
+    assert (info["step"], info["file"], info["kind"]) == (10, layout.checkpoint_name(10), "full")
+    assert info["size"] == (on_disk / layout.checkpoint_name(10)).stat().st_size
+    assert info["tiers"]["directory"] is None
+    assert info["tiers"]["mirror"]["status"] == "good" and info["tiers"]["mirror"]["url"] == url
+    assert info["tiers"]["mirror"]["checksum"].startswith("xxh3_64:")
+    assert info["arrays"] is None
+    text = invoke("inspect", ckdir, "10", "--mirror", url).output
+    assert "step 10" in text and "only on the mirror" in text
+    assert f"  mirror: {url}: good, mirrored" in text and "mirror pull" in text
+
+    r = invoke("inspect", ckdir, "99", "--mirror", url)
+    assert r.exit_code == 1 and "no checkpoint of step 99" in r.output
+    assert f"nor on the mirror {url}" in r.output
+    r = invoke("inspect", ckdir, "10", env={"HPCCKPT_MIRROR": ""})
+    assert r.exit_code == 1 and "no checkpoint of step 10" in r.output

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -122,6 +123,10 @@ class DirectoryBackend:
     Every write goes to a temporary name in the same directory, is fsynced and then
     renamed over the key (and the directory fsynced), so a reader sees an object whole
     or not at all, and a cut copy leaves only a ``.part`` file that ``list`` ignores.
+    A copied file keeps its source's permission bits, whatever the umask (the checkpoint
+    directory's: 0600, or 0640 with ``share_group``), and an object written from bytes
+    (``NAME.manifest.json``, ``NAME.bad``) takes those of the object ``NAME`` it
+    describes, when the mirror holds it.
     """
 
     PART = ".part"
@@ -148,13 +153,13 @@ class DirectoryBackend:
                 "(mounted? create it, or give another mirror)"
             )
 
-    def _write(self, key: str, fill: Callable[[BinaryIO], object]) -> None:
+    def _write(self, key: str, fill: Callable[[BinaryIO], object], mode: int | None) -> None:
         self._ensure_root()
         final = self._path(key)
         temp = f"{final.name}.{os.getpid()}.{threading.get_ident()}{self.PART}"
         try:
             final.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_file(final, mode=None, temp=temp) as out:
+            with atomic_file(final, mode=mode, temp=temp) as out:
                 fill(out)
         except OSError as err:
             if isinstance(err, FileNotFoundError) and not self.root.is_dir():
@@ -168,10 +173,15 @@ class DirectoryBackend:
                     self.throttle.spend(len(chunk))
                     out.write(chunk)
 
-        self._write(key, fill)
+        self._write(key, fill, _permissions(local))
 
     def put_bytes(self, key: str, data: bytes) -> None:
-        self._write(key, lambda out: out.write(data))
+        described = None
+        for suffix in (".manifest.json", ".bad"):
+            if key.endswith(suffix):
+                described = key[: -len(suffix)]
+        mode = _permissions(self._path(described)) if described else None
+        self._write(key, lambda out: out.write(data), mode)
 
     def get_file(self, key: str, local: Path) -> None:
         self._ensure_root()
@@ -237,6 +247,14 @@ class DirectoryBackend:
             pass
         except OSError as err:
             raise self._unavailable(f"deleting {key}", err) from None
+
+
+def _permissions(path: Path) -> int | None:
+    """A file's permission bits, None when it is not there."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return None
 
 
 #: Backends for URL schemes, loaded by name when a URL of theirs is opened: the S3

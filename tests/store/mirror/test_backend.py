@@ -145,3 +145,27 @@ def test_open_backend_by_url(tmp_path):
         check_url("s3:///prefix")
     with pytest.raises(ValueError, match="empty"):
         check_url("  ")
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o640])
+def test_copies_keep_the_checkpoints_mode_whatever_the_umask(tmp_path, mode):
+    (tmp_path / "m").mkdir()
+    local = tmp_path / "ckpt-000001.h5"
+    local.write_bytes(b"x" * 100)
+    local.chmod(mode)
+    backend = DirectoryBackend(tmp_path / "m")
+    old = os.umask(0o022)
+    try:
+        backend.put_file(local, "ckpt-000001.h5")
+        backend.put_bytes("ckpt-000001.h5.manifest.json", b"{}")
+        backend.put_bytes("ckpt-000001.h5.bad", b"damaged")
+        backend.put_bytes("notes.txt", b"nothing it describes")
+    finally:
+        os.umask(old)
+    got = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "m").iterdir()}
+    assert got == {
+        "ckpt-000001.h5": mode,
+        "ckpt-000001.h5.manifest.json": mode,
+        "ckpt-000001.h5.bad": mode,
+        "notes.txt": 0o644,
+    }

@@ -348,3 +348,21 @@ def test_a_stops_checkpoint_is_copied_whatever_mirror_every_says(tmp_path, store
     finally:
         worker.close()
     assert mirror.newest_good(DirectoryBackend(tmp_path / "m")).step == 2
+
+
+@pytest.mark.parametrize("share_group", [False, True])
+def test_the_mirrors_files_have_the_directorys_modes(tmp_path, share_group):
+    (tmp_path / "m").mkdir()
+    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, share_group=share_group)
+    worker = MirrorWorker(DirectoryBackend(tmp_path / "m"), MirrorOptions(str(tmp_path / "m")))
+    try:
+        worker.committed(1, save(store, 1).path)
+        assert worker.wait(30)
+    finally:
+        worker.close()
+    want = {p.stat().st_mode & 0o777 for p in store.directory.glob("ckpt-*.h5")}
+    assert want == {0o640 if share_group else 0o600}
+    got = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "m").iterdir()}
+    name = layout.checkpoint_name(1)
+    assert set(got) == {name, name + ".manifest.json"}
+    assert set(got.values()) == want
