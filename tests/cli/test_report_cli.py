@@ -172,3 +172,28 @@ def test_a_real_run_names_its_bytes_and_its_checkpoint_time_adds_up(tmp_path: Pa
         f"    the store {dur(store)} (the saves' costs; staged: the time blocked), around it "
         f"{dur(other)} (state check, pruning, heartbeats, events)"
     ) in out, out
+
+
+def test_behind_counts_the_checkpoints_still_in_the_directory(tmp_path: Path) -> None:
+    import numpy as np
+    from mpi4py import MPI
+
+    from hpcckpt.store.store import CheckpointStore
+
+    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, incremental=False)
+    for step in range(1, 6):
+        store.save(step, {"u": np.arange(10.0) * step})
+    store.prune(keep_last=2)  # 4 and 5 stay
+    events = [{"event": "start", "time": 100.0, "source": "checkpointer"}]
+    events += [{"event": "checkpoint", "time": 100.0 + s, "step": s} for s in range(1, 6)]
+    events.append({"event": "mirror_failed", "time": 106.0, "step": 5, "reason": "refused",
+                   "count": 9, "since": 101.5, "mirror": "s3://b/run"})  # fmt: skip
+    (store.directory / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    code, out = run(str(store.directory))
+    assert code == 0, out
+    assert "behind: 2 committed checkpoint(s) not on the mirror, steps 4, 5" in out
+    assert "3 more committed checkpoint(s) never reached the mirror" in out
+    assert "9 failed cop(ies)" in out
+    code, out = run(str(store.directory), "--json")
+    mirror = json.loads(out)["mirror"]
+    assert mirror["behind"] == [4, 5] and mirror["behind_deleted"] == 3
