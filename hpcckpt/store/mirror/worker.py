@@ -129,6 +129,7 @@ class MirrorWorker:
         #: Tries of a copy (successful or not) since the worker began.
         self.tries = 0
         self._streak: Streak | None = None
+        self._in_row = 0  # failed tries since the last copy that went through, any cause
         self._rng = random.Random()
         self._thread: threading.Thread | None = None
 
@@ -266,15 +267,12 @@ class MirrorWorker:
         per cause, reported like a failed copy, retried after the backoff."""
         if self._streak is None or self._streak.cause != _cause(exc, str(exc)):
             log.exception("mirror: the copy of step %d hit an error of its own", target.step)
-        delay = retry_delay(self._failures_in_row() + 1, self.options.mirror_retry_max, self._rng)
+        delay = retry_delay(self._in_row + 1, self.options.mirror_retry_max, self._rng)
         try:
             self._failed(target, exc, attempt, delay)
         except Exception:  # noqa: BLE001 (the report itself fails: the log has it)
             log.exception("mirror: reporting a failed copy failed")
         return delay
-
-    def _failures_in_row(self) -> int:
-        return self._streak.count if self._streak is not None else 0
 
     def _copy(self, target: Target, attempt: int) -> float | None:
         """Copy one checkpoint; None when done with it, else seconds before a retry."""
@@ -308,7 +306,7 @@ class MirrorWorker:
         return None
 
     def _retry_later(self, target: Target, exc: BaseException, attempt: int) -> float:
-        delay = retry_delay(self._failures_in_row() + 1, self.options.mirror_retry_max, self._rng)
+        delay = retry_delay(self._in_row + 1, self.options.mirror_retry_max, self._rng)
         self._failed(target, exc, attempt, delay)
         return delay
 
@@ -317,6 +315,7 @@ class MirrorWorker:
         reason = str(exc) or type(exc).__name__
         self.last_error = reason
         self.failures += 1
+        self._in_row += 1
         cause, now = _cause(exc, reason), time.monotonic()
         streak = self._streak
         if streak is None or streak.cause != cause:
@@ -359,6 +358,7 @@ class MirrorWorker:
     def _recovered(self, target: Target) -> None:
         """A copy went through: one line when failures came before it."""
         streak, self._streak = self._streak, None
+        self._in_row = 0
         if streak is not None and streak.count:
             log.info(
                 "mirror: %s is back: step %d copied after %d failed tries since %s",

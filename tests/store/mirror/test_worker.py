@@ -366,3 +366,25 @@ def test_the_mirrors_files_have_the_directorys_modes(tmp_path, share_group):
     name = layout.checkpoint_name(1)
     assert set(got) == {name, name + ".manifest.json"}
     assert set(got.values()) == want
+
+
+def test_the_backoff_doubles_across_failures_of_changing_causes(tmp_path, store):
+    class Flapping(StoreAway):
+        def _refuse(self, *args, **kwargs):
+            self.tries.append(time.monotonic())
+            cause = ("refused the connection", "did not answer in time")[len(self.tries) % 2]
+            raise MirrorUnavailable(f"the store {cause}")
+
+        put_file = get_file = read_range = put_bytes = get_bytes = list = delete = _refuse
+
+    away, reports = Flapping(), Reports()
+    worker = MirrorWorker(away, MirrorOptions(away.url, mirror_retry_max=3), reports)
+    try:
+        worker.committed(1, save(store, 1).path)
+        wait_for(lambda: len(reports.of(MIRROR_FAILED)) >= 3, 30, "three failed attempts")
+    finally:
+        worker.close()
+    failed = reports.of(MIRROR_FAILED)[:3]
+    assert [f["count"] for f in failed] == [1, 1, 1]  # each a new cause: each reported
+    for f, nominal in zip(failed, (1.0, 2.0, 3.0), strict=True):
+        assert nominal / 2 <= f["retry_in"] <= nominal
