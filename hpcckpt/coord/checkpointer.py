@@ -265,7 +265,7 @@ class Checkpointer:
         return self.schedule.interval
 
     # -- helpers -----------------------------------------------------------------
-    def _mirror_wait(self, reason: str, step: int | None) -> None:
+    def _mirror_wait(self, reason: str) -> None:
         """Rank 0: the newest checkpoint on its way to the mirror, waited for up to
         ``mirror_wait`` seconds, cut to end in time for the wrapper's requeue before the
         job's end (:func:`~hpcckpt.coord.endtime.mirror_wait_bound`); the ``mirror_wait``
@@ -275,11 +275,9 @@ class Checkpointer:
         wait = float(self.store.options.mirror.mirror_wait)  # type: ignore[arg-type]
         end, now = self.deadline.end_time, time.time()
         bound = mirror_wait_bound(wait, end, now)
-        cut = None
-        if end is not None and bound < wait:
-            cut = logbook.MirrorCut(wait, bound, end, end - now)
-            if step is not None:
-                log.info("%s", logbook.mirror_cut(cut, step, reason, self.directory))
+        cut = (
+            None if end is None or bound >= wait else logbook.MirrorCut(wait, bound, end, end - now)
+        )
         waited = self.store.mirror_wait(bound)
         if waited is None:
             return
@@ -564,7 +562,7 @@ class Checkpointer:
         self._stop_requested = True
         sig = self._signals.received
         why = logbook.stop_reason(stop, sig.name if sig else None)
-        self._mirror_wait("stop", step)  # rank 0, before the wrapper hears of the stop
+        self._mirror_wait("stop")  # rank 0, before the wrapper hears of the stop
         self.record.status(job_status.STOPPED, step, why)
         self.record.event(job_events.STOP, step=step, reason=stop, signal=sig.name if sig else None)
         log.info("stop requested (%s): checkpoint of step %d committed, leaving", why, step)
@@ -580,7 +578,7 @@ class Checkpointer:
         self.comm.Barrier()
         self.store.free_tier()  # the job is done: the node's memory or disk
         self._finished = True
-        self._mirror_wait("finish", self._last_save_step)
+        self._mirror_wait("finish")
         self.store.close()
         self.record.status(job_status.FINISHED, self._last_save_step, "finish() called")
         self.record.event(

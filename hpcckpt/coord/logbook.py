@@ -242,17 +242,6 @@ class MirrorCut:
     left: float
 
 
-def mirror_cut(cut: MirrorCut, step: int, reason: str, where: Path | str) -> str:
-    """The line, before the wait, of a mirror wait cut for the job's end time."""
-    after = "take the step down and requeue the job" if reason == "stop" else "end the job"
-    return (
-        f"mirror wait cut to {cut.bound:.0f} s (mirror_wait {cut.wait:g} s): the job ends in "
-        f"{cut.left:.0f} s and the wrapper needs {requeue_lead():g} s after the ranks to "
-        f"{after}; step {step} stays in {where} and is copied by the next run if it does not "
-        "reach the mirror by then"
-    )
-
-
 def mirror_waited(
     waited: MirrorWait,
     reason: str,
@@ -263,18 +252,18 @@ def mirror_waited(
     ``finish()`` or stop that waited for the newest checkpoint to reach the mirror;
     ``where``: the checkpoint directory, ``cut``: how the wait was cut for the job's end."""
     step, seconds = waited.step, waited.seconds
-    why = reason if cut is None else f"{reason}, cut for the job's end in {cut.left:.0f} s"
     if waited.done:
-        line = f"mirror: step {step} is on the mirror ({why}, waited {seconds:.1f} s)"
+        line = f"mirror: step {step} is on the mirror ({reason}, waited {seconds:.1f} s)"
     else:
         newest = waited.newest_mirrored
         have = "nothing yet" if newest is None else f"step {newest}"
         line = (
-            f"mirror: step {step} did not reach the mirror within {seconds:.0f} s ({why}); "
-            f"the mirror holds {have} from this run"
+            f"mirror: step {step} did not reach the mirror within {seconds:.0f} s ({reason}"
+            + ("" if cut is None else f"; {_cut_text(cut, reason)}")
+            + f"); the mirror holds {have} from this run"
             + (f"; last failure: {waited.error}" if waited.error else "")
             + "; the checkpoint directory keeps it"
-            + ("" if where is None else f" ({where}) and the next run copies it")
+            + ("" if where is None else f" ({where}) and {_next_copy(reason)}")
         )
     fields = {
         "step": step,
@@ -287,6 +276,20 @@ def mirror_waited(
     if cut is not None:
         fields.update(cut_to=round(cut.bound, 3), job_end=cut.job_end)
     return line, fields
+
+
+def _cut_text(cut: MirrorCut, reason: str) -> str:
+    after = "take the step down and requeue the job" if reason == "stop" else "end the job"
+    return (
+        f"mirror_wait {cut.wait:g} s cut for the time limit: the job ends in {cut.left:.0f} s "
+        f"and the wrapper needs {requeue_lead():g} s after the ranks to {after}"
+    )
+
+
+def _next_copy(reason: str) -> str:
+    if reason == "stop":
+        return "the next run copies it"
+    return "a run started on it with this mirror copies it"
 
 
 def keys_text(result: RestoreResult) -> str:

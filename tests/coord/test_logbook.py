@@ -224,16 +224,22 @@ def test_the_wait_for_the_mirror():
 
 def test_a_wait_cut_for_the_jobs_end_says_so_in_the_users_numbers():
     cut = logbook.MirrorCut(wait=300.0, bound=33.0, job_end=1_800_000_045.0, left=45.0)
-    assert logbook.mirror_cut(cut, 59, "stop", "/scratch/run") == (
-        "mirror wait cut to 33 s (mirror_wait 300 s): the job ends in 45 s and the wrapper "
-        "needs 12 s after the ranks to take the step down and requeue the job; step 59 stays "
-        "in /scratch/run and is copied by the next run if it does not reach the mirror by then"
-    )
     late = MirrorWait(step=59, done=False, seconds=33.0, newest_mirrored=None, error="refused")
     text, fields = logbook.mirror_waited(late, "stop", "/scratch/run", cut)
     assert text == (
-        "mirror: step 59 did not reach the mirror within 33 s (stop, cut for the job's end in "
-        "45 s); the mirror holds nothing yet from this run; last failure: refused; the "
-        "checkpoint directory keeps it (/scratch/run) and the next run copies it"
+        "mirror: step 59 did not reach the mirror within 33 s (stop; mirror_wait 300 s cut for "
+        "the time limit: the job ends in 45 s and the wrapper needs 12 s after the ranks to "
+        "take the step down and requeue the job); the mirror holds nothing yet from this run; "
+        "last failure: refused; the checkpoint directory keeps it (/scratch/run) and the next "
+        "run copies it"
     )
     assert (fields["cut_to"], fields["job_end"], fields["done"]) == (33.0, 1_800_000_045.0, False)
+    text, _ = logbook.mirror_waited(late, "finish", "/scratch/run", cut)
+    assert "the ranks to end the job);" in text
+    assert text.endswith(
+        "keeps it (/scratch/run) and a run started on it with this mirror copies it"
+    )
+    arrived = MirrorWait(step=59, done=True, seconds=0.8, newest_mirrored=59, error=None)
+    text, fields = logbook.mirror_waited(arrived, "stop", "/scratch/run", cut)
+    assert text == "mirror: step 59 is on the mirror (stop, waited 0.8 s)"
+    assert fields["cut_to"] == 33.0

@@ -57,7 +57,14 @@ def reference(tmp_path: Path, steps: int) -> bytes:
     return np.load(out).tobytes()
 
 
-def submit(tmp_path: Path, env: dict[str, str], url: str, steps: int, sleep: float) -> str:
+def submit(
+    tmp_path: Path,
+    env: dict[str, str],
+    url: str,
+    steps: int,
+    sleep: float,
+    limit: tuple[str, ...] = ("--time=5",),
+) -> str:
     ckpt, out, log = tmp_path / "ckpt", tmp_path / "out.npy", tmp_path / "job.out"
     app = [sys.executable, *HEAT, "--steps", str(steps), "--sleep", str(sleep), "--out", str(out)]
     wrapper = [f"{VENV_BIN}/hpcckpt", "srun", "--ckpt-dir", str(ckpt), "--mirror", url,
@@ -65,7 +72,7 @@ def submit(tmp_path: Path, env: dict[str, str], url: str, steps: int, sleep: flo
     script = tmp_path / "job.sbatch"
     script.write_text("#!/bin/bash\nexec " + shlex.join(wrapper) + "\n")
     script.chmod(0o755)
-    return sbatch(["--time=5", "-n", "2", "--requeue", "--open-mode=append", f"--output={log}",
+    return sbatch([*limit, "-n", "2", "--requeue", "--open-mode=append", f"--output={log}",
                    script], env, cwd=str(tmp_path))  # fmt: skip
 
 
@@ -182,3 +189,56 @@ def test_the_store_down_then_back_never_stalls_the_run_and_the_mirror_catches_up
     assert np.load(tmp_path / "out.npy").tobytes() == expected
     newest = mirror.newest_good(open_backend(url))
     assert newest is not None and newest.step == steps - 1
+
+
+def test_a_stop_with_the_store_down_is_requeued_before_the_end_and_the_mirror_catches_up(
+    slurm_cluster, own_s3_server, tmp_path
+):
+    """The S3 store is down when Slurm's ``--signal=B:USR1@55`` comes to a 1-minute job:
+    the stop's wait for the mirror (``mirror_wait`` 300 s) is cut so that the job is
+    requeued before its end time, and says so; the next segment resumes from the
+    directory, sends the stop's checkpoint to the store, back by then, and finishes
+    bit-identical, the stop's and the last checkpoint verified on the mirror."""
+    steps = 450  # 45 s of work: USR1@55 arrives 5-35 s in, so the first run always stops
+    expected = reference(tmp_path, steps)
+    own_s3_server.bucket("stopdown")
+    url = "s3://stopdown/run"
+    env = job_env(slurm_cluster, own_s3_server)
+    ckpt, log = tmp_path / "ckpt", tmp_path / "job.out"
+    own_s3_server.stop()
+    job = submit(tmp_path, env, url, steps, sleep=0.1,
+                 limit=("--time=1", "--signal=B:USR1@55"))  # fmt: skip
+    wait_for_event(ckpt, lambda e: e.get("event") == "requeue", timeout=150, job=job, env=env)
+    wait_requeued(job, env)
+    first = list(read_events(ckpt))
+    (stop,) = of(first, "stop")
+    stopped_at = stop["step"]
+    (waited,) = of(first, "mirror_wait")
+    assert waited["reason"] == "stop" and waited["step"] == stopped_at, waited
+    assert waited["done"] is False and waited["newest_mirrored"] is None, waited
+    assert 0 <= waited["cut_to"] < 55 and waited["seconds"] < 60, waited
+    (requeue,) = of(first, "requeue")
+    assert requeue["time"] < waited["job_end"], (requeue, waited)  # before Slurm's limit
+    text = log_of(log)
+    assert f"step {stopped_at} did not reach the mirror within" in text, text
+    assert "(stop; mirror_wait 300 s cut for the time limit: the job ends in" in text, text
+    assert f"keeps it ({ckpt}) and the next run copies it" in text, text
+
+    own_s3_server.start()
+    # The next segment gets 5 minutes: it finishes before another USR1 comes.
+    subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=5"], env=env, check=True,
+                   timeout=30)  # fmt: skip
+    info = follow(job, env, timeout=300)
+    text = log_of(log)
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 1, text
+    events = list(read_events(ckpt))
+    later = events[len(first) :]
+    (restore,) = [e for e in of(later, "restore") if e.get("step") is not None]
+    assert restore["tier"] == "directory" and restore["step"] == stopped_at, later
+    assert stopped_at in [e["step"] for e in of(later, "mirrored")], later  # caught up
+    assert np.load(tmp_path / "out.npy").tobytes() == expected
+    backend = open_backend(url)
+    assert mirror.verify_mirrored(backend, str(stopped_at)).good
+    newest = mirror.newest_good(backend)
+    assert newest is not None and newest.step == steps - 1
+    assert mirror.verify_mirrored(backend, str(steps - 1)).good
