@@ -56,5 +56,6 @@ def test_a_mirror_directory_that_is_not_there_never_stops_the_run(tmp_path):
     assert failed and "does not exist" in failed[0]["reason"]
     (waited,) = [e for e in events if e["event"] == "mirror_wait"]
     assert waited["done"] is False and "does not exist" in waited["error"]
-    assert "did not reach the mirror" in r.stderr
+    assert "did not reach the mirror within 2 s (finish)" in r.stderr
+    assert f"the checkpoint directory keeps it ({ck}) and a run started on it" in r.stderr
     assert [e.step for e in layout.scan(ck)][0] == 59
