@@ -208,7 +208,10 @@ def test_a_stop_with_the_store_down_is_requeued_before_the_end_and_the_mirror_ca
     own_s3_server.stop()
     job = submit(tmp_path, env, url, steps, sleep=0.1,
                  limit=("--time=1", "--signal=B:USR1@55"))  # fmt: skip
-    wait_for_event(ckpt, lambda e: e.get("event") == "requeue", timeout=150, job=job, env=env)
+    # The node may run another session's job first: the limit counts from the start.
+    wait_for_event(ckpt, lambda e: e.get("event") == "wrapper_start", timeout=600, job=job,
+                   env=env)  # fmt: skip
+    wait_for_event(ckpt, lambda e: e.get("event") == "requeue", timeout=120, job=job, env=env)
     wait_requeued(job, env)
     first = list(read_events(ckpt))
     (stop,) = of(first, "stop")
@@ -228,7 +231,7 @@ def test_a_stop_with_the_store_down_is_requeued_before_the_end_and_the_mirror_ca
     # The next segment gets 5 minutes: it finishes before another USR1 comes.
     subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=5"], env=env, check=True,
                    timeout=30)  # fmt: skip
-    info = follow(job, env, timeout=300)
+    info = follow(job, env, timeout=600)
     text = log_of(log)
     assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 1, text
     events = list(read_events(ckpt))
