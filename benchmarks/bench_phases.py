@@ -173,7 +173,10 @@ def full_next(store) -> None:
 
 
 def worker(args: argparse.Namespace) -> None:
-    from hpcckpt.store.io import write_path
+    try:
+        from hpcckpt.store.io import write_path
+    except ImportError:  # the flat store, before its sub-packages: time it too
+        from hpcckpt.store import write_path
     from hpcckpt.store.store import CheckpointStore
 
     comm = MPI.COMM_WORLD
