@@ -12,10 +12,10 @@ lint: setup
 	$(PY) -m ruff check hpcckpt tests examples benchmarks scripts
 	$(PY) -m ruff format --check hpcckpt tests examples benchmarks scripts
 
-# Workers of `make test`: one runs every test that does not wait on Slurm, in order; the
-# others run the Slurm end-to-end tests side by side, each on local clusters of its own
-# (tests/conftest.py). TEST_WORKERS=0 runs everything in one process.
-TEST_WORKERS ?= 4
+# Workers of `make test`: two run the tests that submit no Slurm jobs, in two lanes, each
+# in order; the others run the Slurm end-to-end tests side by side, each on local clusters
+# of its own (tests/conftest.py). TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 6
 
 test: setup lint  ## the whole suite: unit, MPI (mpirun -n 2/3) and Slurm (local cluster) tests
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)

@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -54,15 +54,24 @@ def job_info(job: str, env: dict[str, str]) -> dict[str, str]:
 
 
 def follow(
-    job: str, env: dict[str, str], timeout: float = 600, release: bool = True
+    job: str,
+    env: dict[str, str],
+    timeout: float = 600,
+    release: bool = True,
+    on_poll: Callable[[dict[str, str]], None] | None = None,
 ) -> dict[str, str]:
-    """Wait for the job to end, releasing requeued runs from their BeginTime wait; final info."""
+    """Wait for the job to end, releasing requeued runs from their BeginTime wait; final info.
+
+    ``on_poll(info)``: called with the job's info every second until it ends, before a
+    held run is released."""
     deadline = time.monotonic() + timeout
     held_since: float | None = None
     while time.monotonic() < deadline:
         info = job_info(job, env)
         if info.get("JobState") in FINAL:
             return info
+        if on_poll is not None:
+            on_poll(info)
         held = info.get("JobState") == "PENDING" and info.get("Reason") == "BeginTime"
         if not held:
             held_since = None
