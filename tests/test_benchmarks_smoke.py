@@ -301,3 +301,25 @@ def test_bench_fsdp_compares_hpcckpt_with_dcp_and_checks_every_restore(tmp_path:
     assert [p["ranks"] for p in doc["phases"].values()] == [2, 1, 2]
     checks = {(ph, k): ok for ph, p in doc["phases"].items() for k, ok in p["checks"].items()}
     assert len(checks) == 6 and all(checks.values()), checks
+
+
+def test_gpu_fsdp_check_says_no_cuda_device_and_resumes_exactly_on_the_cpu(
+    tmp_path: Path,
+) -> None:
+    script = str(BENCH / "gpu_fsdp_check.py")
+    proc = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["status"] == "no CUDA device: nothing checked"
+    out = tmp_path / "fsdp.json"
+    argv = ["--device", "cpu", "--steps", "12", "--stop", "5", "--root", str(tmp_path / "s")]
+    proc = subprocess.run(
+        [sys.executable, script, *argv, "--json", str(out)],
+        env=mpi_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "passed" and doc["restored"] == 5
+    assert doc["losses_equal"] and doc["params_equal"] and doc["moments_equal"]
