@@ -14,6 +14,11 @@ each rank's milliseconds in it, the largest over the ranks of the whole operatio
 and how many calls. Phases nest (``write_file`` holds ``create (rank 0)``), so the
 rows do not add up; "other" is the operation's time outside the top-level phases.
 ``--profile DIR`` writes a cProfile of each rank's timed saves and restores.
+
+``--checkpointer`` times ``Checkpointer.save`` and ``Checkpointer.restore`` instead (the
+run directory's events and heartbeats, the agreement on the call, retention with
+``--keep-last``, the deadline's refresh around the store's own steps): its rows are the
+top level, the store's rows nest inside "the store's save" and "the store's restore".
 """
 
 from __future__ import annotations
@@ -109,6 +114,23 @@ RESTORE = [
     ("store", "CheckpointStore", "_decode", "decode + agree", True),
 ]
 
+#: Checkpointer.save and Checkpointer.restore around the store (``--checkpointer``); a
+#: module named in full. Their top-level rows replace the store's, which nest inside.
+CHECKPOINTER = [
+    ("hpcckpt.coord.calls", "Calls", "enter", "agree on the call", True),
+    ("hpcckpt.coord.calls", "Calls", "drain", "the call's agreement drained", True),
+    ("hpcckpt.coord.record", "RunRecord", "event", "events (rank 0)", True),
+    ("hpcckpt.rundir.heartbeat", "HeartbeatWriter", "beat", "heartbeats", True),
+    ("hpcckpt.coord.checkpointer", None, "guard", "poisoned-state guard", True),
+    ("hpcckpt.store.store", "CheckpointStore", "checkpoint", "the store's save", True),
+    ("hpcckpt.store.store", "CheckpointStore", "prune", "retention: prune()", True),
+    ("hpcckpt.store.retention", None, "prune_directory", "scan + delete (rank 0)", False),
+    ("hpcckpt.store.store", "CheckpointStore", "restore", "the store's restore", True),
+    ("hpcckpt.store.store", "CheckpointStore", "mirror_wait", "mirror wait (rank 0)", True),
+    ("hpcckpt.coord.endtime", "JobEnd", "refresh", "deadline refresh", True),
+    ("hpcckpt.store.agreement", "Agreement", "anyone", "signal agreed", True),
+]
+
 
 class Clock:
     """Records (label, start, end) of the wrapped calls of the current operation."""
@@ -135,13 +157,14 @@ class Clock:
         return out
 
 
-def install(clock: Clock) -> None:
+def install(clock: Clock, checkpointer: bool = False) -> None:
     import importlib
 
-    for table in (SAVE, RESTORE):
+    for table in (SAVE, RESTORE, CHECKPOINTER if checkpointer else []):
         for module, cls, name, label, _ in table:
+            full = module if module.startswith("hpcckpt.") else f"hpcckpt.store.{module}"
             try:
-                mod = importlib.import_module(f"hpcckpt.store.{module}")
+                mod = importlib.import_module(full)
             except ModuleNotFoundError:  # an older store: its rows stay empty
                 continue
             holder = getattr(mod, cls, None) if cls else mod
@@ -158,6 +181,8 @@ def summarize(calls: list[tuple[str, float, float]], t0: float, t1: float, table
         ms[label] += (b - a) * 1e3
         n[label] += 1
     top = {label for *_, label, is_top in table if is_top}
+    if any(row in CHECKPOINTER for row in table):  # the store's rows nest in the Checkpointer's
+        top = {label for *_, label, is_top in CHECKPOINTER if is_top}
     covered = sum(b - a for label, a, b in calls if label in top)
     ms["other"] = ((t1 - t0) - covered) * 1e3
     ms["total"] = (t1 - t0) * 1e3
@@ -201,14 +226,26 @@ def worker(args: argparse.Namespace) -> None:
                 raise SystemExit(f"{why}; run as root, or pass --no-drop-caches (warm reads)")
         comm.Barrier()
 
-    store = CheckpointStore(d, comm)
     state = {"u": a}
+    ck = None
+    if args.checkpointer:
+        import hpcckpt
+
+        keep = None if args.keep_last == 0 else args.keep_last
+        ck = hpcckpt.Checkpointer(d, comm, every_steps=1, keep_last=keep, incremental=False)
+        store = ck.store
+        save, restore = ck.save, ck.restore
+        tables = {"save": SAVE + CHECKPOINTER, "restore": RESTORE + CHECKPOINTER}
+    else:
+        store = CheckpointStore(d, comm)
+        save, restore = store.save, store.restore
+        tables = {"save": SAVE, "restore": RESTORE}
     for k in range(write_path.PROBES):  # untimed, as bench_io.py
         full_next(store)
         drop()
-        store.save(100 + k, state)
+        save(100 + k, state)
     clock = Clock()
-    install(clock)
+    install(clock, checkpointer=args.checkpointer)
     prof = cProfile.Profile() if args.profile else None
     out: dict[str, list] = {"save": [], "restore": [], "raw": []}
     raw = root / f"raw.rank{rank}"
@@ -238,25 +275,27 @@ def worker(args: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         if prof:
             prof.enable()
-        store.save(200 + rep, state)
+        save(200 + rep, state)
         if prof:
             prof.disable()
         t1 = time.perf_counter()
-        out["save"].append(summarize(clock.take(), t0, t1, SAVE))
+        out["save"].append(summarize(clock.take(), t0, t1, tables["save"]))
         drop(warm=True)
         comm.Barrier()
         t0 = time.perf_counter()
         if prof:
             prof.enable()
-        got = store.restore(state)
+        got = restore(state)
         if prof:
             prof.disable()
         t1 = time.perf_counter()
-        assert got is not None and got.step == 200 + rep
-        out["restore"].append(summarize(clock.take(), t0, t1, RESTORE))
+        assert got is not None and getattr(got, "step", got) == 200 + rep
+        out["restore"].append(summarize(clock.take(), t0, t1, tables["restore"]))
     if prof:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
         prof.dump_stats(str(Path(args.profile) / f"rank{rank}.prof"))
+    if ck is not None:
+        ck.close()
     everyone = comm.gather(out, root=0)
     if rank == 0:
         report(everyone, args)
@@ -296,10 +335,12 @@ def report(everyone: list[dict], args: argparse.Namespace) -> None:
         f"save x best raw: median {med(ratio_s):.2f} ({min(ratio_s):.2f}-{max(ratio_s):.2f}); "
         f"restore x cold read: median {med(ratio_r):.2f} ({min(ratio_r):.2f}-{max(ratio_r):.2f})"
     )
-    for op, table in (("save", SAVE), ("restore", RESTORE)):
+    extra = CHECKPOINTER if args.checkpointer else []
+    for op, table in (("save", extra + SAVE), ("restore", extra + RESTORE)):
         labels = [*dict.fromkeys(label for *_, label, _ in table), "other", "total"]
         head = " | ".join(f"rank {r} ms" for r in range(nr))
-        print(f"\n{op}, {args.size} per rank, {nr} ranks, median of {args.reps}")
+        what = f"Checkpointer.{op} (keep_last={args.keep_last or None})" if extra else op
+        print(f"\n{what}, {args.size} per rank, {nr} ranks, median of {args.reps}")
         print(f"| phase | {head} | calls r0 / r1 |")
         print("|---|" + "---:|" * (nr + 1))
         for label in labels:
@@ -328,6 +369,14 @@ def main() -> None:
     ap.add_argument("--json", help="write every rank's phases of every repetition here")
     ap.add_argument("--no-drop-caches", action="store_true", help="warm reads (no root needed)")
     ap.add_argument("--profile", help="write a cProfile per rank (rankN.prof) into this directory")
+    ap.add_argument(
+        "--checkpointer",
+        action="store_true",
+        help="time Checkpointer.save/restore (events, heartbeats, retention) around the store",
+    )
+    ap.add_argument(
+        "--keep-last", type=int, default=3, help="with --checkpointer: retention (0: keep all)"
+    )
     worker(ap.parse_args())
 
 

@@ -519,8 +519,8 @@ class Checkpointer:
         """After a commit: prune, remember, log one line, record the event, honour a stop."""
         step = result.step
         self._heartbeat.beat(step, force=True)
-        try:  # the store keeps what is on its way to the mirror
-            self.store.prune(**dataclasses.asdict(self.retention))
+        try:  # rank 0, in the background; the store keeps what is on its way to the mirror
+            self.store.prune(**dataclasses.asdict(self.retention), background=True)
         except CheckpointError as exc:  # raised on every rank alike; the save stands
             log.warning("retention failed, no checkpoint deleted: %s", exc)
         self.last_save = result

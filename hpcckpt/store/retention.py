@@ -25,7 +25,8 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -183,6 +184,8 @@ def prune_directory(
     files (the next save removes those) or anything that is not a checkpoint.
     """
     check_rules(keep_last, keep_every, keep_every_seconds)
+    if keep_last is None and keep_every is None and keep_every_seconds is None:
+        return []  # no rule keeps all: no file need be opened to know it
     cands = candidates(directory, need_time=keep_every_seconds is not None)
     keep = steps_to_keep(cands, keep_last, keep_every, keep_every_seconds, delete_bad, protect)
     doomed = [Path(directory) / layout.checkpoint_name(c.step) for c in cands if c.step not in keep]
@@ -193,6 +196,45 @@ def prune_directory(
             fault_point("prune.deleting")  # tests: die between two deletions
             path.with_name(path.name + layout.BAD).unlink(missing_ok=True)
     return sorted(doomed)
+
+
+class BackgroundPrune:
+    """One process's prunes run in a thread, one at a time, off the caller's path: a save
+    returns after its commit, not after the deletes that follow it (unlinking a large
+    file takes a good part of a second). :meth:`wait` is called before anything that
+    reads or writes the directory's checkpoints (a save, a restore, a listing, another
+    prune), so they see the directory as a synchronous prune would have left it."""
+
+    def __init__(self, name: str = "hpcckpt-prune") -> None:
+        self.name = name
+        self._thread: threading.Thread | None = None
+
+    def start(self, prune: Callable[[], object], what: str) -> None:
+        """Wait for the previous prune, then run ``prune()`` in a thread; an OSError there
+        is logged as a warning naming ``what`` (the checkpoints it had not deleted stay)."""
+        self.wait()
+
+        def run() -> None:
+            try:
+                prune()
+            except OSError as exc:
+                log.warning("retention of %s failed, the rest kept: %s", what, exc)
+
+        # Not a daemon: an exit waits for the deletes under way (each is safe to cut,
+        # but a prune half done at exit is one more thing alive when the runtime ends).
+        self._thread = threading.Thread(target=run, name=self.name, daemon=False)
+        self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        """Whether a prune is still deleting."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self) -> None:
+        """Return once the prune started last (if any) has ended."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
 
 
 @dataclass(frozen=True)

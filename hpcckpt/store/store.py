@@ -104,6 +104,8 @@ class CheckpointStore:
         self.nranks = comm.Get_size()
         #: Every collective decision and cross-rank error of this store goes through it.
         self.agreement = Agreement(comm)
+        #: Rank 0's prune after a commit, off the save's path (``prune(background=True)``).
+        self.pruning = retention.BackgroundPrune()
         self.file_mode, self.dir_mode = safety.modes(self.options.files.share_group)
         block_size = int(self.options.incremental.block_size)  # type: ignore[arg-type]
         encoder = Encoder(self.agreement, self.options.arrays, block_size)
@@ -165,6 +167,7 @@ class CheckpointStore:
         A value that cannot be checkpointed raises TypeError on every rank (naming the
         rank and key path); any other failure raises CheckpointError on every rank.
         """
+        self.pruning.wait()  # the deletes a synchronous prune would have made are done
         return self._committed(self.saver.save(step, state, extra_meta))
 
     def checkpoint(
@@ -184,6 +187,7 @@ class CheckpointStore:
         (copied to the mirror at once) or when staging is refused (logged and reported
         ``staging_refused``), :meth:`save`. Raises like them.
         """
+        self.pruning.wait()
         if not stop and local and self.tier is not None:
             return self.save_local(step, state)
         meta = {"reason": reason}
@@ -212,6 +216,7 @@ class CheckpointStore:
         and arrays stand for the state. Raises like :meth:`save` when staging fails,
         and StagingRefused on every rank when some rank has too little memory to stage.
         """
+        self.pruning.wait()
         return self.saver.begin_save(step, state, extra_meta, buffers=buffers, redrain=redrain)
 
     def finish_save(self, pending: PendingSave) -> SaveResult:
@@ -262,7 +267,9 @@ class CheckpointStore:
 
     def close(self) -> None:
         """Stop rank 0's mirror thread (a copy under way never counts without its
-        manifest): nothing more is copied; restores and saves still work. Not collective."""
+        manifest): nothing more is copied; restores and saves still work. Not collective.
+        A prune under way (rank 0's, ``background=True``) is waited for."""
+        self.pruning.wait()
         if self.mirroring is not None:
             self.mirroring.close()
             self.mirroring = None
@@ -277,6 +284,7 @@ class CheckpointStore:
         delete_bad: bool = False,
         dry_run: bool = False,
         protect: set[int] | None = None,
+        background: bool = False,
     ) -> list[Path]:
         """Delete checkpoints the retention rules do not keep (see :mod:`.retention`).
 
@@ -284,23 +292,29 @@ class CheckpointStore:
         newest good checkpoint, nor the ``protect`` steps (rank 0's), nor those on their
         way to the mirror and not yet verified there, nor the files they are built on;
         keeps bad ones unless ``delete_bad``.
+
+        ``background`` (after a commit, as the Checkpointer prunes): not collective; rank 0
+        deletes in a thread and every rank returns at once with an empty list; a failure
+        is logged. The store's next save, restore, listing or prune, and :meth:`close`,
+        wait for it first, so none of them ever sees a prune half done.
         """
         retention.check_rules(keep_last, keep_every, keep_every_seconds)
+        if self.rank == 0:
+            self.pruning.wait()
+            if self.mirroring is not None:  # those on their way now, whenever it runs
+                protect = set(protect or ()) | self.mirroring.protected()
+        rules = (keep_last, keep_every, keep_every_seconds, delete_bad, dry_run, protect or ())
+        if background:
+            if self.rank == 0 and any(r is not None for r in rules[:3]):
+                self.pruning.start(
+                    lambda: retention.prune_directory(self.directory, *rules), str(self.directory)
+                )
+            return []
         result: list[Path] | None = None
         error: BaseException | None = None
         if self.rank == 0:
-            if self.mirroring is not None:
-                protect = set(protect or ()) | self.mirroring.protected()
             try:
-                result = retention.prune_directory(
-                    self.directory,
-                    keep_last,
-                    keep_every,
-                    keep_every_seconds,
-                    delete_bad,
-                    dry_run,
-                    protect or (),
-                )
+                result = retention.prune_directory(self.directory, *rules)
             except OSError as exc:
                 error = exc
         self.agreement.agree(error, f"pruning {self.directory}")
@@ -309,6 +323,7 @@ class CheckpointStore:
     # -- restore ---------------------------------------------------------------------------
     def entries(self) -> list[layout.Entry]:
         """Committed checkpoints as rank 0 sees them, newest first (same list on every rank)."""
+        self.pruning.wait()
         return self.restorer.entries()
 
     def restore(
@@ -353,6 +368,7 @@ class CheckpointStore:
         if not isinstance(state, dict):
             raise TypeError(f"state must be a dict, not {type(state).__name__}")
         keys = None if only is None else ((only,) if isinstance(only, str) else tuple(only))
+        self.pruning.wait()  # never read a checkpoint a prune is deleting
         self.saver.forget_changes()
         result, chain = self.restorer.restore(state, keys, strict)
         if result is not None:

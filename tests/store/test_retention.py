@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 from hpcckpt.store.file import layout
-from hpcckpt.store.retention import Candidate, prune_directory, steps_to_keep
+from hpcckpt.store.retention import BackgroundPrune, Candidate, prune_directory, steps_to_keep
 from hpcckpt.store.store import CheckpointStore
 
 
@@ -77,3 +81,39 @@ def test_store_prune_deletes_files_and_sidecars_but_not_partials(tmp_path):
     prune_directory(store.directory, keep_last=1, delete_bad=True)
     assert [e.step for e in layout.scan(store.directory)] == [6]
     assert not (store.directory / (layout.checkpoint_name(2) + layout.BAD)).exists()
+
+
+def test_no_rule_prunes_nothing_and_opens_nothing(tmp_path):
+    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF)
+    for step in (1, 2):
+        store.save(step, {"x": np.full(3, step)})
+    # A file that is not HDF5 at all: any rule would have to open it (and count it bad).
+    (store.directory / layout.checkpoint_name(3)).write_bytes(b"not a checkpoint")
+    assert prune_directory(store.directory) == [] and store.prune() == []
+    assert [e.step for e in layout.scan(store.directory)] == [3, 2, 1]
+
+
+def test_a_background_prune_runs_one_at_a_time_and_wait_ends_it():
+    prune = BackgroundPrune()
+    gate, order = threading.Event(), []
+    prune.start(lambda: (gate.wait(10), order.append("first")), "test")
+    assert prune.running and order == []
+    threading.Timer(0.2, gate.set).start()
+    t0 = time.monotonic()
+    prune.start(lambda: order.append("second"), "test")  # waits for the first
+    assert order[0] == "first" and time.monotonic() - t0 >= 0.15
+    prune.wait()
+    assert order == ["first", "second"] and not prune.running
+    prune.wait()  # nothing under way: returns at once
+
+
+def test_a_background_prune_that_fails_says_so_and_raises_nothing(tmp_path, caplog):
+    def fail() -> None:
+        raise PermissionError(13, "Permission denied", str(tmp_path))
+
+    prune = BackgroundPrune()
+    with caplog.at_level(logging.WARNING, logger="hpcckpt.store"):
+        prune.start(fail, str(tmp_path))
+        prune.wait()
+    assert f"retention of {tmp_path} failed, the rest kept" in caplog.text
+    assert "Permission denied" in caplog.text

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 
 import h5py
 import numpy as np
@@ -110,6 +112,69 @@ def test_restore_takes_a_dict_and_only_by_key(store, make_state):
     state = make_state(0)
     assert store.restore(state, only="meta").step == 1
     assert state["meta"]["k"] == 1 and not state["u"].any(), "only 'meta' was read"
+
+
+# -- retention after a commit, in the background ---------------------------------------------
+def test_a_background_prune_leaves_what_a_synchronous_one_leaves(tmp_path, make_state):
+    stores = [CheckpointStore(tmp_path / n, MPI.COMM_SELF, incremental=False) for n in "ab"]
+    for step in range(1, 6):
+        for store in stores:
+            store.save(step, make_state(step))
+    layout.mark_bad(stores[0].directory / layout.checkpoint_name(2), "test")
+    layout.mark_bad(stores[1].directory / layout.checkpoint_name(2), "test")
+    background, synchronous = stores
+    assert background.prune(keep_last=2, background=True) == []  # at once, not collective
+    deleted = synchronous.prune(keep_last=2)
+    assert [p.name for p in deleted] == [layout.checkpoint_name(s) for s in (1, 3)]
+    assert [e.step for e in background.entries()] == [5, 4, 2]  # entries() waits for it
+    assert [e.step for e in layout.scan(synchronous.directory)] == [5, 4, 2]
+    background.prune(keep_last=1, background=True)
+    background.close()  # waits for the prune
+    assert [e.step for e in layout.scan(background.directory)] == [5, 2], "bad ones stay"
+
+
+@pytest.mark.parametrize("call", ["save", "checkpoint", "restore", "entries", "prune", "close"])
+def test_the_store_waits_for_a_background_prune_before_touching_its_checkpoints(
+    store, make_state, call
+):
+    """A save, a restore, a listing, a prune or close() starts only once rank 0's prune
+    under way has ended: none of them sees a prune half done (a file it is deleting)."""
+    store.save(1, make_state(1))
+    gate, order = threading.Event(), []
+    store.pruning.start(lambda: (gate.wait(10), order.append("prune")), "test")
+    threading.Timer(0.3, gate.set).start()
+    t0 = time.monotonic()
+    {
+        "save": lambda: store.save(2, make_state(2)),
+        "checkpoint": lambda: store.checkpoint(2, make_state(2), "steps"),
+        "restore": lambda: store.restore(make_state(0)),
+        "entries": store.entries,
+        "prune": lambda: store.prune(keep_last=1),
+        "close": store.close,
+    }[call]()
+    assert order == ["prune"] and time.monotonic() - t0 >= 0.25
+    assert not store.pruning.running
+
+
+def test_a_background_prune_keeps_what_is_on_its_way_to_the_mirror(tmp_path):
+    """The checkpoints being copied and queued when the prune is asked for stay, as with
+    a synchronous prune."""
+    root = tmp_path / "m"
+    root.mkdir()
+    store = CheckpointStore(
+        tmp_path / "ck", MPI.COMM_SELF, incremental=False, mirror=str(root), mirror_bandwidth=2e6
+    )
+    try:
+        big = np.random.default_rng(6).random(500_000)  # 4 MB: 2 s to the mirror
+        store.save(1, {"u": big + 1})
+        wait_for(lambda: any(root.iterdir()), 30, "the copy of step 1 under way")
+        for step in (2, 3):
+            store.save(step, {"u": big + step})
+        assert store.mirroring.protected() == {1, 3}
+        store.prune(keep_last=1, background=True)
+        assert [e.step for e in store.entries()] == [3, 1]
+    finally:
+        store.close()
 
 
 # -- the mirror: the store copies its commits ------------------------------------------------
