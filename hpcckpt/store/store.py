@@ -153,7 +153,12 @@ class CheckpointStore:
         """Rank 0: connect to the mirror (nothing is read or written yet); why not."""
         mirror = self.options.mirror
         try:
-            self.mirror = open_backend(mirror.url, mirror.mirror_bandwidth)  # type: ignore[arg-type]
+            self.mirror = open_backend(
+                mirror.url,  # type: ignore[arg-type]
+                mirror.mirror_bandwidth,  # type: ignore[arg-type]
+                verify=mirror.mirror_verify,
+                compress=mirror.mirror_compress,
+            )
         except ValueError as exc:
             return str(exc)
         return None

@@ -14,7 +14,7 @@ import re
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol, runtime_checkable
@@ -46,9 +46,28 @@ class MirrorBackend(Protocol):
     """
 
     url: str  # for messages (no credentials)
+    #: How a copy is verified: "auto", "checksum" (on receipt) or "readback"
+    verify: str
+    #: Compression of the copies: None, "auto" or "zstd" (:mod:`.mirror.compression`)
+    compress: str | None
+
+    @property
+    def receipt_checked(self) -> bool:
+        """Whether a :meth:`put_stream` is verified on receipt (no read-back needed)."""
+        ...
 
     def put_file(self, local: Path, key: str) -> None:
         """Upload a whole file under ``key`` (replacing it), throttled by the backend's cap."""
+        ...
+
+    def put_stream(self, key: str, pieces: Iterable[bytes], like: Path | None = None) -> None:
+        """Store the bytes of ``pieces`` (consumed in order, each spent through the cap)
+        under ``key``: whole or not at all; an exception raised by ``pieces`` leaves no
+        object. ``like``: the file whose permission bits the object keeps, where it can.
+
+        ``receipt_checked`` says whether what arrived is known to be what was sent
+        without reading it back (the store checked a checksum on receipt, or the bytes
+        were written from the very buffer that was hashed)."""
         ...
 
     def get_file(self, key: str, local: Path) -> None:
@@ -131,10 +150,26 @@ class DirectoryBackend:
 
     PART = ".part"
 
-    def __init__(self, root: str | os.PathLike[str], throttle: Throttle | None = None) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        throttle: Throttle | None = None,
+        *,
+        verify: str = "auto",
+        compress: str | None = None,
+    ) -> None:
         self.root = Path(root)
         self.url = str(self.root)
         self.throttle = throttle or Throttle(None)
+        self.verify = check_verify(verify)
+        self.compress = compress
+
+    @property
+    def receipt_checked(self) -> bool:
+        """A directory's copy is written from the very buffers that were hashed, each
+        write checked whole and the file fsynced and its size checked: reading it back
+        would only read the page cache, so it is done only with ``verify="readback"``."""
+        return self.verify != "readback"
 
     def _path(self, key: str) -> Path:
         return self.root / _check_key(key)
@@ -175,6 +210,24 @@ class DirectoryBackend:
 
         self._write(key, fill, _permissions(local))
 
+    def put_stream(self, key: str, pieces: Iterable[bytes], like: Path | None = None) -> None:
+        written = 0
+
+        def fill(out: BinaryIO) -> None:
+            nonlocal written
+            fd = out.fileno()
+            for piece in pieces:
+                self.throttle.spend(len(piece))
+                view = memoryview(piece)
+                while view:  # a short write is continued, never taken as done
+                    n = os.write(fd, view)
+                    view = view[n:]
+                written += len(piece)
+            if os.fstat(fd).st_size != written:
+                raise OSError(0, f"{written} bytes written but the file holds another size")
+
+        self._write(key, fill, _permissions(like) if like is not None else None)
+
     def put_bytes(self, key: str, data: bytes) -> None:
         described = None
         for suffix in (".manifest.json", ".bad"):
@@ -182,6 +235,11 @@ class DirectoryBackend:
                 described = key[: -len(suffix)]
         mode = _permissions(self._path(described)) if described else None
         self._write(key, lambda out: out.write(data), mode)
+
+    def put_bytes_like(self, key: str, data: bytes, like: str) -> None:
+        """Store a small object with the permission bits of the object ``like`` (the
+        mirror's index takes its newest checkpoint's), atomically as :meth:`put_bytes`."""
+        self._write(key, lambda out: out.write(data), _permissions(self._path(like)))
 
     def get_file(self, key: str, local: Path) -> None:
         self._ensure_root()
@@ -239,6 +297,27 @@ class DirectoryBackend:
             raise self._unavailable("listing", err) from None
         return sorted(found, key=lambda o: o.key)
 
+    def list_after(self, start_after: str, prefix: str = "") -> list[ObjectInfo]:
+        """The top-level objects whose key starts with ``prefix`` and sorts after
+        ``start_after``, sorted by key: one read of the directory's names, and a stat of
+        only those returned (the mirror's index asks what is newer than it knows)."""
+        self._ensure_root()
+        found = []
+        try:
+            with os.scandir(self.root) as entries:
+                names = [e.name for e in entries if e.is_file(follow_symlinks=False)]
+        except OSError as err:
+            raise self._unavailable("listing", err) from None
+        for name in sorted(names):
+            if name <= start_after or not name.startswith(prefix) or name.endswith(self.PART):
+                continue
+            try:
+                st = (self.root / name).stat()
+            except FileNotFoundError:
+                continue
+            found.append(ObjectInfo(name, st.st_size, st.st_mtime))
+        return found
+
     def delete(self, key: str) -> None:
         self._ensure_root()
         try:
@@ -247,6 +326,17 @@ class DirectoryBackend:
             pass
         except OSError as err:
             raise self._unavailable(f"deleting {key}", err) from None
+
+
+VERIFY = ("auto", "checksum", "readback")
+
+
+def check_verify(value: str) -> str:
+    """``mirror_verify`` checked: "auto", "checksum" or "readback"."""
+    text = str(value).strip().lower()
+    if text not in VERIFY:
+        raise ValueError(f"mirror_verify={value!r}: give 'auto', 'checksum' or 'readback'")
+    return text
 
 
 def _permissions(path: Path) -> int | None:
@@ -286,16 +376,24 @@ def check_url(url: str) -> str:
     return text
 
 
-def open_backend(url: str, bandwidth: float | None = None) -> MirrorBackend:
+def open_backend(
+    url: str,
+    bandwidth: float | None = None,
+    *,
+    verify: str = "auto",
+    compress: str | None = None,
+) -> MirrorBackend:
     """The backend for a mirror URL: ``s3://bucket/prefix`` -> the S3 backend, a path or
-    ``file://`` URL -> :class:`DirectoryBackend`; ``bandwidth`` caps uploads (bytes/s)."""
+    ``file://`` URL -> :class:`DirectoryBackend`; ``bandwidth`` caps uploads (bytes/s);
+    ``verify`` and ``compress`` as :class:`~.mirror.options.MirrorOptions` says."""
     text = str(url).strip()
     if not text:
         raise ValueError(f"the mirror URL is empty; give {ACCEPTED}")
     throttle = Throttle(bandwidth)
+    how = {"verify": verify, "compress": compress}
     match = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", text)
     if match is None:
-        return DirectoryBackend(Path(text).expanduser(), throttle)
+        return DirectoryBackend(Path(text).expanduser(), throttle, **how)
     scheme = match.group(1).lower()
     if scheme == "file":
         path = text[len("file://") :]
@@ -303,7 +401,7 @@ def open_backend(url: str, bandwidth: float | None = None) -> MirrorBackend:
             raise ValueError(
                 f"mirror URL {text!r}: a file:// URL needs an absolute path (file:///project/run)"
             )
-        return DirectoryBackend(Path(path), throttle)
+        return DirectoryBackend(Path(path), throttle, **how)
     if scheme in SCHEMES:
         module, name = SCHEMES[scheme].split(":")
         try:
@@ -312,7 +410,7 @@ def open_backend(url: str, bandwidth: float | None = None) -> MirrorBackend:
             raise ValueError(
                 f"mirror URL {text!r} needs the S3 client: pip install 'hpcckpt[s3]' ({err})"
             ) from None
-        return cls(text, throttle=throttle)
+        return cls(text, throttle=throttle, **how)
     raise ValueError(f"mirror URL {text!r}: unknown scheme {scheme!r}; give {ACCEPTED}")
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from hpcckpt.store.mirror import compression
 from hpcckpt.store.mirror import retention as mirror_retention
-from hpcckpt.store.mirror.backend import check_url, parse_bandwidth
+from hpcckpt.store.mirror.backend import check_url, check_verify, parse_bandwidth
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,12 @@ class MirrorOptions:
     ``mirror_retry_max`` seconds. ``finish()`` and a stop wait up to ``mirror_wait``
     seconds for the newest checkpoint to reach it. The mirror keeps ``mirror_keep_last``
     newest, one per ``mirror_keep_every`` steps and the ``mirror_thinning`` tiers by age
-    ("6h:all,7d:1d,*:1w"); with none of them it keeps everything."""
+    ("6h:all,7d:1d,*:1w"); with none of them it keeps everything.
+
+    ``mirror_verify``: how a copy is known to be whole: "auto" (the store's checksum on
+    receipt where it checks one, else reading the copy back), "checksum" or "readback".
+    ``mirror_compress``: "auto" (zstd where it makes the copy faster: a store slower than
+    the compressor), "zstd" (always) or None (never); docs/tiers.md gives the figures."""
 
     mirror: str | os.PathLike[str] | None = None
     mirror_every: int = 1
@@ -31,6 +37,8 @@ class MirrorOptions:
     mirror_keep_last: int | None = None
     mirror_keep_every: int | None = None
     mirror_thinning: str | None = None
+    mirror_verify: str = "auto"
+    mirror_compress: str | None = "auto"
 
     def __post_init__(self) -> None:
         if self.mirror is not None:
@@ -57,6 +65,8 @@ class MirrorOptions:
             if rate <= 0:
                 raise ValueError(f"mirror_bandwidth must be positive, not {value!r}")
             object.__setattr__(self, "mirror_bandwidth", rate)
+        object.__setattr__(self, "mirror_verify", check_verify(self.mirror_verify))
+        object.__setattr__(self, "mirror_compress", compression.check_choice(self.mirror_compress))
         mirror_retention.check_rules(
             self.mirror_keep_last, self.mirror_keep_every, self.mirror_thinning
         )

@@ -13,13 +13,20 @@ in seconds, not minutes.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import re
+import threading
+import zlib
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from hpcckpt.store.io.durability import atomic_path
-from hpcckpt.store.mirror.backend import MirrorUnavailable, ObjectInfo, Throttle
+from hpcckpt.store.mirror import priority
+from hpcckpt.store.mirror.backend import MirrorUnavailable, ObjectInfo, Throttle, check_verify
 
 try:  # the optional extra; importing hpcckpt never needs it
     import boto3
@@ -52,6 +59,18 @@ ATTEMPTS = 3
 #: Error codes of a full store or an exceeded quota (AWS, Ceph RGW, MinIO).
 FULL = ("QuotaExceeded", "EntityTooLarge", "InsufficientStorage", "XMinioStorageFull")
 
+#: The checksums a store may check on receipt, cheapest first: the S3 flexible checksum
+#: CRC32 (AWS, recent MinIO and Ceph), then Content-MD5 (every S3 store that checks one;
+#: rclone serve s3 checks only this one). Error codes of a store that refused a body for
+#: its checksum.
+RECEIPT = ("crc32", "md5")
+DIGEST_CODES = ("BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch", "InvalidChecksum")
+#: The object a probe writes with a wrong checksum: a store that checks refuses it.
+PROBE = ".hpcckpt-checksum-probe"
+#: What the probe found per (endpoint, bucket): the checksum the store checks, or None.
+_PROBED: dict[tuple[str, str], str | None] = {}
+_PROBE_LOCK = threading.Lock()
+
 _BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.\-_]{0,254}$")
 
 
@@ -83,8 +102,13 @@ def _config(connect_timeout: float, read_timeout: float, attempts: int) -> Any:
     try:
         # Range reads must not be checked against the whole object's checksum (some stores
         # send it with a part); the mirror checks every byte against the checkpoint's own
-        # checksums instead. Uploads still carry a checksum when the store supports it.
-        return Config(**options, response_checksum_validation="when_required")
+        # checksums instead. Uploads carry the checksum the backend computes itself, in
+        # the pass that reads the file, not a second one botocore would compute.
+        return Config(
+            **options,
+            response_checksum_validation="when_required",
+            request_checksum_calculation="when_required",
+        )
     except TypeError:  # botocore before 1.36 has no such option and checks no ranges
         return Config(**options)
 
@@ -108,6 +132,8 @@ class S3Backend:
         connect_timeout: float = CONNECT_TIMEOUT,
         read_timeout: float = READ_TIMEOUT,
         attempts: int = ATTEMPTS,
+        verify: str = "auto",
+        compress: str | None = None,
     ) -> None:
         if boto3 is None:
             raise ValueError(
@@ -117,6 +143,10 @@ class S3Backend:
         self.bucket, self.prefix = parse_s3_url(url)
         self.url = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
         self.throttle = throttle or Throttle(None)
+        self.verify = check_verify(verify)
+        self.compress = compress
+        self.part_size = part_size
+        self.concurrency = concurrency
         self.transfer = TransferConfig(
             multipart_threshold=part_size,
             multipart_chunksize=part_size,
@@ -160,6 +190,12 @@ class S3Backend:
             status = root.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             message = str(root.response.get("Error", {}).get("Message", "") or "")
             text = f"{code} {message}".lower()
+            if code in DIGEST_CODES:
+                return (
+                    f"the store refused the bytes it received {at} ({code}): their checksum "
+                    "differs from the one computed as they were read (damaged on the way); "
+                    "nothing was stored"
+                )
             if code == "NoSuchBucket":
                 return f"bucket {self.bucket!r} does not exist {at} (create it, or fix the URL)"
             if (
@@ -227,6 +263,148 @@ class S3Backend:
             Config=self.transfer,
             Callback=self.throttle.spend,
         )
+
+    # -- verified uploads -----------------------------------------------------------------
+
+    def receipt_checksum(self) -> str | None:
+        """The checksum this store checks on receipt ("crc32", "md5"), None when it checks
+        none (then a copy is read back). With ``verify="auto"`` a probe finds it once per
+        store and process: a tiny object sent with a wrong checksum of each kind, which a
+        checking store refuses (one accepted is deleted at once); ``"checksum"`` takes
+        Content-MD5 without a probe, ``"readback"`` none."""
+        if self.verify == "readback":
+            return None
+        if self.verify == "checksum":
+            return "md5"
+        where = (str(self.endpoint), self.bucket)
+        with _PROBE_LOCK:
+            if where not in _PROBED:
+                _PROBED[where] = self._probe()
+            return _PROBED[where]
+
+    @property
+    def receipt_checked(self) -> bool:
+        """Whether uploads are checked by the store on receipt (see :meth:`receipt_checksum`)."""
+        return self.receipt_checksum() is not None
+
+    def _probe(self) -> str | None:
+        body = b"hpcckpt checks whether this store verifies checksums on receipt\n"
+        key = self._key(PROBE)
+        for algo in RECEIPT:
+            wrong = self._checksum(body + b"!", algo)
+            try:
+                self.client.put_object(Bucket=self.bucket, Key=key, Body=body, **wrong)
+            except bce.ClientError as err:
+                if _code(err) in DIGEST_CODES:
+                    return algo
+                status = err.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+                if status in (400, 501):  # the header is not understood here: the next one
+                    continue
+                raise self._unavailable("probing its checksums", err) from None
+            except bce.BotoCoreError as err:
+                raise self._unavailable("probing its checksums", err) from None
+            self._call(f"deleting {PROBE}", self.client.delete_object, Bucket=self.bucket, Key=key)
+        return None
+
+    @staticmethod
+    def _checksum(body: bytes | memoryview, algo: str | None) -> dict[str, str]:
+        """The request's checksum parameter for ``body`` (none for None)."""
+        if algo == "crc32":
+            crc = zlib.crc32(body) & 0xFFFFFFFF
+            return {"ChecksumCRC32": base64.b64encode(crc.to_bytes(4, "big")).decode()}
+        if algo == "md5":
+            return {"ContentMD5": base64.b64encode(hashlib.md5(body).digest()).decode()}
+        return {}
+
+    def _sent(self, body: bytes, algo: str | None) -> tuple[bytes, dict[str, str]]:
+        """The body to send and its checksum parameter (computed on the bytes in hand)."""
+        return body, self._checksum(body, algo)
+
+    def put_stream(self, key: str, pieces: Iterable[bytes], like: Path | None = None) -> None:
+        """Upload the bytes of ``pieces`` as they come: one PUT when they fit in a part,
+        else a multipart upload of ``part_size`` parts, ``concurrency`` in flight, each
+        with the checksum the store checks on receipt (computed in the sending thread, off
+        the reading one); a part the store refuses, or an exception of ``pieces``, aborts
+        the upload, leaving no object."""
+        full = self._key(key)
+        algo = self.receipt_checksum()
+        parts = _parts(pieces, self.part_size)
+        first = next(parts, b"")
+        second = next(parts, None)
+        if second is None:
+            self.throttle.spend(len(first))
+            body, checksum = self._sent(first, algo)
+            self._call(
+                f"uploading {key}",
+                self.client.put_object,
+                Bucket=self.bucket,
+                Key=full,
+                Body=body,
+                **checksum,
+            )
+            return
+        extra = {"ChecksumAlgorithm": "CRC32"} if algo == "crc32" else {}
+        upload = self._call(
+            f"uploading {key}",
+            self.client.create_multipart_upload,
+            Bucket=self.bucket,
+            Key=full,
+            **extra,
+        )["UploadId"]
+        done: list[dict[str, Any]] = []
+        slots = threading.BoundedSemaphore(self.concurrency + 1)
+        futures: list[Future[dict[str, Any]]] = []
+        background = threading.current_thread() is not threading.main_thread()
+        pool = ThreadPoolExecutor(
+            self.concurrency,
+            thread_name_prefix="hpcckpt-s3",
+            initializer=(lambda: priority.lower_background(True)) if background else None,
+        )
+        try:
+            with pool:
+                for number, body in enumerate(_chain(first, second, parts), start=1):
+                    self.throttle.spend(len(body))
+                    slots.acquire()
+                    if any(f.done() and f.exception() for f in futures):
+                        slots.release()
+                        break
+                    fut = pool.submit(self._part, key, full, upload, number, body, algo)
+                    fut.add_done_callback(lambda _f: slots.release())
+                    futures.append(fut)
+            done = [f.result() for f in futures]
+            self._call(
+                f"uploading {key}",
+                self.client.complete_multipart_upload,
+                Bucket=self.bucket,
+                Key=full,
+                UploadId=upload,
+                MultipartUpload={"Parts": done},
+            )
+        except BaseException:
+            try:
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload)
+            except (bce.BotoCoreError, bce.ClientError):
+                pass  # the bucket's rule for incomplete uploads drops its parts
+            raise
+
+    def _part(
+        self, key: str, full: str, upload: str, number: int, body: bytes, algo: str | None
+    ) -> dict[str, Any]:
+        sent, checksum = self._sent(body, algo)
+        answer = self._call(
+            f"uploading {key} (part {number})",
+            self.client.upload_part,
+            Bucket=self.bucket,
+            Key=full,
+            UploadId=upload,
+            PartNumber=number,
+            Body=sent,
+            **checksum,
+        )
+        part: dict[str, Any] = {"ETag": answer["ETag"], "PartNumber": number}
+        if "ChecksumCRC32" in checksum:
+            part["ChecksumCRC32"] = checksum["ChecksumCRC32"]
+        return part
 
     def get_file(self, key: str, local: Path) -> None:
         """Download ``key`` into ``local`` through a temporary name (never half a file)."""
@@ -307,6 +485,27 @@ class S3Backend:
             raise self._unavailable("listing", err) from None
         return sorted(found, key=lambda o: o.key)
 
+    def list_after(self, start_after: str, prefix: str = "") -> list[ObjectInfo]:
+        """The objects whose key starts with ``prefix`` and sorts after ``start_after``,
+        sorted: one LIST request per 1,000 keys returned, whatever the prefix holds before
+        ``start_after`` (the mirror's index asks what is newer than it knows)."""
+        full = f"{self.prefix}/{prefix}" if self.prefix else prefix
+        extra = {"StartAfter": self._key(start_after)} if start_after else {}
+        found = []
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=full, **extra
+            )
+            for page in pages:
+                for obj in page.get("Contents", ()):
+                    key = self._relative(obj["Key"])
+                    if "/" in key or (start_after and key <= start_after):
+                        continue
+                    found.append(ObjectInfo(key, int(obj["Size"]), obj["LastModified"].timestamp()))
+        except (bce.BotoCoreError, bce.ClientError) as err:
+            raise self._unavailable("listing", err) from None
+        return sorted(found, key=lambda o: o.key)
+
     def delete(self, key: str) -> None:
         """S3 answers a delete of an absent key with success, as the protocol wants."""
         try:
@@ -315,6 +514,32 @@ class S3Backend:
             )
         except FileNotFoundError:
             pass
+
+
+def _parts(pieces: Iterable[bytes], size: int) -> Iterator[bytes]:
+    """``pieces`` regrouped into parts of ``size`` bytes (the last shorter); a piece of
+    exactly ``size`` is handed on without a copy."""
+    held: list[bytes] = []
+    have = 0
+    for piece in pieces:
+        if not held and len(piece) == size:
+            yield piece
+            continue
+        held.append(piece)
+        have += len(piece)
+        while have >= size:
+            joined = b"".join(held)
+            yield joined[:size]
+            rest = joined[size:]
+            held, have = ([rest] if rest else []), len(rest)
+    if have:
+        yield b"".join(held)
+
+
+def _chain(first: bytes, second: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
+    yield first
+    yield second
+    yield from rest
 
 
 def _root_cause(err: BaseException) -> BaseException:
