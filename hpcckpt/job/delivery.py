@@ -23,6 +23,14 @@ measured on the local cluster; docs/wrapper.md "How the signal reaches the ranks
   node; if that step cannot run, the ranks on this node are signalled (an application
   that agrees on the stop collectively, as ``examples/c/stopapp.c`` does, still stops
   as a whole), and the log says so.
+- **torchrun** (``torchrun ...``, ``python -m torch.distributed.run ...``, alone or as
+  the program of ``srun``), every signal: the workers themselves, never the agent, which
+  USR1 kills (its workers are not told) and which answers TERM/INT by sending its
+  workers TERM and SIGKILL 30 s later (torch 2.13, measured here; srun would forward
+  USR1 to the agents, its tasks). The workers are the processes carrying
+  ``TORCHELASTIC_RUN_ID`` (the agent does not): on several nodes found by the per-node
+  signaller, on one node in this node's ``/proc``, outside Slurm below the launcher. No
+  worker found: nothing is sent (:class:`SlurmError`) rather than killing the agent.
 - **anything else**: ``kill`` to the step's process.
 """
 
@@ -37,7 +45,7 @@ from dataclasses import dataclass, field
 
 from hpcckpt import procfs
 from hpcckpt.job import rank_signal
-from hpcckpt.slurm import commands
+from hpcckpt.slurm import commands, srun_options
 from hpcckpt.slurm import env as slurm_env
 from hpcckpt.slurm.runner import REQUEUE_TIMEOUT, SlurmError
 
@@ -45,22 +53,46 @@ from hpcckpt.slurm.runner import REQUEUE_TIMEOUT, SlurmError
 FORWARDED = (signal.SIGUSR1, signal.SIGUSR2)
 RANK_ENV = rank_signal.RANK_ENV
 _MPIRUN_NAMES = {"mpirun", "mpiexec", "orterun", "prterun"}
+#: ``python -m`` modules that are torchrun.
+TORCHRUN_MODULES = {"torch.distributed.run", "torch.distributed.launch"}
 
 
 class Launcher(enum.Enum):
     SRUN = "srun"
     MPIRUN = "mpirun"
+    TORCHRUN = "torchrun"
     OTHER = "other"
 
 
 def launcher_kind(command: Sequence[str]) -> Launcher:
-    """What starts the ranks: the basename of the step's first word."""
+    """What starts the ranks: the basename of the step's first word; torchrun also as
+    the program srun starts (after srun's own options)."""
     name = os.path.basename(command[0]) if command else ""
     if name == "srun":
-        return Launcher.SRUN
+        start = srun_options.parse(command[1:])[1] + 1
+        return Launcher.TORCHRUN if is_torchrun(command[start:]) else Launcher.SRUN
     if name in _MPIRUN_NAMES:
         return Launcher.MPIRUN
-    return Launcher.OTHER
+    return Launcher.TORCHRUN if is_torchrun(command) else Launcher.OTHER
+
+
+def is_torchrun(program: Sequence[str]) -> bool:
+    """Is ``program`` torchrun: ``torchrun ...`` or ``python [opts] -m torch.distributed.run``?"""
+    if not program:
+        return False
+    name = os.path.basename(program[0])
+    if name == "torchrun":
+        return True
+    if not name.startswith("python"):
+        return False
+    for i, word in enumerate(program[1:], start=1):
+        if word == "-m":
+            return i + 1 < len(program) and program[i + 1] in TORCHRUN_MODULES
+        if word.startswith("-m"):
+            return word[2:] in TORCHRUN_MODULES
+        if not word.startswith("-") or word in ("-c", "--"):
+            return False
+    return False
 
 
 @dataclass
@@ -90,18 +122,20 @@ class Delivered:
         return f"to step (pid {self.targets[0]})"
 
 
-def rank_processes(launcher_pid: int, slurm_job_id: str | None = None) -> list[int]:
+def rank_processes(
+    launcher_pid: int, slurm_job_id: str | None = None, kind: str = rank_signal.MPI
+) -> list[int]:
     """The rank processes of the step on this node (see the module doc).
 
     Below ``launcher_pid``, and, inside a Slurm job, every process on this node whose
-    environment has ``OMPI_COMM_WORLD_RANK`` and this ``SLURM_JOB_ID``: under Slurm
-    mpirun starts ``orted`` through srun on every node whose name is not its own host's,
-    so those ranks are children of a slurmstepd, not of mpirun (seen on the local cluster).
+    environment has the rank marker (``OMPI_COMM_WORLD_RANK``; ``TORCHELASTIC_RUN_ID``
+    for torchrun's workers) and this ``SLURM_JOB_ID``: under Slurm mpirun starts
+    ``orted`` through srun on every node whose name is not its own host's, so those ranks
+    are children of a slurmstepd, not of mpirun (seen on the local cluster).
     """
     if slurm_job_id:
-        return sorted(rank_signal.ranks_here(slurm_job_id, None))
-    ranked = {pid for pid in procfs.descendants(launcher_pid) if RANK_ENV in procfs.environ(pid)}
-    return procfs.topmost(ranked)
+        return sorted(rank_signal.ranks_here(slurm_job_id, None, kind))
+    return sorted(rank_signal.ranks_below(launcher_pid, kind))
 
 
 def signal_on_every_node(
@@ -111,11 +145,14 @@ def signal_on_every_node(
     *,
     timeout: float = REQUEUE_TIMEOUT,
     environ: Mapping[str, str] | None = None,
+    kind: str = rank_signal.MPI,
 ) -> Delivered:
     """Run :mod:`hpcckpt.job.rank_signal` once on each of the job's ``nodes``: every node's
-    ranks get ``sig`` from their own node's signaller. Raises :class:`SlurmError` when the
-    step fails or a node did not report."""
+    ranks (``kind``: mpi or torchrun) get ``sig`` from their own node's signaller. Raises
+    :class:`SlurmError` when the step fails or a node did not report."""
     command = [sys.executable, "-m", "hpcckpt.job.rank_signal", sig.name, job_id]
+    if kind != rank_signal.MPI:
+        command.append(kind)
     out = commands.run_on_nodes(job_id, nodes, command, timeout=timeout, environ=environ)
     reports = rank_signal.parse_reports(out)
     if len(reports) != nodes:
@@ -148,8 +185,11 @@ def deliver(
     """Send ``sig`` to the step's ranks by the path of the module doc.
 
     Raises ProcessLookupError when the launcher is gone, and :class:`SlurmError`
-    when scancel fails (the caller may then fall back to :func:`deliver_to_launcher`).
+    when scancel fails (the caller may then fall back to :func:`deliver_to_launcher`), or
+    when no torchrun worker was found.
     """
+    if kind is Launcher.TORCHRUN:
+        return deliver_to_workers(launcher_pid, sig, environ)
     if sig in FORWARDED or kind is Launcher.OTHER:
         return deliver_to_launcher(launcher_pid, sig)
     if kind is Launcher.SRUN:
@@ -190,6 +230,31 @@ def deliver(
     if not sent:
         raise ProcessLookupError(launcher_pid)
     return Delivered("ranks", sent)
+
+
+def deliver_to_workers(
+    launcher_pid: int, sig: signal.Signals, environ: Mapping[str, str] | None = None
+) -> Delivered:
+    """torchrun: ``sig`` to every worker on every node, never to an agent (module doc)."""
+    os.kill(launcher_pid, 0)  # the step is still there
+    env = os.environ if environ is None else environ
+    job_id = slurm_env.job_id(env)
+    nodes = slurm_env.node_count(env)
+    note = ""
+    if job_id and nodes > 1:
+        try:
+            return signal_on_every_node(job_id, nodes, sig, environ=env, kind=rank_signal.TORCHRUN)
+        except SlurmError as exc:
+            note = f"the per-node signaller failed ({exc}); signalled the workers on this node only"
+    workers = rank_processes(launcher_pid, job_id, rank_signal.TORCHRUN)
+    sent = _signal_all(workers, sig)
+    if not sent:
+        os.kill(launcher_pid, 0)  # gone meanwhile: ProcessLookupError
+        raise SlurmError(
+            f"{note + '; ' if note else ''}no torchrun worker (TORCHELASTIC_RUN_ID) found on "
+            "this node; not signalling torchrun's agent (USR1 kills it, TERM ends its workers)"
+        )
+    return Delivered("ranks", sent, note)
 
 
 def _signal_all(pids: list[int], sig: signal.Signals) -> list[str]:

@@ -1,16 +1,20 @@
-"""Signal the MPI rank processes of one Slurm job on this node: the per-node signaller.
+"""Signal the rank processes of one Slurm job on this node: the per-node signaller.
 
 Under ``hpcckpt run -- mpirun`` the application's TERM/INT must reach the rank
-processes themselves (mpirun gives them one second before SIGKILL). Ranks on other nodes
+processes themselves (mpirun gives them one second before SIGKILL); under torchrun every
+stop signal must (its agent dies of USR1 and kills its workers 30 s after a TERM). Ranks
+on other nodes
 are not visible in this node's ``/proc``, so the wrapper runs this module once on every
 node of the allocation (``srun --overlap --ntasks-per-node=1``,
 :func:`hpcckpt.slurm.commands.run_on_nodes`; :mod:`hpcckpt.job.delivery`). Each copy
-signals only the ranks of this job on *its own* node: ``OMPI_COMM_WORLD_RANK``, this
-``SLURM_JOB_ID`` and this node's ``SLURMD_NODENAME`` in their environment (several
-slurmd on one machine share its ``/proc``, not a node name), topmost only. It prints
-one line (:data:`PREFIX` + JSON: node, signal, pids, ranks) for the wrapper's log.
+signals only the ranks of this job on *its own* node: the launcher's rank marker
+(:data:`MARKERS`: ``OMPI_COMM_WORLD_RANK`` for mpirun, ``TORCHELASTIC_RUN_ID`` for
+torchrun's workers, which its agent lacks), this ``SLURM_JOB_ID`` and this node's
+``SLURMD_NODENAME`` in their environment (several slurmd on one machine share its
+``/proc``, not a node name), topmost only. It prints one line (:data:`PREFIX` + JSON:
+node, signal, pids, ranks) for the wrapper's log.
 
-``python -m hpcckpt.job.rank_signal SIG JOB``
+``python -m hpcckpt.job.rank_signal SIG JOB [mpi|torchrun]``
 """
 
 from __future__ import annotations
@@ -27,20 +31,40 @@ from hpcckpt.signames import parse_signal, short_name
 from hpcckpt.slurm import env as slurm_env
 
 RANK_ENV = "OMPI_COMM_WORLD_RANK"
+#: What marks a rank process, per launcher: (the variable only ranks have, the variable
+#: holding the rank). torchrun sets ``TORCHELASTIC_RUN_ID`` in its workers, not in its
+#: agent (seen with torch 2.13).
+MARKERS = {"mpi": (RANK_ENV, RANK_ENV), "torchrun": ("TORCHELASTIC_RUN_ID", "RANK")}
+MPI = "mpi"
+TORCHRUN = "torchrun"
 #: Starts each report line; anything else srun prints is not ours.
 PREFIX = "hpcckpt-rank-signal "
 
 
-def ranks_here(job: str, node: str | None) -> dict[int, str]:
-    """``{pid: rank}`` of this job's topmost rank processes on ``node`` (None: any node)."""
+def ranks_here(job: str, node: str | None, kind: str = MPI) -> dict[int, str]:
+    """``{pid: rank}`` of this job's topmost rank processes on ``node`` (None: any node),
+    marked as ``kind``'s launcher marks them (:data:`MARKERS`)."""
+    marker, rank = MARKERS[kind]
     found: dict[int, str] = {}
-    for pid, env in procfs.environs_with(RANK_ENV).items():
+    for pid, env in procfs.environs_with(marker).items():
         if slurm_env.job_id(env) != job:
             continue
         if node is not None and slurm_env.node_name(env) != node:
             continue
-        found[pid] = env[RANK_ENV]
+        found[pid] = env.get(rank, "?")
     return {pid: found[pid] for pid in procfs.topmost(set(found))}
+
+
+def ranks_below(pid: int, kind: str = MPI) -> dict[int, str]:
+    """``{pid: rank}`` of the topmost rank processes among ``pid``'s descendants (outside
+    Slurm, where no job id tells the ranks apart)."""
+    marker, rank = MARKERS[kind]
+    found = {}
+    for child in procfs.descendants(pid):
+        env = procfs.environ(child)
+        if marker in env:
+            found[child] = env.get(rank, "?")
+    return {p: found[p] for p in procfs.topmost(set(found))}
 
 
 def signal_all(pids: Iterable[int], sig: signal.Signals) -> list[int]:
@@ -55,10 +79,12 @@ def signal_all(pids: Iterable[int], sig: signal.Signals) -> list[int]:
     return sent
 
 
-def signal_here(sig: signal.Signals, job: str, environ: Mapping[str, str]) -> dict[str, Any]:
+def signal_here(
+    sig: signal.Signals, job: str, environ: Mapping[str, str], kind: str = MPI
+) -> dict[str, Any]:
     """Send ``sig`` to this job's ranks on this node; the report of what was signalled."""
     node = slurm_env.node_name(environ)
-    found = ranks_here(job, node)
+    found = ranks_here(job, node, kind)
     pids = signal_all(found, sig)
     ranks = [int(found[p]) if found[p].isdigit() else found[p] for p in pids]
     return {"node": node, "signal": short_name(sig), "pids": pids, "ranks": ranks}
@@ -78,16 +104,16 @@ def parse_reports(output: str) -> list[dict[str, Any]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 2:
-        print("usage: python -m hpcckpt.job.rank_signal SIG JOB_ID", file=sys.stderr)
+    if len(args) not in (2, 3) or (len(args) == 3 and args[2] not in MARKERS):
+        print("usage: python -m hpcckpt.job.rank_signal SIG JOB_ID [mpi|torchrun]", file=sys.stderr)
         return 2
-    name, job = args
+    name, job, kind = (*args, MPI) if len(args) == 2 else args
     try:
         sig = parse_signal(name)
     except ValueError as exc:
         print(f"rank_signal: {exc}", file=sys.stderr)
         return 2
-    print(PREFIX + json.dumps(signal_here(sig, job, os.environ)), flush=True)
+    print(PREFIX + json.dumps(signal_here(sig, job, os.environ, kind)), flush=True)
     return 0
 
 

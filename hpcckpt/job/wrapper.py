@@ -56,6 +56,7 @@ from hpcckpt.job.config import (
     step_environment,
 )
 from hpcckpt.job.continuation import Continuation
+from hpcckpt.job.elastic import ElasticWatch
 from hpcckpt.job.forwarding import Forwarding, forward_signal
 from hpcckpt.job.outcome import (
     EXIT_OK,
@@ -105,6 +106,7 @@ class Wrapper:
         self.stops: WrapperStops | None = None  # not exec'd, the end-time stop, preemption
         self.own: OwnScheduleMode | None = None  # --restart-files without --app-signal
         self.forwarding = Forwarding(self)  # each stop request's way to the step
+        self.elastic: ElasticWatch | None = None  # torchrun's own restarts (job/elastic.py)
 
     # -- logging -------------------------------------------------------------------------
     def log(self, message: str, level: int = verbosity.NORMAL) -> None:
@@ -241,6 +243,8 @@ class Wrapper:
                     pid=self.child.pid,
                 )
             self._check_hang()
+            if self.elastic is not None:
+                self.elastic.tick()
             if self.node_failures is not None:
                 self.node_failures.tick()  # a stop signal may mean that a node failed
             rc = self.child.poll()
@@ -373,6 +377,7 @@ class Wrapper:
         if self.own is not None:
             extra.update(self.own.prepare(stop_in))
         self.hang = self._start_hang_watch()  # clears the heartbeats of earlier attempts
+        self.elastic = ElasticWatch(self)
         failed = self.start_child(extra)
         self.stops.arm(self.continuation is not None)
         if failed is not None:
@@ -415,7 +420,8 @@ class Wrapper:
 
     def _result(self, rc: int) -> StepResult:
         if not self.config.app_mode:
-            return classify(rc, read_status(self.config.ckpt_dir), self.attempt)
+            result = classify(rc, read_status(self.config.ckpt_dir), self.attempt)
+            return result if self.elastic is None else self.elastic.adjust(result)
         if self.own is not None:
             return self.own.result(rc)
         if self.app.pending is not None and died_by_signal(rc):  # killed mid-write
