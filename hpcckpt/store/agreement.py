@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol, TypeVar
 
 import numpy as np
-from mpi4py import MPI
 
+from hpcckpt.store.comm import LAND, LOR, MAX, SUM, Comm, Request, as_comm
 from hpcckpt.store.errors import CallMismatch, CheckpointError, CorruptCheckpoint
 
 T = TypeVar("T")
@@ -34,10 +34,10 @@ class Refused(Exception):
 class Agreement:
     """The ranks of ``comm`` deciding together; every method is collective."""
 
-    def __init__(self, comm: MPI.Comm) -> None:
-        self.comm = comm
-        self.rank = comm.Get_rank()
-        self.nranks = comm.Get_size()
+    def __init__(self, comm: Comm | Any) -> None:
+        self.comm = as_comm(comm)
+        self.rank = self.comm.rank
+        self.nranks = self.comm.size
 
     def agree(
         self,
@@ -50,8 +50,7 @@ class Agreement:
         ranks and reasons. Returns the sum over the ranks of each of ``extra``, which
         ride on the same reduction."""
         mine = np.array([error is not None, *extra], dtype=np.int64)
-        total = np.empty_like(mine)
-        self.comm.Allreduce(mine, total, op=MPI.SUM)
+        total = self.comm.allreduce_array(mine, SUM)
         if total[0]:
             errors = self.comm.allgather(None if error is None else describe(error))
             raise kind(f"{what} failed ({reasons(errors)})") from error
@@ -69,21 +68,19 @@ class Agreement:
 
     def slowest(self, *values: float) -> list[float]:
         """The largest of each value over the ranks, in one reduction."""
-        out = np.empty(len(values))
-        self.comm.Allreduce(np.asarray(values, dtype=np.float64), out, op=MPI.MAX)
-        return out.tolist()
+        return self.comm.allreduce_array(np.asarray(values, dtype=np.float64), MAX).tolist()
 
     def total(self, value: int) -> int:
         """The sum of ``value`` over the ranks."""
-        return int(self.comm.allreduce(int(value), op=MPI.SUM))
+        return int(self.comm.allreduce(int(value), SUM))
 
     def anyone(self, flag: bool) -> bool:
         """Whether ``flag`` holds on some rank."""
-        return bool(self.comm.allreduce(bool(flag), op=MPI.LOR))
+        return bool(self.comm.allreduce(bool(flag), LOR))
 
     def everyone(self, flag: bool) -> bool:
         """Whether ``flag`` holds on every rank."""
-        return bool(self.comm.allreduce(bool(flag), op=MPI.LAND))
+        return bool(self.comm.allreduce(bool(flag), LAND))
 
     def findings(
         self, problem: str | None, fatal: str | None, payload: Any = None, culprit: Any = None
@@ -97,8 +94,7 @@ class Agreement:
         case); the gather only otherwise.
         """
         flags = np.array([problem is not None or fatal is not None, bool(payload)], np.int32)
-        anything = np.empty_like(flags)
-        self.comm.Allreduce(flags, anything, op=MPI.MAX)
+        anything = self.comm.allreduce_array(flags, MAX)
         if not anything.any():
             return [payload] * self.nranks
         outcome = self.comm.allgather((problem, fatal, payload, culprit and str(culprit)))
@@ -119,7 +115,7 @@ class Agreement:
         raw = out.reshape(-1).view(np.uint8)
         piece = 1 << 30
         for lo in range(0, raw.size, piece):
-            self.comm.Bcast(raw[lo : lo + piece], root=0)
+            self.comm.bcast_bytes(raw[lo : lo + piece], root=0)
         return out
 
 
@@ -202,15 +198,15 @@ class CallAgreement:
     Waits poll with ``Test`` and tell ``watch`` every quarter second once they are slow.
     """
 
-    def __init__(self, comm: MPI.Comm, flags: int = 0, watch: CallWatch | None = None) -> None:
-        self.comm = comm
-        self.rank = comm.Get_rank()
-        self.nranks = comm.Get_size()
+    def __init__(self, comm: Comm | Any, flags: int = 0, watch: CallWatch | None = None) -> None:
+        self.comm = as_comm(comm)
+        self.rank = self.comm.rank
+        self.nranks = self.comm.size
         self.flags = flags
         self.watch = watch
         self.send = np.zeros(flags + 5, dtype=np.int64)
         self.recv = np.zeros(flags + 5, dtype=np.int64)
-        self.request: MPI.Request | None = None
+        self.request: Request | None = None
         #: ``send`` for item writes (cheaper than numpy's): the caller's flags go here.
         self.slots = memoryview(self.send)
         self._codes = {
@@ -235,7 +231,7 @@ class CallAgreement:
         slots[f + 3] = -exact
         slots[f + 4] = 1 if lagged else 0
         self._posted = (name, step)
-        self.request = self.comm.Iallreduce(self.send, self.recv, op=MPI.MAX)
+        self.request = self.comm.iallreduce_array(self.send, self.recv, MAX)
 
     def complete(self) -> list[int] | None:
         """Wait for the agreement in flight and check it: the flags slots reduced over
@@ -244,7 +240,7 @@ class CallAgreement:
         request = self.request
         if request is None:
             return None
-        if not request.Test():
+        if not request.test():
             self._wait(request)
         self.request = None
         values = self.recv.tolist()
@@ -261,12 +257,12 @@ class CallAgreement:
         self.post(name, step)
         self.complete()
 
-    def _wait(self, request: MPI.Request) -> None:
+    def _wait(self, request: Request) -> None:
         call = Call(*self._posted)
         start = time.monotonic()
         look = start + _LOOK
         told = False
-        while not request.Test():
+        while not request.test():
             now = time.monotonic()
             if now >= look and self.watch is not None:
                 told = True

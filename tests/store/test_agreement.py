@@ -31,7 +31,7 @@ def alone() -> Agreement:
 
 # -- one process -----------------------------------------------------------------------------
 def test_an_agreement_knows_its_ranks(alone):
-    assert (alone.comm, alone.rank, alone.nranks) == (MPI.COMM_SELF, 0, 1)
+    assert (alone.comm.mpi, alone.rank, alone.nranks) == (MPI.COMM_SELF, 0, 1)
 
 
 def test_agree_returns_the_sums_of_the_extras(alone):
