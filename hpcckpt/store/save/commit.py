@@ -44,9 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mpi4py import MPI
-
 from hpcckpt.store.agreement import Agreement
+from hpcckpt.store.comm import MAX
 from hpcckpt.store.errors import CheckpointError
 from hpcckpt.store.file import layout
 from hpcckpt.store.file.writer import Written, write_file
@@ -74,6 +73,21 @@ from hpcckpt.store.tree.encoding import Encoded, Encoder
 from hpcckpt.store.tree.options import Split
 
 log = logging.getLogger("hpcckpt.store")
+
+#: Staged saves that go full (hashed in the background) after one whose delta did not
+#: pay; the one after them compares again.
+FULL_AFTER_CHANGED = 4
+
+
+def _changed_too_much(written: Written, parent: ChainState) -> bool:
+    """Whether the chain policy wrote a file full because its delta alone would not pay
+    (:meth:`.io.blocks.ChainPolicy.why_full`), not for the chain's length or layout."""
+    why = written.full_reason
+    if written.kind != "full" or why is None:
+        return False
+    return "min_delta_saving" in why or (
+        "max_chain_fraction" in why and parent.chain_bytes == 0  # the delta alone
+    )
 
 
 @dataclass
@@ -156,6 +170,7 @@ class Saver:
         self.tuning: filesystem.Tuning | None = None  # decided at the first save
         self.paths: write_path.WritePathChooser | None = None  # made at the first save
         self._local_ranks: int | None = None  # ranks on this node (the first staged save)
+        self._full_ahead = 0  # staged saves left that go full without comparing (_learn)
 
     # -- what the restore side tells it ----------------------------------------------------
     def remember(self, chain: ChainState | None) -> None:
@@ -287,7 +302,12 @@ class Saver:
         t0 = time.perf_counter()
         memory.reset_peak()
         final, partial = self._names(step)
-        encoded, parent = self._prepare(step, state, copy if state is None else None)
+        if buffers is not None:  # device tensors are copied straight into its buffers
+            buffers.reset_peak()
+            with buffers.lending():
+                encoded, parent = self._prepare(step, state, copy if state is None else None)
+        else:
+            encoded, parent = self._prepare(step, state, copy if state is None else None)
         mode: StagingMode
         if copy is not None:
             assert self.tier is not None
@@ -296,7 +316,9 @@ class Saver:
             mode = NodeLocal(self.tier)
         else:
             assert buffers is not None
-            mode = self._in_memory(buffers, encoded.arrays)  # StagingRefused: go synchronous
+            mode = self._in_memory(buffers, encoded.arrays, parent)  # or StagingRefused
+            if mode.hash_later:
+                parent = None  # a full file (no parent, or deltas have not paid lately)
         uid = self.agreement.from_root(_new_uid)
         error: BaseException | None = None
         staged = None
@@ -311,12 +333,13 @@ class Saver:
         faults.fault_point("stage.written")
         written, error = self._create(
             partial, step, encoded, staged.arrays, extra_meta, parent,
-            hashes=staged.hashes or None, uid=uid,
+            hashes=staged.hashes or None, uid=uid, hash_while_writing=mode.hash_later,
         )  # fmt: skip
         error = safety.explain_write_error(error, self.directory, encoded.state_bytes)  # ENOSPC
         self._agree_or_discard(error, f"creating the file of checkpoint of step {step}", partial)
         assert written is not None
-        writer = mode.start(partial, list(written.extents), self.direct_io)
+        self._learn(written, parent if mode.name == "copy" else None)
+        writer = mode.start(partial, list(written.extents), self.direct_io, written.hashing)
         foreground = time.perf_counter() - t0
         (blocked,) = self.agreement.slowest(foreground)
         return PendingSave(
@@ -387,29 +410,45 @@ class Saver:
             cleared_bad_mark=cleared,
         )
 
-    def _in_memory(self, buffers: HostBuffers, arrays: dict[str, Any]) -> StagingMode:
-        """This rank's way to stage ``arrays`` in host memory within its budget.
+    def _learn(self, written: Written, parent: ChainState | None) -> None:
+        """After a staged save in memory that hashed in the foreground to compare with
+        ``parent``: when the chain policy still wrote it full because a delta would not
+        pay (most blocks changed), the next :data:`FULL_AFTER_CHANGED` staged saves skip
+        the comparison (full, hashed in the background). Every rank decides alike:
+        ``written``'s kind and reason, and ``parent``, are the same on every rank."""
+        if parent is not None and _changed_too_much(written, parent):
+            self._full_ahead = FULL_AFTER_CHANGED
+        elif self._full_ahead:
+            self._full_ahead -= 1
+
+    def _in_memory(
+        self, buffers: HostBuffers, arrays: dict[str, Any], parent: ChainState | None = None
+    ) -> StagingMode:
+        """This rank's way to stage ``arrays`` in host memory within its budget: one copy,
+        hashed during it only when the save may be a delta of ``parent`` (and deltas
+        paid lately: :meth:`_learn`).
 
         Raises StagingRefused on every rank when any rank is too short of memory
         (:mod:`.save.staging_budget`): then nothing is staged, nothing written.
         """
         comm = self.agreement.comm
         if self._local_ranks is None:
-            node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-            self._local_ranks = node.Get_size()
-            node.Free()
+            node = comm.split_node()
+            self._local_ranks = node.size
+            node.free()
         mine = sum(a.nbytes for a in arrays.values())
         plan = staging_budget.plan(
             mine, buffers.budget, memory.available_bytes(), self._local_ranks, buffers.nbytes
         )
-        short = comm.allreduce(self.rank if plan.mode == staging_budget.SYNC else -1, op=MPI.MAX)
+        short = comm.allreduce(self.rank if plan.mode == staging_budget.SYNC else -1, MAX)
         if short >= 0:
             buffers.release()  # a synchronous save comes next: give the memory back
             why = comm.bcast(plan.reason, root=short)
             raise StagingRefused(f"rank {short}: {why}")
         if plan.mode == staging_budget.PIECES:
             return Pieces(buffers, plan)
-        return HostCopy(buffers, self.block_size)
+        compare = parent is not None and not self._full_ahead
+        return HostCopy(buffers, self.block_size, hashed=compare)
 
     # -- the steps ---------------------------------------------------------------------------
     def _names(self, step: int) -> tuple[Path, Path]:

@@ -6,7 +6,9 @@ the ranks agree on it next), :meth:`StagingMode.staged` once every rank staged
 (collective: the node-local tier seals its copies there), and :meth:`StagingMode.start`
 the background write of the created file's extents. The modes:
 
-- :class:`HostCopy`: into host buffers reused from save to save, hashed while copied;
+- :class:`HostCopy`: into host buffers reused from save to save: one copy; hashed while
+  copied only when the save compares hashes with the last checkpoint's (a delta), else
+  hashed by the background thread as it writes the copy;
 - :class:`Pieces`: a state larger than the staging budget, copied piece by piece through
   a ring of buffers while earlier pieces are written (:mod:`.save.staging_budget`);
 - :class:`NodeLocal`: into this rank's files on the node-local tier, which survive a
@@ -61,30 +63,40 @@ class StagingMode(Protocol):
         replicated: set[str],
     ) -> None: ...
 
-    def start(self, partial: Path, extents: list[Extent], direct: bool) -> BackgroundWrite: ...
+    #: Whether the file's block hashes are left to the background write (``hashing``).
+    hash_later: bool
+
+    def start(
+        self, partial: Path, extents: list[Extent], direct: bool, hashing: Any = None
+    ) -> BackgroundWrite: ...
 
     @property
     def held_bytes(self) -> int: ...
 
 
 class HostCopy:
-    """Whole into host buffers reused between saves, hashed while copied."""
+    """Whole into host buffers reused between saves: one copy. ``hashed``: the hashes
+    are computed while copying (a delta needs them to find the changed blocks); else
+    the background write hashes the copy (``hash_later``)."""
 
     name: str | None = "copy"
     where = " in memory"
 
-    def __init__(self, buffers: HostBuffers, block_size: int) -> None:
-        self.buffers, self.block_size = buffers, block_size
+    def __init__(self, buffers: HostBuffers, block_size: int, hashed: bool = True) -> None:
+        self.buffers, self.block_size, self.hashed = buffers, block_size, hashed
+        self.hash_later = not hashed
 
     def stage(self, step: int, arrays: dict[str, Any]) -> Staged:
-        copies, hashes = self.buffers.stage(arrays, self.block_size)
+        copies, hashes = self.buffers.stage(arrays, self.block_size, hashed=self.hashed)
         return Staged(copies, hashes)
 
     def staged(self, *args: Any) -> None:
         pass
 
-    def start(self, partial: Path, extents: list[Extent], direct: bool) -> BackgroundWrite:
-        return BackgroundWrite(partial, extents, direct).start()
+    def start(
+        self, partial: Path, extents: list[Extent], direct: bool, hashing: Any = None
+    ) -> BackgroundWrite:
+        return BackgroundWrite(partial, extents, direct, hashing=hashing).start()
 
     @property
     def held_bytes(self) -> int:
@@ -99,11 +111,14 @@ class Pieces(HostCopy):
     def __init__(self, buffers: HostBuffers, plan: StagingPlan) -> None:
         super().__init__(buffers, 0)
         self.plan = plan
+        self.hash_later = False
 
     def stage(self, step: int, arrays: dict[str, Any]) -> Staged:
         return Staged(arrays)  # hashed while the file is created, copied piece by piece
 
-    def start(self, partial: Path, extents: list[Extent], direct: bool) -> BackgroundWrite:
+    def start(
+        self, partial: Path, extents: list[Extent], direct: bool, hashing: Any = None
+    ) -> BackgroundWrite:
         ring = self.buffers.ring(self.plan.staging_bytes)
         return stream_pieces(partial, extents, ring, direct)
 
@@ -113,6 +128,7 @@ class NodeLocal:
 
     name: str | None = None
     held_bytes = 0
+    hash_later = False
 
     def __init__(self, tier: NodeLocalTier) -> None:
         self.tier = tier
@@ -140,8 +156,10 @@ class NodeLocal:
             replicated=replicated,
         )
 
-    def start(self, partial: Path, extents: list[Extent], direct: bool) -> BackgroundWrite:
-        return BackgroundWrite(partial, extents, direct).start()
+    def start(
+        self, partial: Path, extents: list[Extent], direct: bool, hashing: Any = None
+    ) -> BackgroundWrite:
+        return BackgroundWrite(partial, extents, direct, hashing=hashing).start()
 
 
 class Redrain(NodeLocal):

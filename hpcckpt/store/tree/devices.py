@@ -10,10 +10,18 @@ the host buffer is released. Tensors on the ``meta`` device hold no values: refu
 
 torch is imported only once a tensor is in hand (``import hpcckpt`` stays torch-free).
 This is the one module that knows about devices; ``store/tensors.py`` calls it.
+
+An asynchronous save lends :func:`to_host` its own host buffers (:func:`host_buffers`):
+the device-to-host copy then goes straight into memory kept from save to save (pinned
+for CUDA), which is the save's staged copy: no allocation after the first save, and no
+second host copy.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
 from typing import Any
 
 #: Devices that hold no values to save.
@@ -54,20 +62,56 @@ def pinned(tensor: Any) -> bool:
     return tensor.device.type == "cuda" and _torch().cuda.is_available()
 
 
-def to_host(tensor: Any) -> Any:
+#: Inside :func:`host_buffers`: where :func:`to_host` copies a device tensor.
+_LENDER: contextvars.ContextVar[Callable[[Any], Any] | None] = contextvars.ContextVar(
+    "hpcckpt_host_lender", default=None
+)
+
+
+@contextlib.contextmanager
+def host_buffers(lend: Callable[[Any], Any]) -> Iterator[None]:
+    """Within the block, :func:`to_host` copies a device tensor into ``lend(tensor)``:
+    a CPU tensor of the same shape and dtype (from :func:`empty_host`, kept by the
+    caller between saves), or None for a new buffer of its own."""
+    token = _LENDER.set(lend)
+    try:
+        yield
+    finally:
+        _LENDER.reset(token)
+
+
+def empty_host(tensor: Any) -> Any:
+    """A new CPU tensor of ``tensor``'s shape and dtype, pinned when the copies of
+    ``tensor`` go through pinned memory (:func:`pinned`)."""
+    torch = _torch()
+    return torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=pinned(tensor))
+
+
+def to_host(tensor: Any, out: Any = None) -> Any:
     """A CPU tensor holding ``tensor``'s values as they are now (detached).
 
-    A CPU tensor is returned as itself (no copy). A CUDA tensor is copied into a new
-    pinned buffer on its current stream and the copy is waited for with an event;
-    torch's caching host allocator reuses pinned buffers freed by earlier saves. Any
-    other device is copied with a plain synchronous ``copy_``.
+    A CPU tensor is returned as itself (no copy). Another device's tensor is copied into
+    ``out`` (a CPU tensor of its shape and dtype), else into the buffer lent by the
+    enclosing :func:`host_buffers`, else into a new one (:func:`empty_host`): for CUDA
+    a pinned buffer, the copy issued on the tensor's current stream and waited for with
+    an event; any other device with a plain synchronous ``copy_``.
     """
     t = tensor.detach()
     if on_host(t):
         return t
     _refuse(t)
     torch = _torch()
-    host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pinned(t))
+    host = out
+    if host is None:
+        lend = _LENDER.get()
+        host = None if lend is None else lend(t)
+    if host is None:
+        host = empty_host(t)
+    if tuple(host.shape) != tuple(t.shape) or host.dtype != t.dtype or not on_host(host):
+        raise ValueError(
+            f"host buffer {host.dtype}{list(host.shape)} on {host.device} does not fit "
+            f"a tensor {t.dtype}{list(t.shape)}"
+        )
     if pinned(t):
         stream = torch.cuda.current_stream(t.device)
         with torch.cuda.stream(stream):

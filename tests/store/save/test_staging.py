@@ -223,3 +223,96 @@ def test_background_write_with_nothing_to_write(tmp_path):
     writer.wait()
     assert writer.error is None and writer.bytes == 0
     assert path.read_bytes() == b"keep"
+
+
+# -- one copy, no hashes; buffers lent to device-to-host copies ---------------------------
+def test_host_buffers_without_hashes_copy_once_and_reuse(monkeypatch):
+    from hpcckpt.store.save import staging
+
+    monkeypatch.setattr(staging, "copy_and_hash", lambda *a: pytest.fail("hashed while staged"))
+    hb = HostBuffers()
+    u = random_array((3 << 20) // 8, "f8", 30)  # large: a mapped buffer of its own
+    v = random_array((7, 9), "i2", 31)[::2]  # small, strided
+    copies, hashes = hb.stage({"u": u, "v": v}, BLOCK, hashed=False)
+    assert hashes == {}
+    assert copies["u"].tobytes() == u.tobytes() and copies["v"].tobytes() == c_bytes(v)
+    assert copies["u"].flags.c_contiguous and copies["u"].flags.writeable
+    assert not np.shares_memory(copies["u"], u)
+    first = copies["u"]
+    u[:] = 0.0  # the application goes on
+    assert first.tobytes() != u.tobytes()
+    again, _ = hb.stage({"u": u, "v": v}, BLOCK, hashed=False)
+    assert again["u"] is first and again["u"].tobytes() == u.tobytes()
+    assert hb.nbytes == hb.peak == u.nbytes + v.nbytes
+
+
+@pytest.mark.parametrize(
+    "shape,dtype", [(((3 << 20) // 8,), "f8"), ((0,), "f8"), ((5, 700000), "i2")], ids=str
+)
+def test_new_buffer_is_a_writable_c_contiguous_array(shape, dtype):
+    from hpcckpt.store.save.staging import new_buffer
+
+    buf = new_buffer(shape, np.dtype(dtype))
+    assert buf.shape == shape and buf.dtype == np.dtype(dtype)
+    assert buf.flags.c_contiguous and buf.flags.writeable
+    buf[...] = 3
+    assert int(buf.sum(dtype=np.int64)) == 3 * buf.size
+
+
+def test_lent_host_tensors_are_the_staged_copies_kept_between_saves():
+    """A device tensor's copy lands in a buffer lent by HostBuffers (what to_host does
+    with a CUDA tensor inside ``lending``): stage takes it as it is, no second copy; the
+    same buffers are lent again at the next save, in the order asked; a buffer the next
+    save does not ask for is freed."""
+    import torch
+
+    from hpcckpt.store.tree import tensors
+
+    hb = HostBuffers()
+    like = {"w": torch.ones(64, 32), "b": torch.ones(32, dtype=torch.bfloat16)}
+
+    def one_save(k: float, names):
+        with hb.lending():
+            lent = {n: hb.lend(like[n]) for n in names}
+        for host in lent.values():
+            host.fill_(k)
+        arrays = {n: tensors.to_array(h) for n, h in lent.items()}
+        arrays["cpu"] = np.full(10, k)
+        copies, hashes = hb.stage(arrays, BLOCK, hashed=True)
+        for n in names:
+            assert np.shares_memory(copies[n], arrays[n])  # the copy itself, not another
+            assert np.array_equal(hashes[n], blocks.block_hashes(arrays[n], BLOCK))
+        assert not np.shares_memory(copies["cpu"], arrays["cpu"])
+        return lent, copies
+
+    lent1, _ = one_save(1.0, ["w", "b"])
+    assert hb.nbytes == 64 * 32 * 4 + 32 * 2 + 80 == hb.lent_bytes + 80
+    lent2, copies = one_save(2.0, ["w", "b"])
+    assert all(lent2[n] is lent1[n] for n in lent1)  # reused, not reallocated
+    assert float(copies["w"][0, 0]) == 2.0
+    one_save(3.0, ["w"])
+    assert hb.lent_bytes == 64 * 32 * 4  # b's buffer was not asked for: freed
+    hb.release()
+    assert hb.nbytes == 0
+
+
+def test_lending_stops_at_the_budget():
+    import torch
+
+    hb = HostBuffers(budget=1000)
+    with hb.lending():
+        assert hb.lend(torch.ones(100, dtype=torch.float64)) is not None  # 800 bytes
+        assert hb.lend(torch.ones(100, dtype=torch.float64)) is None  # 1600: its own
+    assert hb.nbytes == hb.peak == 800 <= hb.budget
+
+
+def test_staging_memory_never_passes_the_state_while_shapes_change():
+    """The peak of the buffers: the old buffer of an array whose shape changed is freed
+    before the new one is allocated, so the staging holds at most the larger state."""
+    hb = HostBuffers()
+    a, b = random_array((40000,), "f8", 32), random_array((30000,), "f4", 33)
+    hb.stage({"a": a, "b": b}, BLOCK, hashed=False)
+    hb.reset_peak()
+    a2 = random_array((50000,), "f8", 34)
+    hb.stage({"a": a2, "b": b}, BLOCK, hashed=False)
+    assert hb.peak == hb.nbytes == a2.nbytes + b.nbytes

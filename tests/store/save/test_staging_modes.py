@@ -156,3 +156,140 @@ def test_redrain_of_a_step_the_tier_does_not_hold_is_refused(restored_from_the_t
     with pytest.raises(ValueError, match="nothing to drain again: step 5"):
         plain.saver.begin_save(5, back, buffers=HostBuffers(), redrain=True)
     assert layout.scan(store.directory) == [] and not plain.directory.exists()
+
+
+# -- one copy in the foreground, the hashes in the background -------------------------------
+def _held_writes(monkeypatch):
+    """Background writes wait for ``go`` before writing (and record their threads'
+    hashing): the test changes the state while nothing is written yet."""
+    import threading
+
+    from hpcckpt.store.io import blocks
+    from hpcckpt.store.save import staging
+
+    go, hashed_in = threading.Event(), set()
+    real_write, real_upto = staging.write_extents, blocks.BlockHasher.upto
+    real_hashes = blocks.block_hashes
+
+    def held(*args, **kwargs):
+        assert go.wait(60)
+        return real_write(*args, **kwargs)
+
+    def upto(self, nbytes):
+        hashed_in.add(threading.current_thread().name)
+        return real_upto(self, nbytes)
+
+    def block_hashes(*args, **kwargs):
+        hashed_in.add(threading.current_thread().name)
+        return real_hashes(*args, **kwargs)
+
+    monkeypatch.setattr(staging, "write_extents", held)
+    monkeypatch.setattr(blocks.BlockHasher, "upto", upto)
+    monkeypatch.setattr(blocks, "block_hashes", block_hashes)
+    return go, hashed_in
+
+
+def test_a_full_staged_save_copies_once_and_hashes_in_the_background(tmp_path, monkeypatch):
+    """Without a checkpoint to compare with, begin_save copies the state and nothing
+    more; the background thread hashes the copy while writing it, before the commit:
+    the committed file verifies and the next save is a delta of it."""
+    from hpcckpt.store.io import blocks
+    from hpcckpt.store.save import staging
+
+    go, hashed_in = _held_writes(monkeypatch)
+    copied = []
+    real_copy_and_hash = staging.copy_and_hash
+    monkeypatch.setattr(
+        staging, "copy_and_hash", lambda *a: copied.append(1) or real_copy_and_hash(*a)
+    )
+    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, block_size=4096, min_delta_saving=0)
+    state = random_state(5, count=100000)
+    saved = copy_of(state)
+    buffers = HostBuffers()
+    pending = store.saver.begin_save(1, state, buffers=buffers)
+    assert copied == [] and hashed_in == set(), "nothing hashed in the foreground"
+    state["u"][:] = -1.0  # the application goes on before a byte is written
+    state["g"]["i"][:] = 7
+    go.set()
+    result = store.saver.finish_save(pending)
+    assert hashed_in == {"hpcckpt-write"}
+    assert (result.kind, result.staging) == ("full", "copy")
+    with CheckpointReader(result.path) as reader:
+        assert reader.verify() == []
+    restores_bit_exactly(store.directory, 1, saved)
+    last = store.saver.last
+    assert np.array_equal(last.hashes["u"], blocks.block_hashes(saved["u"], 4096))
+
+    # A delta of it: hashed while copied (the comparison needs the hashes at once).
+    state = copy_of(saved)
+    state["u"][3, :] = 1.0
+    hashed_in.clear()
+    pending = store.saver.begin_save(2, state, buffers=buffers)
+    assert copied, "a delta hashes while copying"
+    result = store.saver.finish_save(pending)
+    assert result.kind == "incremental" and result.dirty_blocks == 1
+    restores_bit_exactly(store.directory, 2, state)
+
+
+def test_torch_cpu_tensors_are_copied_once_and_kept_at_their_values(tmp_path, monkeypatch):
+    """A CPU tensor is staged by one copy of its memory (no host copy made before
+    staging); changed in place right after begin_save, the checkpoint keeps the values
+    at begin_save."""
+    import torch
+
+    go, _ = _held_writes(monkeypatch)
+    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, incremental=False)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(300, 200)
+    state = {"model": model, "x": torch.randn(1000, dtype=torch.float64)}
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    x_before = state["x"].clone()
+    buffers = HostBuffers()
+    pending = store.saver.begin_save(1, state, buffers=buffers)
+    assert buffers.nbytes == sum(t.numel() * t.element_size() for t in before.values()) + 8000
+    with torch.no_grad():
+        model.weight.mul_(-3.0)
+        model.bias.fill_(0.5)
+        state["x"].zero_()
+    go.set()
+    store.saver.finish_save(pending)
+    back = {"model": torch.nn.Linear(300, 200), "x": torch.zeros(1000, dtype=torch.float64)}
+    assert CheckpointStore(store.directory, MPI.COMM_SELF).restore(back).step == 1
+    for k, v in back["model"].state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert torch.equal(back["x"], x_before)
+
+
+def test_after_a_delta_that_did_not_pay_the_next_saves_go_full_hashed_later(tmp_path, monkeypatch):
+    """Every block changed: the save compared with its parent and the chain policy wrote
+    it full; the next FULL_AFTER_CHANGED staged saves skip the comparison (full, no
+    hashing in the foreground); the one after compares again and writes a delta."""
+    from hpcckpt.store.save import commit, staging
+
+    copied = []
+    real_copy_and_hash = staging.copy_and_hash
+    monkeypatch.setattr(
+        staging, "copy_and_hash", lambda *a: copied.append(1) or real_copy_and_hash(*a)
+    )
+    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, block_size=4096, min_delta_saving=0)
+    buffers = HostBuffers()
+    state = random_state(6, count=20000)
+
+    def save(step: int) -> tuple[str, bool, str | None]:
+        copied.clear()
+        result = store.saver.finish_save(store.saver.begin_save(step, state, buffers=buffers))
+        return result.kind, bool(copied), result.full_reason
+
+    assert save(1)[:2] == ("full", False)  # nothing to compare with
+    state["u"][:] = np.random.default_rng(9).random(state["u"].shape)  # every block changes
+    state["g"]["i"][:] += 1
+    state["g"]["f"][:] += 1
+    kind, compared, why = save(2)
+    assert (kind, compared) == ("full", True) and "max_chain_fraction" in why
+    for step in range(3, 3 + commit.FULL_AFTER_CHANGED):
+        state["u"][0, 0] = step
+        assert save(step)[:2] == ("full", False)
+    state["u"][0, 0] = -1.0
+    step = 3 + commit.FULL_AFTER_CHANGED
+    assert save(step)[:2] == ("incremental", True)
+    restores_bit_exactly(store.directory, step, state)
