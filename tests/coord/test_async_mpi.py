@@ -379,3 +379,26 @@ def test_a_node_local_copy_of_another_rank_count_is_ignored(tmp_path, references
     verify_all(d)
     # finish() freed the node: the copies of ranks this run does not have went too.
     assert not cache.exists(), sorted(p.name for p in cache.iterdir())
+
+
+# -- values at save() while training goes on ---------------------------------------------------
+VALUES_APP = Path(__file__).parent / "apps" / "values_app.py"
+
+
+def test_values_at_save_stay_exact_while_training_changes_them_at_once(tmp_path):
+    """2 ranks, numpy and torch CPU state: every array and tensor is changed in place
+    right after ``save()`` returns, while the background write is still held back;
+    each checkpoint restores the values at ``save()``, and the staging holds one copy
+    of the state, never more (within the budget)."""
+    out = tmp_path / "values.json"
+    proc = mpirun(2, [VALUES_APP, tmp_path / "ck", "--out", out, "--saves", 3], timeout=150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    saves = doc["saves"]
+    assert [s["step"] for s in saves] == [s["restored"] for s in saves] == [0, 1, 2]
+    assert [s["committed"] for s in saves] == [0, 1, 2]
+    assert all(s["held"] for s in saves), "the changes must come before the write"
+    assert all(s["same"] for s in saves), saves
+    assert [s["kind"] for s in saves] == ["full", "incremental", "incremental"]
+    for s in saves:
+        assert s["staging_bytes"] == s["staging_peak"] == doc["state_bytes"] <= doc["budget"]
