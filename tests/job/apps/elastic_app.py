@@ -6,13 +6,16 @@ restart is ready, the workers step along, and on a stop signal they "checkpoint"
 rank 0 reports ``stopped`` (and logs a ``stop`` event) and every worker exits with
 ``--exit-after-stop``. Each worker
 writes what it received to ``DIR/signals.rank<R>.restart<N>.json`` (N: torchrun's
-``TORCHELASTIC_RESTART_COUNT``).
+``TORCHELASTIC_RESTART_COUNT``; ``.requeue<Q>`` follows in a requeued Slurm job).
 
     python elastic_app.py [--exit-after-stop C] [--crash-on-stop R] [--crash-after S R]
+                          [--steps-after-requeue N]
 
 ``--crash-on-stop R``: in torchrun's first run, rank R exits 3 on the stop signal without
 checkpointing (a crash during the stop). ``--crash-after S R``: in the first run, rank R
-exits 3 S seconds after ``running`` (a crash with no stop).
+exits 3 S seconds after ``running`` (a crash with no stop). ``--steps-after-requeue N``:
+in a requeued Slurm job (``SLURM_RESTART_COUNT`` > 0) rank 0 reports ``finished`` after N
+steps.
 """
 
 from __future__ import annotations
@@ -26,13 +29,16 @@ import time
 from pathlib import Path
 
 from hpcckpt.rundir.events import STOP, append_event
-from hpcckpt.rundir.status import RUNNING, STOPPED, RunStatus, write_status
+from hpcckpt.rundir.status import FINISHED, RUNNING, STOPPED, RunStatus, write_status
 
 DIR = Path(os.environ["HPCCKPT_DIR"])
 ATTEMPT = os.environ.get("HPCCKPT_ATTEMPT")
 RANK = int(os.environ["RANK"])
 SIZE = int(os.environ["WORLD_SIZE"])
 RESTART = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+REQUEUE = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+#: Names this worker's files: torchrun's restart, and Slurm's requeue when there was one.
+TAG = f"restart{RESTART}" + (f".requeue{REQUEUE}" if REQUEUE else "")
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 
 received: list[str] = []
@@ -43,19 +49,19 @@ def on_signal(signum: int, _frame: object) -> None:
 
 
 def dump() -> None:
-    path = DIR / f"signals.rank{RANK}.restart{RESTART}.json"
+    path = DIR / f"signals.rank{RANK}.{TAG}.json"
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"pid": os.getpid(), "received": received}))
     os.replace(tmp, path)
 
 
 def wait_for_ranks(prefix: str, timeout: float = 60.0) -> None:
-    (DIR / f"{prefix}.rank{RANK}.restart{RESTART}").write_text("")
+    (DIR / f"{prefix}.rank{RANK}.{TAG}").write_text("")
     if RANK != 0:
         return
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if all((DIR / f"{prefix}.rank{r}.restart{RESTART}").exists() for r in range(SIZE)):
+        if all((DIR / f"{prefix}.rank{r}.{TAG}").exists() for r in range(SIZE)):
             return
         time.sleep(0.02)
     sys.exit(f"rank 0: not every rank reached {prefix} within {timeout} s")
@@ -67,7 +73,10 @@ def main() -> int:
     parser.add_argument("--crash-on-stop", type=int, default=-1)
     parser.add_argument("--crash-after", nargs=2, type=float, default=None)
     parser.add_argument("--steps", type=int, default=100_000)
+    parser.add_argument("--steps-after-requeue", type=int, default=None)
     args = parser.parse_args()
+    if args.steps_after_requeue is not None and REQUEUE:
+        args.steps = args.steps_after_requeue
     for sig in STOP_SIGNALS:
         signal.signal(sig, on_signal)
     wait_for_ranks("ready")
@@ -84,18 +93,23 @@ def main() -> int:
         if received:
             if first and RANK == args.crash_on_stop:
                 return 3
-            time.sleep(0.3)  # the "checkpoint"
+            time.sleep(0.3)  # the "checkpoint"; more signals may arrive
+            dump()
             wait_for_ranks("stopped")
             if RANK == 0:
                 write_status(DIR, RunStatus(STOPPED, ATTEMPT, step=step, reason="signal"))
                 append_event(DIR, STOP, step=step, reason="signal")  # as the Checkpointer does
-                (DIR / f"committed.restart{RESTART}").write_text("")
+                (DIR / f"committed.{TAG}").write_text("")
             deadline = time.monotonic() + 60
-            while not (DIR / f"committed.restart{RESTART}").exists():  # as after a collective
+            while not (DIR / f"committed.{TAG}").exists():  # as after a collective
                 if time.monotonic() > deadline:
                     return 4
                 time.sleep(0.02)
             return args.exit_after_stop
+    dump()
+    wait_for_ranks("finished")
+    if RANK == 0:
+        write_status(DIR, RunStatus(FINISHED, ATTEMPT, step=args.steps))
     return 0
 
 
