@@ -24,7 +24,7 @@ from hpcckpt.cli.main import cli
 from hpcckpt.slurm import templates
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
-NAMES = ["chain", "mpirun", "python-api", "requeue", "restart-files"]
+NAMES = ["chain", "mpirun", "python-api", "requeue", "restart-files", "srun-torch", "torchrun"]
 GOLDEN_ARGS = [
     "--time", "00:30:00", "--ntasks", "8", "--nodes", "2", "--partition", "batch",
     "--job-name", "golden", "--ckpt-dir", "/scratch/me/run 1", "--signal", "USR2@180",
@@ -237,7 +237,9 @@ def test_submit_fills_in_the_venv_made_absolute(tmp_path, monkeypatch):
     assert f"VENV='{tmp_path}/venvs/my venv'" in text.splitlines()
 
 
-@pytest.mark.parametrize("name", ["chain", "mpirun", "python-api", "requeue"])
+@pytest.mark.parametrize(
+    "name", ["chain", "mpirun", "python-api", "requeue", "srun-torch", "torchrun"]
+)
 def test_python_templates_offer_a_mirror_on_a_commented_line(name):
     """The templates of Python applications show the mirror (docs/tiers.md) as a line to
     uncomment; uncommented, it exports HPCCKPT_MIRROR, which the wrapper passes on."""
