@@ -188,3 +188,42 @@ def test_a_worker_crash_without_a_stop_is_torchruns_to_restart(tmp_path):
     w.send(signal.SIGUSR1)
     assert w.wait(timeout=120) == 0, w.stderr
     assert got(ckpt, 0, 1) == ["SIGUSR1"] and got(ckpt, 1, 1) == ["SIGUSR1"]
+
+
+def test_torchruns_agent_dies_of_usr1_and_passes_term_to_its_workers(tmp_path):
+    """What the wrapper's way around the agent rests on (torch 2.13; docs/wrapper.md):
+    USR1 kills the agent (exit 138) and its workers hear nothing; TERM to the agent
+    reaches every worker once and the agent exits 1 (SignalException)."""
+    agent = _start_torchrun(tmp_path)
+    ckpt = tmp_path / "ck"
+    workers: list[int] = []
+    try:
+        _workers_up(agent, ckpt)
+        workers = delivery.rank_processes(agent.pid, None, rank_signal.TORCHRUN)
+        agent.send_signal(signal.SIGUSR1)
+        assert agent.wait(timeout=30) == -signal.SIGUSR1
+        time.sleep(1.0)
+        assert len(workers) == 2 and all(_running(pid) for pid in workers)  # orphaned
+        assert got(ckpt, 0) == [] and got(ckpt, 1) == []
+    finally:
+        for pid in workers:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+        agent.kill()
+        agent.wait()
+    (tmp_path / "2").mkdir()
+    agent = _start_torchrun(tmp_path / "2")
+    ckpt = tmp_path / "2" / "ck"
+    try:
+        _workers_up(agent, ckpt)
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=60) == 1
+        assert got(ckpt, 0) == ["SIGTERM"] and got(ckpt, 1) == ["SIGTERM"]
+    finally:
+        agent.kill()
+        agent.wait()
+
+
+def _running(pid: int) -> bool:
+    fields = procfs.stat_fields(pid)
+    return fields is not None and fields[0] != "Z"
