@@ -65,6 +65,13 @@ def wait_running(ckpt: Path, job: str, env: dict[str, str], timeout: float = 240
     raise AssertionError(f"the workers never reported running; status {read_status(ckpt)}")
 
 
+def forwarded_line(text: str) -> str:
+    """The log line saying where the stop went (at once, or once the workers were running)."""
+    lines = [ln for ln in text.splitlines() if ln.startswith("hpcckpt: ") and "forwarded" in ln]
+    assert len(lines) == 1, text
+    return lines[0]
+
+
 def received(ckpt: Path, rank: int) -> list[str]:
     return json.loads((ckpt / f"signals.rank{rank}.restart0.json").read_text())["received"]
 
@@ -87,7 +94,7 @@ def test_torchrun_on_two_nodes_stop_reaches_every_worker_then_requeue(
     assert int(info["Restarts"]) == 1, (info, text)
     # one USR1 to each worker, on its own node, by that node's signaller
     assert received(ckpt, 0) == ["SIGUSR1"] and received(ckpt, 1) == ["SIGUSR1"], text
-    line = next(ln for ln in text.splitlines() if "signal USR1 received" in ln)
+    line = forwarded_line(text)
     assert "by a signaller on every node (n1: rank " in line and "; n2: rank " in line, line
     delivered = [e for e in read_events(ckpt) if e["event"] == "signal_delivered"]
     assert [d["path"] for d in delivered] == ["nodes"], delivered
@@ -96,3 +103,28 @@ def test_torchrun_on_two_nodes_stop_reaches_every_worker_then_requeue(
     kinds = [e["event"] for e in read_events(ckpt)]
     assert kinds.count("requeue") == 1 and kinds[-1] == "finished", kinds
     assert "User defined signal" not in text and "exitcode: -10" not in text, text
+
+
+def test_torchrun_slurms_term_to_the_tasks_reaches_the_workers_through_the_agents(
+    slurm_cluster_nodes, tmp_path
+):
+    """Slurm's own TERM to the job's tasks (preemption without the user signal; here
+    ``scancel --signal=TERM JOB``) goes to torchrun's agents, which pass it to their
+    workers: they checkpoint and report stopped, the agents exit 1, the wrapper (which
+    heard nothing) sees the stop and requeues."""
+    cluster = slurm_cluster_nodes(2)
+    env = cluster_env(cluster)
+    ckpt, log = tmp_path / "ckpt", tmp_path / "job.out"
+    script = torchrun_script(tmp_path / "tr.sbatch", ckpt, f"{APP} --steps-after-requeue 10")
+    job = sbatch(["-N", "2", "--ntasks-per-node=1", "--time=5", "--requeue",
+                  "--open-mode=append", f"--output={log}", str(script)], env,
+                 cwd=str(ROOT))  # fmt: skip
+    wait_running(ckpt, job, env)
+    subprocess.run(["scancel", "--signal=TERM", job], env=env, check=True, timeout=30)
+    info = follow(job, env, timeout=300)
+    text = log_of(log)
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 1, (info, text)
+    assert received(ckpt, 0) == ["SIGTERM"] and received(ckpt, 1) == ["SIGTERM"], text
+    assert "a stop, not a crash" in text, text  # the agents exited 1 after the checkpoint
+    kinds = [e["event"] for e in read_events(ckpt)]
+    assert "signal" not in kinds and kinds.count("requeue") == 1, kinds
