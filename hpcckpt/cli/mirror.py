@@ -1,5 +1,11 @@
-"""``hpcckpt mirror ls | verify | pull``: what the mirror (the second tier) holds, whether
-every byte of it still checks, and fetching a checkpoint back into a directory.
+"""``hpcckpt mirror ls | verify | pull | prune``: what the mirror (the second tier) holds,
+whether every byte of it still checks, fetching a checkpoint back into a directory, and
+deleting what its rules do not keep.
+
+What the mirror holds comes from its index (``index.json`` beside the manifests), made
+true to one listing of the mirror (``ls``, ``prune``, ``verify --all``) or checked
+cheaply (``verify``, ``pull``); the checkpoint a command acts on is read from its own
+manifest. No command fetches every manifest.
 
 One process, no MPI: from a login node, against a directory on another file system or
 an S3 bucket (boto3, ``pip install 'hpcckpt[s3]'``). Heavy imports happen inside the
@@ -64,11 +70,24 @@ def open_mirror(url: str) -> Any:
         raise click.ClickException(str(exc)) from None
 
 
-def _listing(backend: Any) -> list[Any]:
-    from hpcckpt.store import MirrorUnavailable, list_mirrored
+def _listing(backend: Any, *, exact: bool = True) -> list[Any]:
+    """The mirror's checkpoints, newest first, from its index: made true to one listing
+    of the mirror (``exact``), or after the index's cheap check."""
+    from hpcckpt.store import MirrorUnavailable, load_mirror_index, reconcile_mirror_index
 
     try:
-        return list_mirrored(backend)
+        index = reconcile_mirror_index(backend) if exact else load_mirror_index(backend)
+        return index.listing()
+    except MirrorUnavailable as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _confirmed(backend: Any, name: str) -> dict[str, Any]:
+    """``name`` and its chain as their own objects say now (a command acts on these)."""
+    from hpcckpt.store import MirrorUnavailable, confirm_mirrored
+
+    try:
+        return confirm_mirrored(backend, [name])
     except MirrorUnavailable as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -176,23 +195,27 @@ def mirror_verify(
       hpcckpt mirror verify s3://ckpts/run1 1200 --no-mark
       hpcckpt mirror verify /project/me/run1 --all --json
     """
-    from hpcckpt.store import MirrorUnavailable, verify_mirrored
+    from hpcckpt.store import MirrorUnavailable, checkpoint_name, verify_mirrored
 
     if check_all and step is not None:
         raise click.UsageError("give a STEP or --all, not both")
     backend = open_mirror(url)
-    listing = _listing(backend)
     if check_all:
-        names = [m.name for m in reversed(listing)]  # oldest first: bases before deltas
+        # oldest first: bases before deltas
+        names = [m.name for m in reversed(_listing(backend))]
     elif step is not None:
-        names = [f"{step}"]
+        names = [checkpoint_name(step)]
     else:
-        newest = next((m for m in listing if m.good), None)
-        names = [newest.name] if newest is not None else []
+        names = []
+        for m in _listing(backend, exact=False):
+            if m.good and _confirmed(backend, m.name).get(m.name, m).good:
+                names = [m.name]
+                break
     reports = []
     try:
         for name in names:
-            reports.append(verify_mirrored(backend, name, mark=not no_mark))
+            known = _confirmed(backend, name)
+            reports.append(verify_mirrored(backend, name, mark=not no_mark, known=known))
     except MirrorUnavailable as exc:
         raise click.ClickException(str(exc)) from None
     ok = bool(reports) and all(r.good for r in reports)
@@ -245,19 +268,25 @@ def mirror_pull(url: str, step: int | None, directory: Path, as_json: bool) -> N
         CheckpointError,
         MirrorCopyBad,
         MirrorUnavailable,
+        checkpoint_name,
         pull_mirrored,
         step_of,
     )
 
     backend = open_mirror(url)
-    listing = _listing(backend)
-    names = [f"{step}"] if step is not None else [m.name for m in listing if m.good]
+    if step is not None:
+        names = [checkpoint_name(step)]
+    else:
+        names = [m.name for m in _listing(backend, exact=False) if m.good]
     if not names:
         raise click.ClickException(f"no good mirrored checkpoint on {backend.url}")
     skipped: list[str] = []
     for name in names:
+        known = _confirmed(backend, name)
+        if step is None and not (name in known and known[name].good):
+            continue  # the index was behind: no longer good there
         try:
-            path = pull_mirrored(backend, name, directory)
+            path = pull_mirrored(backend, name, directory, known=known)
             break
         except MirrorCopyBad as exc:
             if step is not None:
@@ -279,6 +308,75 @@ def mirror_pull(url: str, step: int | None, directory: Path, as_json: bool) -> N
         _emit(pulled)
     else:
         click.echo(f"pulled step {pulled['step']} into {path} ({size(pulled['bytes'])}, verified)")
+
+
+@mirror_group.command("prune")
+@_URL
+@click.option("--keep-last", type=click.IntRange(min=1), help="Keep the N newest good ones.")
+@click.option("--keep-every", type=click.IntRange(min=1), help="Keep one per K steps.")
+@click.option("--thinning", metavar="TIERS", help='Tiers by age, e.g. "6h:all,7d:1d,*:1w".')
+@click.option("--dry-run", is_flag=True, help="Only show what would be deleted.")
+@_JSON
+def mirror_prune(
+    url: str,
+    keep_last: int | None,
+    keep_every: int | None,
+    thinning: str | None,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Delete the checkpoints on MIRROR that the rules do not keep.
+
+    \b
+    The rules of a job's mirror_keep_last, mirror_keep_every and
+    mirror_thinning (docs/tiers.md); a checkpoint stays when any rule keeps it:
+      --keep-last N      the N newest good checkpoints
+      --keep-every K     one per window of K steps (the oldest good one in each)
+      --thinning TIERS   tiers by age: "6h:all,7d:1d,*:1w" keeps every checkpoint
+                         of the last 6 hours, one a day for a week, one a week after
+    The newest good checkpoint always stays, and whatever a kept checkpoint is
+    built on. Bad copies stay for inspection. Each checkpoint's manifest goes
+    first, then its data; the mirror's index is updated after. Safe beside a
+    job copying to the same mirror: a checkpoint it adds meanwhile is never
+    deleted or lost from the index. MIRROR: see 'hpcckpt mirror --help'.
+
+    \b
+    Example:
+      hpcckpt mirror prune s3://ckpts/run1 --keep-last 3 --keep-every 10000 --dry-run
+    """
+    import time
+
+    from hpcckpt.store import (
+        MirrorOptions,
+        MirrorUnavailable,
+        prune_mirror,
+        reconcile_mirror_index,
+    )
+
+    if keep_last is None and keep_every is None and thinning is None:
+        raise click.UsageError("give at least one of --keep-last, --keep-every, --thinning")
+    try:
+        options = MirrorOptions(
+            url,
+            mirror_keep_last=keep_last,
+            mirror_keep_every=keep_every,
+            mirror_thinning=thinning,
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    backend = open_mirror(url)
+    try:
+        index = reconcile_mirror_index(backend)
+        doomed = prune_mirror(backend, options, time.time(), dry_run, index=index)
+    except MirrorUnavailable as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        _emit({"mirror": backend.url, "dry_run": dry_run, "deleted": doomed})
+        return
+    verb = "would delete" if dry_run else "deleted"
+    for name in doomed:
+        click.echo(f"{verb} {name}")
+    click.echo(f"{verb} {len(doomed)} checkpoint(s) on {backend.url}")
 
 
 COMMANDS: list[click.Command] = [mirror_group]

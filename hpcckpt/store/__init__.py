@@ -93,6 +93,11 @@ _HOMES: dict[str, str] = {
     "list_mirrored": "mirror.copy",
     "verify_mirrored": "mirror.copy",
     "pull_mirrored": "mirror.copy:pull",
+    "load_mirror_index": "mirror.index:load",
+    "reconcile_mirror_index": "mirror.index:reconcile",
+    "confirm_mirrored": "mirror.index:confirm",
+    "prune_mirror": "mirror.worker",
+    "checkpoint_name": "file.layout",
 }
 
 __all__ = sorted(_HOMES)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,6 +107,11 @@ class Uploaded:
     bytes: int = 0
     seconds: float = 0.0
     already: tuple[str, ...] = field(default=())  # chain files the mirror held already
+
+
+#: What a caller already knows of the mirror: the checkpoints a call needs (itself and its
+#: chain) by name, their status checked (None: the call lists every manifest).
+Known = Mapping[str, Mirrored] | None
 
 
 def manifest_key(name: str) -> str:
@@ -232,6 +237,9 @@ def mark_bad(backend: MirrorBackend, name: str, reason: str) -> None:
     """Mark a mirrored checkpoint bad (its data stays for inspection)."""
     record = {"reason": reason, "time": time.time()}
     backend.put_bytes(bad_key(name), (json.dumps(record) + "\n").encode())
+    from hpcckpt.store.mirror import index  # noqa: PLC0415 (index imports this module)
+
+    index.note_bad(backend, name, reason)
 
 
 @dataclass(frozen=True)
@@ -254,13 +262,17 @@ class Verified:
         }
 
 
-def verify_mirrored(backend: MirrorBackend, name: str, *, mark: bool = True) -> Verified:
+def verify_mirrored(
+    backend: MirrorBackend, name: str, *, mark: bool = True, known: Known = None
+) -> Verified:
     """Read a mirrored checkpoint back and compare its xxh3-64 with its manifest (and
     check the files of its chain the same way); with ``mark``, a copy that fails is
-    marked bad on the mirror. ``name`` is ``ckpt-<step>.h5`` or the step as text."""
+    marked bad on the mirror. ``name`` is ``ckpt-<step>.h5`` or the step as text.
+    ``known``: the checkpoint and its chain as the mirror holds them (the index's
+    :func:`~.mirror.index.confirm`), instead of listing every manifest."""
     name = _name(name)
     step = layout.step_of(name) or 0
-    listing = {m.name: m for m in list_mirrored(backend)}
+    listing = dict(known) if known is not None else {m.name: m for m in list_mirrored(backend)}
     m = listing.get(name)
     if m is None:
         return Verified(step, name, False, ("not on the mirror (no manifest)",), False)
@@ -301,6 +313,7 @@ def pull(
     directory: str | os.PathLike[str],
     *,
     mode: int = FILE_MODE,
+    known: Known = None,
 ) -> Path:
     """Fetch a good mirrored checkpoint (and the files of its chain the directory lacks)
     into ``directory``; each file is checked against its manifest before it gets its
@@ -312,7 +325,7 @@ def pull(
     """
     name = _name(name)
     root = Path(directory)
-    listing = {m.name: m for m in list_mirrored(backend)}
+    listing = dict(known) if known is not None else {m.name: m for m in list_mirrored(backend)}
     m = listing.get(name)
     if m is None or not m.good:
         why = "not on the mirror" if m is None else f"{m.status}: {m.reason}"
@@ -355,10 +368,14 @@ def _fetch(backend: MirrorBackend, m: Mirrored, root: Path, mode: int) -> Path:
     return final
 
 
-def upload(backend: MirrorBackend, path: Path, *, verify_source: bool = True) -> Uploaded:
+def upload(
+    backend: MirrorBackend, path: Path, *, verify_source: bool = True, known: Known = None
+) -> Uploaded:
     """Mirror one committed checkpoint of a directory, with the files of its chain the
     mirror lacks (oldest first). Each file is checked against its own checksums
     (``verify_source``), sent, read back and compared, and only then gets its manifest.
+    ``known``: the checkpoint and its chain as the mirror holds them (the index's
+    :func:`~.mirror.index.confirm`), instead of listing every manifest.
 
     CheckpointError when the local checkpoint (or a file it needs) is missing or bad;
     MirrorCopyBad when the bytes read back differ; MirrorUnavailable from the backend.
@@ -368,7 +385,7 @@ def upload(backend: MirrorBackend, path: Path, *, verify_source: bool = True) ->
     if step is None:
         raise ValueError(f"{path} is not a checkpoint file (ckpt-<step>.h5)")
     uid, chain = checkpoint_chain(path)
-    mirrored = {m.name: m for m in list_mirrored(backend)}
+    mirrored = dict(known) if known is not None else {m.name: m for m in list_mirrored(backend)}
     have = mirrored.get(path.name)
     if have is not None and have.good and uid is not None and have.uid == uid:
         return Uploaded(step, (), 0, time.perf_counter() - t0, (path.name,))  # there already

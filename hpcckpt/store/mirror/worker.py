@@ -2,9 +2,10 @@
 
 After a commit, the store's rank 0 hands the checkpoint to :class:`MirrorWorker`
 (``committed``; :class:`~hpcckpt.store.store.CheckpointStore` owns the worker); the
-thread uploads it (:func:`.mirror.copy.upload`: verified, manifest last), then applies the
-mirror's retention. One writer per checkpoint: the checkpoint is one file, already
-durable in the directory, so one sequential stream reads it once and no rank waits.
+thread uploads it (:func:`.mirror.index.upload`: verified, manifest last, then the
+mirror's index), then applies the mirror's retention, decided on that index. One
+writer per checkpoint: the checkpoint is one file, already durable in the directory, so
+one sequential stream reads it once and no rank waits.
 Only the newest checkpoint waiting counts: a newer one replaces an older one not yet
 started. A mirror that refuses, is slow or full costs retries with a backoff (about 1 s,
 doubling, up to ``mirror_retry_max``, with jitter: :func:`retry_delay`) that nothing but
@@ -32,6 +33,7 @@ from typing import Any
 from hpcckpt.store.errors import CheckpointError
 from hpcckpt.store.file import layout
 from hpcckpt.store.mirror import copy as mirror
+from hpcckpt.store.mirror import index as mirror_index
 from hpcckpt.store.mirror import retention as mirror_retention
 from hpcckpt.store.mirror.backend import MirrorBackend, MirrorUnavailable
 from hpcckpt.store.mirror.options import MirrorOptions
@@ -277,7 +279,7 @@ class MirrorWorker:
     def _copy(self, target: Target, attempt: int) -> float | None:
         """Copy one checkpoint; None when done with it, else seconds before a retry."""
         try:
-            uploaded = mirror.upload(self.backend, target.path)
+            copied = mirror_index.upload(self.backend, target.path)
         except (MirrorUnavailable, mirror.MirrorCopyBad, OSError) as exc:
             if isinstance(exc, FileNotFoundError) and not target.path.exists():
                 return self._give_up(target, f"{target.path.name} left the directory", attempt)
@@ -286,6 +288,7 @@ class MirrorWorker:
             return self._give_up(target, str(exc), attempt)
         except Exception as exc:  # noqa: BLE001 (a client library's own error: retry)
             return self._retry_later(target, exc, attempt)
+        uploaded = copied.uploaded
         self.newest_mirrored = max(self.newest_mirrored or -1, target.step)
         self.last_error = None
         self._recovered(target)
@@ -302,7 +305,7 @@ class MirrorWorker:
                 "mirror": self.backend.url,
             },
         )
-        self._prune()
+        self._prune(copied.index)
         return None
 
     def _retry_later(self, target: Target, exc: BaseException, attempt: int) -> float:
@@ -386,13 +389,14 @@ class MirrorWorker:
         )
         return None
 
-    def _prune(self) -> None:
-        """The mirror's retention, after a copy; a failure is reported, nothing else."""
+    def _prune(self, index: mirror_index.Index) -> None:
+        """The mirror's retention, after a copy, decided on the index that copy left; a
+        failure is reported, nothing else."""
         o = self.options
         if o.mirror_keep_last is None and o.mirror_keep_every is None and not o.mirror_thinning:
             return
         try:
-            deleted = prune_mirror(self.backend, o, time.time())
+            deleted = prune_mirror(self.backend, o, time.time(), index=index)
         except (MirrorUnavailable, OSError) as exc:
             log.warning("mirror: retention failed, nothing more deleted: %s", exc)
             return
@@ -410,11 +414,20 @@ def mirror_candidates(listing: list[mirror.Mirrored]) -> list[Candidate]:
 
 
 def prune_mirror(
-    backend: MirrorBackend, options: MirrorOptions, now: float, dry_run: bool = False
+    backend: MirrorBackend,
+    options: MirrorOptions,
+    now: float,
+    dry_run: bool = False,
+    *,
+    index: mirror_index.Index | None = None,
 ) -> list[str]:
     """Delete the mirrored checkpoints the mirror's rules do not keep (newest step
-    first, so a delta goes before its base); the names (to be) deleted."""
-    listing = mirror.list_mirrored(backend)
+    first, so a delta goes before its base), as the mirror's ``index`` lists them (by
+    default :func:`.mirror.index.load`: no manifest fetched), then drop them from the
+    index; the names (to be) deleted."""
+    if index is None:
+        index = mirror_index.load(backend)
+    listing = index.listing()
     keep = mirror_retention.steps_to_keep(
         mirror_candidates(listing),
         now,
@@ -426,4 +439,6 @@ def prune_mirror(
     if not dry_run:
         for name in doomed:
             mirror.delete_mirrored(backend, name)
+        if doomed:
+            mirror_index.commit(backend, index, remove=doomed)
     return doomed

@@ -17,6 +17,8 @@ from mpi4py import MPI
 
 from hpcckpt.store.file import layout
 from hpcckpt.store.mirror import copy as mirror
+from hpcckpt.store.mirror import index as mirror_index
+from hpcckpt.store.mirror.index import INDEX
 from hpcckpt.store.mirror.backend import DirectoryBackend, MirrorUnavailable, open_backend
 from hpcckpt.store.mirror.worker import (
     MIRROR_FAILED,
@@ -322,10 +324,11 @@ def test_the_mirror_keeps_its_last_n_and_milestones(tmp_path):
     deleted = prune_mirror(backend, options, time.time())
     assert deleted == [layout.checkpoint_name(s) for s in (5, 3, 2)]  # newest first
     assert [m.step for m in mirror.list_mirrored(backend)] == [6, 4, 1]
-    assert {o.key for o in backend.list()} == {
+    assert {o.key for o in backend.list()} == {INDEX} | {
         name + suffix for s in (1, 4, 6) for name in [layout.checkpoint_name(s)]
         for suffix in ("", ".manifest.json")
     }  # fmt: skip
+    assert [m.step for m in mirror_index.load(backend).listing()] == [6, 4, 1]
 
 
 def test_the_mirror_keeps_what_a_kept_delta_is_built_on(tmp_path, store):
@@ -364,8 +367,8 @@ def test_the_mirrors_files_have_the_directorys_modes(tmp_path, share_group):
     assert want == {0o640 if share_group else 0o600}
     got = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "m").iterdir()}
     name = layout.checkpoint_name(1)
-    assert set(got) == {name, name + ".manifest.json"}
-    assert set(got.values()) == want
+    assert set(got) == {name, name + ".manifest.json", INDEX}
+    assert set(got.values()) == want  # the index too
 
 
 def test_the_backoff_doubles_across_failures_of_changing_causes(tmp_path, store):
