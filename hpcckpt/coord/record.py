@@ -10,6 +10,7 @@ Only rank 0 writes: on the other ranks every method but the collective
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -59,11 +60,17 @@ class RunRecord:
         if error:
             raise DirectoryLocked(error[1]) if error[0] == "locked" else OSError(error[1])
 
-    def release(self) -> None:
-        """Give the directory up (the next job may take it); again is harmless."""
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
+    def release(self, timeout: float = 10.0) -> None:
+        """Give the directory up (the next job may take it) and join the lock's refresh
+        thread within ``timeout`` seconds once no user in this process holds it; again is
+        harmless."""
+        lock, self._lock = self._lock, None
+        if lock is None:
+            return
+        lock.release()
+        thread = getattr(lock, "_thread", None)
+        if not lock.held and thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
 
     def status(self, state: str, step: int | None = None, reason: str = "") -> None:
         """Rank 0 writes the status file: ``running``, ``stopped`` or ``finished``."""
