@@ -104,8 +104,8 @@ def submit(
     timeout: float,
     **resources: Any,
 ) -> None:
-    """Render TEMPLATE (requeue, chain, mpirun, python-api, restart-files, or a path)
-    with the options given and submit it with sbatch.
+    """Render TEMPLATE (requeue, chain, mpirun, python-api, restart-files, torchrun,
+    srun-torch, or a path) with the options given and submit it with sbatch.
 
     \b
         hpcckpt submit requeue --time 02:00:00 --ntasks 4 --ckpt-dir ckpt \\
