@@ -1,59 +1,68 @@
-"""The mirror (second tier) on a real S3 server: throughput against boto3's plain
-``upload_file`` of the same files, the ranks' blocked time with and without a mirror,
-and the slowdown of the application's compute while the mirror copies.
+"""The mirror (second tier) on a real S3 server and a directory: throughput against
+the plain tools (boto3's ``upload_file``, ``shutil.copyfile`` + fsync) of the same
+files, a ``save()`` while the mirror copies against one with no mirror, the slowdown of
+the application's compute, and what compression gives on real checkpoints.
 
-    .venv/bin/python benchmarks/bench_mirror.py [--size 128M] [--files 2] [--reps 3]
-        [--json FILE] [--dir SCRATCH] [--mirror-dir DIR] [--skip throughput,slowdown,blocked]
-        [--etag-hash MD5|""]
+    .venv/bin/python benchmarks/bench_mirror.py [--size 128M,1G] [--files 2] [--reps 3]
+        [--json FILE] [--dir SCRATCH] [--mirror-dir DIR]
+        [--skip throughput,slowdown,blocked,compression,index] [--etag-hash MD5|""]
+        [--index-sizes 10,1000]
         [--with-parts --parts 8M,16M,32M,64M --concurrency 1,2,4,8 --parts-reps 3]
 
 One process, no MPI (the mirror is one background thread of rank 0; the blocked time is
-that of one rank's ``save()``). About 6 minutes at the defaults on 2 busy cores
-(``--size 64M`` about halves it).
+that of one rank's ``save()``). Each ``--size`` (comma list) is a run of its own:
+``--files`` checkpoint files of that many bytes of random float64 each, written by
+``CheckpointStore``. At the defaults (2 x 128 MiB, then 2 x 1 GiB) it needs about 7 GB
+of ``--dir`` and takes 20-40 minutes on 2 cores.
 
 The S3 server is ``rclone serve s3`` over a folder of ``--dir`` (the same server the
 tests start, tests/s3_server.py), on this machine: every byte goes over loopback and
 the server's CPU competes with the client's. That server hashes the whole object for its
 ETag on every request, even a range read (``--etag-hash``, MD5 by default, as in the
 tests), which a real S3 store does not (it keeps the ETag): ``--etag-hash ""`` turns it
-off (through ``RCLONE_ETAG_HASH``) to measure without that artifact. Checkpoint files
-are real checkpoints written by ``CheckpointStore`` (``--files`` of ``--size`` random
-float64 each).
+off (through ``RCLONE_ETAG_HASH``) to measure without that artifact.
 
 Measurements, in an order shuffled per repetition (seeded); medians over ``--reps``,
 ratios per repetition then the median:
 
 - ``boto3``: ``client.upload_file`` of each file with boto3's defaults (8 MiB parts,
-  10 threads): the peer;
-- ``put_file``: the S3 backend's upload alone (its part size and concurrency, every
-  byte spent through the throttle, uncapped here);
-- ``mirror``: ``mirror.upload``, the whole verified copy a job makes: the file checked
-  against its own checksums, its xxh3 taken, sent, read back from the store and
-  compared, then its manifest written;
-- ``mirror_nosource``: the same without the check of the source file
-  (``verify_source=False``), to split where the time goes;
+  10 threads, its CRC32 when it sends one): the peer;
+- ``put_file``: the S3 backend's plain upload alone (its part size and concurrency);
+- ``mirror``: ``mirror.upload``, the whole verified copy a job makes: the file read
+  once (checked block by block against its own hashes, its xxh3 taken, sent in parts
+  with the Content-MD5 the server checks on receipt), then its manifest;
+- ``mirror_readback``: the same with ``verify="readback"`` (every byte read back from
+  the store and compared: what stores that check no checksum get);
+- ``mirror_nosource``: ``mirror`` without the check of the source file;
 - ``copy``: ``shutil.copyfile`` of each file into ``--mirror-dir``, then ``fsync``: the
   peer of a directory mirror;
-- ``dir_mirror``: ``mirror.upload`` to a directory backend on ``--mirror-dir`` (the same
-  verified copy: checked, written to a temporary name, fsynced, renamed, read back).
+- ``dir_mirror``: ``mirror.upload`` to a directory backend on ``--mirror-dir`` (read
+  once, checked, hashed, written from the same buffers, fsynced, renamed).
 
 ``throughput = bytes / seconds``; the goals are ``mirror / boto3 >= 0.9`` and
-``dir_mirror / copy >= 0.9``.
+``dir_mirror / copy >= 0.9``. Copies are uncompressed here (``compress=None``).
 
-``parts`` (only with ``--with-parts``): ``put_file`` at each part size x concurrency
-(one file, ``--parts-reps``), against ``boto3`` in the same repetition: how the
-backend's defaults were chosen.
+``parts`` (only with ``--with-parts``): ``put_file`` at each part size x concurrency.
 
-``slowdown``: a fixed compute kernel (a Jacobi stencil over two arrays, about 1 s alone)
-run alone, and run while a background thread mirrors the files (as rank 0's mirror
-worker does, in the same process), uncapped and capped at ``--cap``; the pairs are
-adjacent, order alternating: slowdown = with / alone - 1.
+``slowdown``: a fixed compute kernel (a Jacobi stencil, about 1 s alone) run alone, and
+while a background thread mirrors the files (as rank 0's mirror worker does, at its
+lowered priority), uncapped and capped at ``--cap``: slowdown = with / alone - 1.
 
 ``blocked``: ``Checkpointer.save`` (one process) of ``--size`` per save, ``--saves``
-saves ``--gap`` seconds apart (a sleep stands for the application's compute), without a
-mirror and with the S3 mirror (every save mirrored in the background, so later saves
-run while the worker still copies): the seconds save() blocked, median per run; and the
-seconds ``finish()`` then waited for the newest checkpoint to reach the mirror.
+saves ``--gap`` seconds apart, without a mirror and with the S3 mirror (every save
+mirrored in the background, so later saves run while the worker still copies): the
+seconds save() blocked, median per run, and their ratio (goal: at most 1.1).
+
+``compression``: the ratio (stored / original bytes) and one core's throughput of zstd
+alone and of the mirror's encoder (zstd over byte-grouped floats, levels 1 and 3) on a
+real checkpoint of a trained model (bf16 weights, fp32 AdamW moments: ``--train-*``)
+and of examples/heat2d.py's float64 field (``--heat-*``).
+
+``index``: the requests of one copy and its retention (which deletes one checkpoint)
+onto a mirror already holding each of ``--index-sizes`` checkpoints (fabricated
+objects, the mirror's index built once before): S3 requests counted with boto3's event
+system (``before-send``), the directory mirror's backend calls by method; the same
+counts for every size are the goal.
 """
 
 from __future__ import annotations
@@ -157,7 +166,8 @@ class Bench:
         self.clear()
         for old in self.mirror_dir.iterdir():
             shutil.rmtree(old)
-        backend = S3Backend(f"s3://{self.bucket}/{prefix}")
+        backend = S3Backend(f"s3://{self.bucket}/{prefix}", compress=None)
+        readback = S3Backend(f"s3://{self.bucket}/{prefix}", verify="readback", compress=None)
         target = self.mirror_dir / prefix
         target.mkdir()
         t0 = time.perf_counter()
@@ -166,7 +176,7 @@ class Bench:
                 shutil.copyfile(path, target / path.name)
                 _util.fsync_path(target / path.name)
             elif method == "dir_mirror":
-                mirror.upload(DirectoryBackend(target), path)
+                mirror.upload(DirectoryBackend(target, compress=None), path)
             elif method == "boto3":
                 self.client.upload_file(str(path), self.bucket, f"{prefix}/{path.name}")
             elif method == "put_file":
@@ -175,12 +185,22 @@ class Bench:
                 mirror.upload(backend, path)
             elif method == "mirror_nosource":
                 mirror.upload(backend, path, verify_source=False)
+            elif method == "mirror_readback":
+                mirror.upload(readback, path)
             else:
                 raise ValueError(method)
         return time.perf_counter() - t0
 
     def throughput(self) -> dict[str, Any]:
-        methods = ["boto3", "put_file", "mirror", "mirror_nosource", "copy", "dir_mirror"]
+        methods = [
+            "boto3",
+            "put_file",
+            "mirror",
+            "mirror_readback",
+            "mirror_nosource",
+            "copy",
+            "dir_mirror",
+        ]
         rng = random.Random(7)
         per_rep: list[dict[str, float]] = []
         for rep in range(self.args.reps):
@@ -284,7 +304,7 @@ class Bench:
             ended_early = 0
             for rep in range(self.args.reps):
                 self.clear()
-                backend = S3Backend(f"s3://{self.bucket}/slow{rep}", Throttle(cap))
+                backend = S3Backend(f"s3://{self.bucket}/slow{rep}", Throttle(cap), compress=None)
                 if rep % 2 == 0:
                     alone.append(kernel(sweeps))
                     secs, spent, copying = self._kernel_during_copy(backend, kernel, sweeps)
@@ -351,7 +371,11 @@ class Bench:
             for kind in ["none", "s3"] if rep % 2 == 0 else ["s3", "none"]:
                 self.clear()
                 directory = self.root / f"blocked-{kind}-{rep}"
-                extra = {"mirror": f"s3://{self.bucket}/blocked{rep}"} if kind == "s3" else {}
+                extra = (
+                    {"mirror": f"s3://{self.bucket}/blocked{rep}", "mirror_compress": None}
+                    if kind == "s3"
+                    else {}
+                )
                 ck = Checkpointer(directory, incremental=False, validate=None, keep_last=2, **extra)
                 times = []
                 for step in range(1, saves + 1):
@@ -383,9 +407,253 @@ class Bench:
         return out
 
 
+# -- compression ------------------------------------------------------------------------
+def training_state(width: int, layers: int, steps: int) -> dict[str, Any]:
+    """A small MLP trained ``steps`` AdamW steps on a teacher's outputs: its bf16 weights
+    and the optimizer's fp32 moments, as a mixed-precision run checkpoints them."""
+    import torch
+
+    torch.manual_seed(0)
+    mods: list[Any] = []
+    for _ in range(layers):
+        mods += [torch.nn.Linear(width, width), torch.nn.GELU()]
+    model = torch.nn.Sequential(*mods[:-1])
+    teacher = torch.nn.Sequential(
+        torch.nn.Linear(width, width), torch.nn.Tanh(), torch.nn.Linear(width, width)
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(steps):
+        x = torch.randn(128, width)
+        with torch.no_grad():
+            y = teacher(x)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    named = dict(model.named_parameters())
+    return {
+        "model": {k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()},
+        "exp_avg": {k: opt.state[p]["exp_avg"] for k, p in named.items()},
+        "exp_avg_sq": {k: opt.state[p]["exp_avg_sq"] for k, p in named.items()},
+    }
+
+
+def heat_state(n: int, steps: int) -> dict[str, Any]:
+    """examples/heat2d.py's float64 field on an n x n grid after ``steps`` steps (one rank)."""
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    from heat2d import initial_field
+
+    up = initial_field(n, n, 0, n)
+    for _ in range(steps):
+        lap = np.zeros_like(up[1:-1])
+        lap[:, 1:-1] = (
+            up[:-2, 1:-1] + up[2:, 1:-1] + up[1:-1, :-2] + up[1:-1, 2:] - 4.0 * up[1:-1, 1:-1]
+        )
+        up[1:-1] += 0.2 * lap
+    return {"u": up[1:-1].copy()}
+
+
+def compression_figures(args: argparse.Namespace) -> dict[str, Any]:
+    """Ratio (stored / original) and one-core throughput of each way to compress a real
+    checkpoint file: zstd alone, and zstd over byte-grouped floats (the mirror's
+    encoder) at levels 1 and 3; best of ``--reps``."""
+    import io
+
+    from mpi4py import MPI
+
+    from hpcckpt.store.mirror import compression
+    from hpcckpt.store.mirror.source import SourceCheck
+    from hpcckpt.store.store import CheckpointStore
+
+    root = Path(args.dir).resolve() / f"bench-compress-{os.getpid()}"
+    states = {
+        "training (bf16 weights, fp32 AdamW moments)": lambda: training_state(
+            args.train_width, args.train_layers, args.train_steps
+        ),
+        "heat2d (float64 field)": lambda: heat_state(args.heat_n, args.heat_steps),
+    }
+    out: dict[str, Any] = {"level_default": compression.LEVEL, "states": {}}
+    level = compression.LEVEL
+    try:
+        for label, make in states.items():
+            store = CheckpointStore(root / str(len(out["states"])), MPI.COMM_SELF)
+            store.save(1, make())
+            path = sorted(store.directory.glob("ckpt-*.h5"))[0]
+            data = path.read_bytes()
+            pieces = [data[i : i + (16 << 20)] for i in range(0, len(data), 16 << 20)]
+            width_at = SourceCheck(path).width_at
+            rows: dict[str, Any] = {}
+            for name, widths, lvl in (
+                ("zstd-1", None, 1),
+                ("zstd-1 + byte-grouping", width_at, 1),
+                ("zstd-3 + byte-grouping", width_at, 3),
+            ):
+                compression.LEVEL = lvl
+                best_c = best_d = float("inf")
+                blob = b""
+                for _ in range(args.reps):
+                    enc = compression.Encoder(widths)
+                    t0 = time.perf_counter()
+                    blob = b"".join(enc.encode(pieces))
+                    best_c = min(best_c, time.perf_counter() - t0)
+                    back: list[bytes] = []
+                    t0 = time.perf_counter()
+                    compression.decode(io.BytesIO(blob), back.append)
+                    best_d = min(best_d, time.perf_counter() - t0)
+                    if b"".join(back) != data:
+                        raise RuntimeError(f"{name} did not give the bytes back")
+                rows[name] = {
+                    "ratio": len(blob) / len(data),
+                    "compress_MBps": len(data) / best_c / 1e6,
+                    "decompress_MBps": len(data) / best_d / 1e6,
+                }
+                print(
+                    f"  {label[:30]:30} {len(data) / 2**20:5.0f} MiB  {name:23} ratio "
+                    f"{rows[name]['ratio']:.3f}  compress {rows[name]['compress_MBps']:5.0f} "
+                    f"MB/s  decompress {rows[name]['decompress_MBps']:5.0f} MB/s",
+                    flush=True,
+                )
+            out["states"][label] = {"file_bytes": len(data), "methods": rows}
+    finally:
+        compression.LEVEL = level
+        shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+# -- the mirror's index: requests per copy -----------------------------------------------
+def index_figures(args: argparse.Namespace) -> dict[str, Any]:
+    """Requests of one copy and its retention (which deletes one checkpoint) onto a
+    mirror already holding each of ``--index-sizes`` checkpoints, once its index is
+    built: on the S3 server, counted by boto3's event system (one ``before-send`` per
+    HTTP request), and on a directory mirror, its backend's calls by method."""
+    import collections
+    import json as json_
+    import tempfile
+
+    import numpy as np
+    import xxhash
+    from mpi4py import MPI
+
+    from hpcckpt.store.file import layout
+    from hpcckpt.store.mirror import copy as mirror
+    from hpcckpt.store.mirror import index as mirror_index
+    from hpcckpt.store.mirror.backend import DirectoryBackend
+    from hpcckpt.store.mirror.s3 import S3Backend
+    from hpcckpt.store.mirror.worker import prune_mirror
+    from hpcckpt.store.options import MirrorOptions
+    from hpcckpt.store.store import CheckpointStore
+    from tests.s3_server import S3Server
+
+    spacing = 10
+
+    def fabricate(root: Path, n: int) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        for step in range(spacing, spacing * (n + 1), spacing):
+            name = layout.checkpoint_name(step)
+            data = step.to_bytes(8, "little") * 64
+            (root / name).write_bytes(data)
+            manifest = {
+                "version": mirror.MANIFEST_VERSION, "step": step, "file": name,
+                "size": len(data), "checksum": xxhash.xxh3_64_hexdigest(data),
+                "algorithm": mirror.ALGORITHM, "uid": f"uid-{step}", "chain": [],
+                "time": 1e9 + step, "mirrored_at": 1e9 + step,
+            }  # fmt: skip
+            (root / mirror.manifest_key(name)).write_text(json_.dumps(manifest) + "\n")
+
+    class Counting(DirectoryBackend):
+        def __init__(self, root: Path) -> None:
+            super().__init__(root)
+            self.calls: collections.Counter[str] = collections.Counter()
+
+        def __getattribute__(self, name: str) -> Any:
+            attr = super().__getattribute__(name)
+            if name.startswith("_") or name == "calls" or not callable(attr):
+                return attr
+            calls = super().__getattribute__("calls")
+
+            def counted(*a: Any, **k: Any) -> Any:
+                calls[name] += 1
+                return attr(*a, **k)
+
+            return counted
+
+    def one_copy(backend: Any, path: Path, options: MirrorOptions) -> list[str]:
+        copied = mirror_index.upload(backend, path)
+        return prune_mirror(backend, options, time.time(), index=copied.index)
+
+    def measure(backend: Any, root: Path, n: int, start: Any, work: Path) -> dict[str, Any]:
+        fabricate(root, n)
+        t0 = time.perf_counter()
+        mirror_index.load(DirectoryBackend(root))  # the index, built once from the manifests
+        built = time.perf_counter() - t0
+        store = CheckpointStore(work / f"ck-{n}", MPI.COMM_SELF, incremental=False)
+        options = MirrorOptions(str(root), mirror_keep_last=1, mirror_keep_every=spacing)
+        rng = np.random.default_rng(1)
+        first = store.save(spacing * n + 1, {"u": rng.random(1 << 17)}).path
+        second = store.save(spacing * n + 2, {"u": rng.random(1 << 17)}).path
+        one_copy(backend, first, options)  # a warm-up: the client's connections, probes
+        seen = start(backend)
+        t0 = time.perf_counter()
+        deleted = one_copy(backend, second, options)
+        seconds = time.perf_counter() - t0
+        return {
+            "requests": dict(sorted(seen.items())),
+            "total": sum(seen.values()),
+            "seconds": seconds,
+            "deleted": deleted,
+            "index_build_s": built,
+        }
+
+    def s3_start(backend: Any) -> collections.Counter[str]:
+        seen: collections.Counter[str] = collections.Counter()
+
+        def count(event_name: str, **_kw: Any) -> None:
+            seen[event_name.rsplit(".", 1)[-1]] += 1
+
+        backend.client.meta.events.register("before-send.s3.*", count)
+        return seen
+
+    def dir_start(backend: Any) -> collections.Counter[str]:
+        backend.calls.clear()
+        return backend.calls
+
+    sizes = [int(x) for x in str(args.index_sizes).split(",") if x]
+    out: dict[str, Any] = {"checkpoints_on_mirror": sizes, "s3": {}, "directory": {}}
+    work = Path(tempfile.mkdtemp(prefix="bench-index-", dir=args.dir))
+    os.environ["RCLONE_ETAG_HASH"] = args.etag_hash
+    server = S3Server(work / "s3")
+    server.start()
+    os.environ.update(server.env())
+    try:
+        for n in sizes:
+            server.bucket(f"index{n}")
+            s3 = S3Backend(f"s3://index{n}/run")
+            out["s3"][n] = measure(s3, work / "s3" / f"index{n}" / "run", n, s3_start, work)
+            d = Counting(work / f"dir{n}")
+            out["directory"][n] = measure(d, work / f"dir{n}", n, dir_start, work)
+            for kind in ("s3", "directory"):
+                row = out[kind][n]
+                print(
+                    f"  {kind:9} {n:6} checkpoints on the mirror: {row['total']} requests "
+                    f"per copy {row['requests']} ({row['seconds']:.2f} s)",
+                    flush=True,
+                )
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    for kind in ("s3", "directory"):
+        counts = {n: out[kind][n]["requests"] for n in sizes}
+        out[kind + "_same_for_every_size"] = len({json.dumps(c) for c in counts.values()}) == 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--size", default="128M", help="bytes of float64 per checkpoint file")
+    ap.add_argument(
+        "--size", default="128M,1G", help="bytes of float64 per checkpoint file (comma list)"
+    )
     ap.add_argument("--files", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--parts", default="8M,16M,32M,64M")
@@ -394,7 +662,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cap", default="25M", help="the bandwidth cap of the slowdown case")
     ap.add_argument("--saves", type=int, default=4, help="saves per blocked-time run")
     ap.add_argument("--gap", type=float, default=1.0, help="seconds between saves")
-    ap.add_argument("--skip", default="", help="comma list of: throughput,slowdown,blocked")
+    ap.add_argument(
+        "--skip",
+        default="",
+        help="comma list of: throughput,slowdown,blocked,compression,index",
+    )
+    ap.add_argument("--train-width", type=int, default=1024)
+    ap.add_argument("--train-layers", type=int, default=6)
+    ap.add_argument("--train-steps", type=int, default=100)
+    ap.add_argument("--heat-n", type=int, default=2048)
+    ap.add_argument("--heat-steps", type=int, default=300)
     ap.add_argument("--with-parts", action="store_true", help="also the part-size matrix")
     ap.add_argument("--dir", default="/tmp", help="where the checkpoints and the S3 data go")
     ap.add_argument("--mirror-dir", default=None, help="the directory mirror (default: in --dir)")
@@ -403,35 +680,65 @@ def main(argv: list[str] | None = None) -> int:
         default="MD5",
         help='the S3 server\'s ETag hash, computed per request ("": none, as a real store)',
     )
+    ap.add_argument(
+        "--index-sizes",
+        default="10,1000",
+        help="index: checkpoints already on the mirror when the requests of a copy are counted",
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     skip = {s for s in args.skip.split(",") if s}
     if not args.with_parts:
         skip.add("parts")
     started = dt.datetime.now(dt.timezone.utc)
-    bench = Bench(args)
     result: dict[str, Any] = {
         "started": started.isoformat(timespec="seconds"),
         "machine": {"host": platform.node(), "cpus": os.cpu_count()},
         "args": vars(args),
         "notes": NOTES,
+        "sizes": {},
     }
-    try:
-        print(f"{len(bench.files)} checkpoint files, {bench.total / 1e6:.0f} MB in all", flush=True)
-        for part in ("throughput", "parts", "slowdown", "blocked"):
-            if part in skip:
-                continue
-            print(f"{part}:", flush=True)
-            result[part] = getattr(bench, part)()
-    finally:
-        bench.close()
-    result["finished"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    if "throughput" in result:
-        print(f"\nthroughput (median of {args.reps}):")
-        for m, row in result["throughput"]["methods"].items():
+    sizes = [x for x in args.size.split(",") if x]
+    for size in sizes:
+        if {"throughput", "parts", "slowdown", "blocked"} <= skip:
+            break
+        args.size = size
+        bench = Bench(args)
+        here: dict[str, Any] = {}
+        try:
             print(
-                f"  {m:16} {row['median_MBps']:7.0f} MB/s   "
-                f"{row['ratio_to_peer']:.2f} x {row['peer']}"
+                f"{len(bench.files)} checkpoint files of {size}, {bench.total / 1e6:.0f} MB in all",
+                flush=True,
+            )
+            for part in ("throughput", "parts", "slowdown", "blocked"):
+                if part in skip:
+                    continue
+                print(f"{part} ({size}):", flush=True)
+                here[part] = getattr(bench, part)()
+        finally:
+            bench.close()
+        result["sizes"][size] = here
+    args.size = ",".join(sizes)
+    if "compression" not in skip:
+        print("compression (one core, best of --reps):", flush=True)
+        result["compression"] = compression_figures(args)
+    if "index" not in skip:
+        print("index (requests of one copy and its retention):", flush=True)
+        result["index"] = index_figures(args)
+    result["finished"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    for size, here in result["sizes"].items():
+        if "throughput" in here:
+            print(f"\nthroughput at {args.files} x {size} (median of {args.reps}):")
+            for m, row in here["throughput"]["methods"].items():
+                print(
+                    f"  {m:16} {row['median_MBps']:7.0f} MB/s   "
+                    f"{row['ratio_to_peer']:.2f} x {row['peer']}"
+                )
+        if "blocked" in here:
+            b = here["blocked"]
+            print(
+                f"  save() while the S3 mirror copies: {b['ratio_s3_to_none']:.2f} x the "
+                "save() with no mirror"
             )
     out = (
         Path(args.json)

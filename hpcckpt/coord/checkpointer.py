@@ -20,8 +20,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from mpi4py import MPI
-
 from hpcckpt.coord import logbook
 from hpcckpt.coord.calls import Calls, Patience
 from hpcckpt.coord.endtime import JobEnd, mirror_wait_bound
@@ -35,7 +33,7 @@ from hpcckpt.policy import Deadline, multilevel
 from hpcckpt.rundir import events as job_events
 from hpcckpt.rundir import status as job_status
 from hpcckpt.rundir.heartbeat import HeartbeatWriter
-from hpcckpt.store import HostBuffers, fault_point, state_bytes
+from hpcckpt.store import HostBuffers, as_comm, fault_point, state_bytes
 from hpcckpt.store.agreement import CallAgreement
 from hpcckpt.store.errors import CallMismatch
 from hpcckpt.store.store import CheckpointError, CheckpointStore, PendingSave, SaveResult
@@ -52,6 +50,10 @@ class Checkpointer:
     """Coordinated checkpoints of per-rank state into one parallel HDF5 file per checkpoint.
 
     ``directory`` defaults to ``$HPCCKPT_DIR`` (set by the ``hpcckpt`` wrapper).
+    ``comm``: an mpi4py communicator, a torch.distributed ``ProcessGroup`` (its ranks
+    talk over gloo: itself, or a gloo group made beside an NCCL one) or a
+    ``hpcckpt.store.comm.Comm``; by default MPI's ``COMM_WORLD`` when an MPI launcher
+    started the job, else the default torch.distributed group when one is initialized.
 
     When: with ``interval`` (seconds) or ``every_steps`` N (at steps N-1, 2N-1, ...,
     i.e. after every N steps of a loop counted from 0) the schedule is fixed;
@@ -154,20 +156,23 @@ class Checkpointer:
     seconds (``$HPCCKPT_MIRROR_WAIT``) for the newest checkpoint to reach the mirror.
     The mirror keeps ``mirror_keep_last`` newest, one per ``mirror_keep_every`` steps
     and ``mirror_thinning`` tiers by age (``"6h:all,7d:1d,*:1w"``); by default, all.
+    ``mirror_verify`` ("auto": the store's checksum on receipt, else a read-back) and
+    ``mirror_compress`` ("auto": zstd where the store is slower than the compressor;
+    "zstd"; None) say how a copy is checked and stored.
     """
 
     def __init__(
         self,
         directory: str | os.PathLike[str] | None = None,
-        comm: MPI.Comm | None = None,
+        comm: Any = None,
         **keywords: Any,
     ) -> None:
         #: The settings, checked and resolved against the environment (coord/options.py).
         self.options = options = CheckpointerOptions.from_keywords(directory, **keywords)
         schedule = options.schedule
-        self.comm = comm if comm is not None else MPI.COMM_WORLD
-        self.rank = self.comm.Get_rank()
-        self.nranks = self.comm.Get_size()
+        self.comm = as_comm(comm)  # MPI or torch.distributed (hpcckpt.store.comm)
+        self.rank = self.comm.rank
+        self.nranks = self.comm.size
         logbook.configure_logging(self.rank, options.job.log_level)
         self.directory = options.directory
         #: Rank 0's lock, status file and events in the directory (coord/record.py).
@@ -224,7 +229,7 @@ class Checkpointer:
             self._heartbeat, self.nranks, options.guard.call_timeout, lambda: self._last_step_seen
         )
         # Every rank has its handlers now: the wrapper may forward signals.
-        self.comm.Barrier()
+        self.comm.barrier()
         self.record.status(job_status.RUNNING)
         self.record.event(
             job_events.START,
@@ -575,7 +580,7 @@ class Checkpointer:
         self._calls.enter("finish")
         self._complete_pending()
         self._scavenge()
-        self.comm.Barrier()
+        self.comm.barrier()
         self.store.free_tier()  # the job is done: the node's memory or disk
         self._finished = True
         self._mirror_wait("finish")

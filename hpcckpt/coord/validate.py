@@ -263,8 +263,6 @@ def guard(ck: Any, step: int, state: dict[str, Any], *, event: Callable[..., Any
     import logging
     import time
 
-    from mpi4py import MPI
-
     validator = getattr(ck, "validator", None)
     if validator is None:
         return 0.0
@@ -274,7 +272,7 @@ def guard(ck: Any, step: int, state: dict[str, Any], *, event: Callable[..., Any
     except Exception as exc:  # every rank must reach the agreement below
         message, arrays = f"the check itself failed: {type(exc).__name__}: {exc}", []
     gathered = ck.comm.allgather((message, arrays))
-    seconds = ck.comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+    seconds = ck.comm.allreduce(time.perf_counter() - t0, "max")  # hpcckpt.store.comm.MAX
     problems = {r: m for r, (m, _) in enumerate(gathered) if m}
     if not problems:
         return seconds

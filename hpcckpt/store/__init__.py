@@ -78,6 +78,9 @@ _HOMES: dict[str, str] = {
     "Agreement": "agreement",
     "CallAgreement": "agreement",
     "Call": "agreement",
+    # the communicator between ranks (MPI or torch.distributed)
+    "Comm": "comm",
+    "as_comm": "comm",
     # reading checkpoints in one process (the catalog, :mod:`.catalog`, lists, describes
     # and verifies them; :mod:`.retention` prunes)
     "CheckpointReader": "file.reader",

@@ -17,10 +17,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mpi4py import MPI
-
 from hpcckpt.store import retention
 from hpcckpt.store.agreement import Agreement
+from hpcckpt.store.comm import Comm, as_comm
 from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
 from hpcckpt.store.file import layout
 from hpcckpt.store.io import safety
@@ -88,7 +87,7 @@ class CheckpointStore:
     def __init__(
         self,
         directory: str | os.PathLike[str],
-        comm: MPI.Comm,
+        comm: Comm | Any,
         options: StoreOptions | None = None,
         *,
         report: Report | None = None,
@@ -99,9 +98,9 @@ class CheckpointStore:
         self.options = options or StoreOptions.from_keywords("CheckpointStore", **keywords)
         self.report: Report = report or (lambda kind, fields: None)
         self.directory = Path(directory).absolute()
-        self.comm = comm
-        self.rank = comm.Get_rank()
-        self.nranks = comm.Get_size()
+        self.comm = comm = as_comm(comm)  # an mpi4py communicator or a torch group too
+        self.rank = comm.rank
+        self.nranks = comm.size
         #: Every collective decision and cross-rank error of this store goes through it.
         self.agreement = Agreement(comm)
         #: Rank 0's prune after a commit, off the save's path (``prune(background=True)``).

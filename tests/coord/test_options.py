@@ -140,6 +140,8 @@ def test_every_documented_keyword_works(tmp_path, monkeypatch):
         "mirror_keep_last": 3,
         "mirror_keep_every": 100,
         "mirror_thinning": "6h:all,7d:1d,*:1w",
+        "mirror_verify": "readback",
+        "mirror_compress": "zstd",
     }
     assert sorted(values) == sorted(documented_keywords())
     ck = Checkpointer(tmp_path / "ck", MPI.COMM_SELF, **values)
@@ -156,6 +158,7 @@ def test_every_documented_keyword_works(tmp_path, monkeypatch):
         assert m.mirror == str(tmp_path / "mirror") and m.mirror_every == 2
         assert m.mirror_bandwidth == 500e6 and m.mirror_wait == 5.0 and m.mirror_retry_max == 60
         assert (m.mirror_keep_last, m.mirror_keep_every) == (3, 100)
+        assert (m.mirror_verify, m.mirror_compress) == ("readback", "zstd")
         state = {"u": np.arange(8.0), "model": {"w": np.ones(3)}}
         ck.save(3, state)  # node-local only (drain_every=2)
         assert ck.last_save is not None and ck.last_save.tier == "cache"

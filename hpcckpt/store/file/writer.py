@@ -44,9 +44,9 @@ from typing import Any
 
 import h5py
 import numpy as np
-from mpi4py import MPI
 
 from hpcckpt._version import __version__
+from hpcckpt.store.comm import Comm
 from hpcckpt.store.errors import CheckpointError
 from hpcckpt.store.file import layout
 from hpcckpt.store.file.format import (
@@ -119,7 +119,7 @@ class DeferredHashes:
 
 def write_file(
     path: Path,
-    comm: MPI.Comm,
+    comm: Comm,
     step: int,
     tree: Any,
     arrays: dict[str, np.ndarray],
@@ -165,7 +165,7 @@ def write_file(
     creates the file (the store readies its directory there); what it raises fails the
     save on every rank like a failure to create the file, in the same bcast.
     """
-    rank, size = comm.Get_rank(), comm.Get_size()
+    rank, size = comm.rank, comm.size
     policy = policy or ChainPolicy()
     tree_bytes = json.dumps(tree, separators=(",", ":"), allow_nan=True).encode()
     specs = array_specs(tree, arrays)
@@ -258,7 +258,7 @@ def _block_hashes(
 
 
 def _ranks_before(
-    comm: MPI.Comm,
+    comm: Comm,
     tree_len: int,
     names: list[str],
     arrays: dict[str, np.ndarray],
@@ -271,15 +271,11 @@ def _ranks_before(
     for p in names:
         a = arrays[p]
         mine_counts += [*counts[p], a.shape[0] if a.ndim else 0, a.size]
-    before = np.zeros(len(mine_counts), dtype=np.int64)
-    comm.Exscan(np.asarray(mine_counts, dtype=np.int64), before, op=MPI.SUM)
-    if comm.Get_rank() == 0:
-        before[:] = 0  # Exscan leaves rank 0's buffer undefined
-    return before
+    return comm.exscan_sum(np.asarray(mine_counts, dtype=np.int64))
 
 
 def _created(
-    comm: MPI.Comm,
+    comm: Comm,
     path: Path,
     gathered: list[Any] | None,
     create: Callable[[list[Any]], dict[str, Any]],
@@ -288,7 +284,7 @@ def _created(
     raises alike what went wrong (rank 0 its own exception as it is)."""
     plan: dict[str, Any] | str | None = None
     failure: BaseException | None = None
-    if comm.Get_rank() == 0:
+    if comm.rank == 0:
         assert gathered is not None
         try:
             plan = create(gathered)

@@ -48,6 +48,8 @@ import os
 import signal
 import sys
 
+from hpcckpt.store.comm import running_rank
+
 ENV = "HPCCKPT_FAULT"
 
 #: Every phase a fault can be injected at, in the order a save meets them.
@@ -106,10 +108,8 @@ def _my_rank() -> int:
         value = os.environ.get(name, "")
         if value.isdigit():
             return int(value)
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized():
-        return mpi.COMM_WORLD.Get_rank()
-    return 0
+    rank = running_rank()  # MPI's or torch.distributed's, if already initialized
+    return 0 if rank is None else rank
 
 
 def fault_point(phase: str, step: int | None = None) -> None:

@@ -128,6 +128,10 @@ class Throttle:
 
 #: Bytes per chunk of a directory backend's copy (and of its throttle's accounting).
 CHUNK = 8 << 20
+#: Bytes per read and write of a directory backend's :meth:`~DirectoryBackend.put_stream`:
+#: writes of 8 MiB ran at a fraction of ``copyfile``'s speed here, stalled by the
+#: kernel's throttling of dirty pages; 1 MiB kept pace with it (benchmarks/bench_mirror.py).
+STREAM_CHUNK = 1 << 20
 
 
 def _check_key(key: str) -> str:
@@ -163,6 +167,7 @@ class DirectoryBackend:
         self.throttle = throttle or Throttle(None)
         self.verify = check_verify(verify)
         self.compress = compress
+        self.read_chunk = STREAM_CHUNK
 
     @property
     def receipt_checked(self) -> bool:

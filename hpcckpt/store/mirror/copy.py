@@ -34,10 +34,11 @@ import xxhash
 
 from hpcckpt.store.errors import CheckpointError
 from hpcckpt.store.file import layout
-from hpcckpt.store.file.reader import CheckpointReader
 from hpcckpt.store.io.durability import atomic_path
 from hpcckpt.store.io.safety import FILE_MODE
+from hpcckpt.store.mirror import compression, priority
 from hpcckpt.store.mirror.backend import CHUNK, MirrorBackend, MirrorUnavailable
+from hpcckpt.store.mirror.source import SourceCheck, Streamed, read_source
 from hpcckpt.store.retention import checkpoint_chain, checkpoint_time
 
 MANIFEST = ".manifest.json"
@@ -75,6 +76,21 @@ class Mirrored:
     #: size differs), "broken chain" (a file it needs is bad or another checkpoint now)
     status: str = "good"
     reason: str | None = None
+    #: The object as stored: None when it is the file's bytes as they are, else its
+    #: encoding (:data:`.compression.ENCODING`), size and xxh3-64.
+    encoding: str | None = None
+    stored_size: int | None = None
+    stored_checksum: str | None = None
+
+    @property
+    def object_size(self) -> int:
+        """The data object's size on the mirror."""
+        return self.size if self.stored_size is None else self.stored_size
+
+    @property
+    def object_checksum(self) -> str:
+        """The xxh3-64 of the data object's bytes on the mirror."""
+        return self.checksum if self.stored_checksum is None else self.stored_checksum
 
     @property
     def good(self) -> bool:
@@ -93,6 +109,8 @@ class Mirrored:
             "mirrored_at": self.mirrored_at,
             "status": self.status,
             "reason": self.reason,
+            "encoding": self.encoding,
+            "stored_size": self.object_size,
         }
 
 
@@ -168,6 +186,9 @@ def _from_manifest(data: dict[str, Any]) -> Mirrored:
         chain=tuple((str(n), int(s), str(u)) for n, s, u in data.get("chain", [])),
         time=float(data.get("time", 0.0)),
         mirrored_at=float(data.get("mirrored_at", 0.0)),
+        encoding=data.get("encoding"),
+        stored_size=None if data.get("stored_size") is None else int(data["stored_size"]),
+        stored_checksum=data.get("stored_checksum"),
     )
 
 
@@ -196,9 +217,11 @@ def list_mirrored(backend: MirrorBackend) -> list[Mirrored]:
         m = _from_manifest(data)
         if bad_key(name) in objects:
             m = _with(m, "bad", _bad_reason(backend, name))
-        elif name not in objects or objects[name].size != m.size:
+        elif name not in objects or objects[name].size != m.object_size:
             have = "missing" if name not in objects else f"{objects[name].size} bytes"
-            m = _with(m, "incomplete", f"its data is {have}, the manifest says {m.size} bytes")
+            m = _with(
+                m, "incomplete", f"its data is {have}, the manifest says {m.object_size} bytes"
+            )
         found[name] = m
     out = []
     for m in sorted(found.values(), key=lambda m: m.step):  # chains point to older steps
@@ -284,8 +307,9 @@ def verify_mirrored(
         if part is None or part.status in ("bad", "incomplete"):
             continue
         try:
-            got = remote_checksum(backend, part.name, part.size)
-            why = None if got == part.checksum else f"checksum {got} != manifest {part.checksum}"
+            got = remote_checksum(backend, part.name, part.object_size)
+            want = part.object_checksum
+            why = None if got == want else f"checksum {got} != manifest {want}"
         except (MirrorCopyBad, FileNotFoundError) as exc:
             why = str(exc) or "its data is missing"
         if why is not None:
@@ -359,6 +383,8 @@ def _fetch(backend: MirrorBackend, m: Mirrored, root: Path, mode: int) -> Path:
             raise MirrorCopyBad(
                 f"{m.name} on the mirror {backend.url}: its data is missing"
             ) from None
+        if m.encoding is not None:
+            _decode_in_place(tmp, m)
         got = file_checksum(tmp)
         if got != m.checksum or tmp.stat().st_size != m.size:
             why = f"pulled bytes do not match its manifest ({ALGORITHM} {got} != {m.checksum})"
@@ -368,39 +394,52 @@ def _fetch(backend: MirrorBackend, m: Mirrored, root: Path, mode: int) -> Path:
     return final
 
 
+def _decode_in_place(tmp: Path, m: Mirrored) -> None:
+    """Replace the downloaded encoded object ``tmp`` by the file it encodes (checked by
+    the caller against the manifest); MirrorCopyBad when it does not decode."""
+    if m.encoding != compression.ENCODING:
+        raise CheckpointError(
+            f"{m.name} on the mirror is stored as {m.encoding!r}, which this hpcckpt does "
+            "not know; upgrade hpcckpt"
+        )
+    encoded = tmp.with_name(tmp.name + ".zst")
+    os.replace(tmp, encoded)
+    try:
+        with open(encoded, "rb", buffering=CHUNK) as src, open(tmp, "wb") as out:
+            try:
+                compression.decode(src, out.write)
+            except ValueError as exc:
+                raise MirrorCopyBad(f"{m.name} on the mirror does not decode: {exc}") from None
+    finally:
+        encoded.unlink(missing_ok=True)
+
+
 def upload(
     backend: MirrorBackend, path: Path, *, verify_source: bool = True, known: Known = None
 ) -> Uploaded:
     """Mirror one committed checkpoint of a directory, with the files of its chain the
-    mirror lacks (oldest first). Each file is checked against its own checksums
-    (``verify_source``), sent, read back and compared, and only then gets its manifest.
-    ``known``: the checkpoint and its chain as the mirror holds them (the index's
+    mirror lacks (oldest first). Each file is read once: checked against its own
+    checksums (``verify_source``) and hashed as its bytes are sent (compressed where
+    the backend's ``compress`` says); what arrived is checked by the store on receipt,
+    or read back and compared where the store checks nothing; only then it gets its
+    manifest. ``known``: the checkpoint and its chain as the mirror holds them (the index's
     :func:`~.mirror.index.confirm`), instead of listing every manifest.
 
     CheckpointError when the local checkpoint (or a file it needs) is missing or bad;
-    MirrorCopyBad when the bytes read back differ; MirrorUnavailable from the backend.
+    MirrorCopyBad when the bytes read back differ; MirrorUnavailable from the backend
+    (also when the store refused a part for its checksum: damaged on the way).
     """
     t0 = time.perf_counter()
     step = layout.step_of(path.name)
     if step is None:
         raise ValueError(f"{path} is not a checkpoint file (ckpt-<step>.h5)")
+    priority.lower_background()
     uid, chain = checkpoint_chain(path)
     mirrored = dict(known) if known is not None else {m.name: m for m in list_mirrored(backend)}
     have = mirrored.get(path.name)
     if have is not None and have.good and uid is not None and have.uid == uid:
         return Uploaded(step, (), 0, time.perf_counter() - t0, (path.name,))  # there already
-    if verify_source:
-        try:
-            with CheckpointReader(path) as r:
-                problems = r.verify()
-        except CheckpointError as exc:
-            problems = [str(exc)]
-        except OSError as exc:
-            problems = [f"cannot be read: {exc}"]
-        if problems:
-            raise CheckpointError(
-                f"{path.name} is not mirrored: it fails its checks ({problems[0]})"
-            )
+    check = SourceCheck(path) if verify_source else None  # CheckpointError when bad
     sent: list[str] = []
     already: list[str] = []
     total = 0
@@ -415,9 +454,9 @@ def upload(
                 f"{path.name} is not mirrored: {cname} it is built on is neither in "
                 f"{path.parent} nor good on the mirror"
             )
-        total += _send(backend, local)  # verified as part of the chain above
+        total += _send(backend, local)  # verified as part of the chain of the checkpoint
         sent.append(cname)
-    total += _send(backend, path, uid=uid, chain=chain)
+    total += _send(backend, path, uid=uid, chain=chain, check=check)
     sent.append(path.name)
     return Uploaded(step, tuple(sent), total, time.perf_counter() - t0, tuple(already))
 
@@ -427,36 +466,85 @@ def _send(
     local: Path,
     uid: str | None = None,
     chain: list[tuple[str, int, str]] | None = None,
+    check: SourceCheck | None = None,
 ) -> int:
-    """Upload one file, read it back, compare, then write its manifest. Its size."""
+    """Upload one file in one pass over its bytes (checked by ``check``, hashed, maybe
+    compressed, sent), make sure what arrived is what was sent, then write its manifest.
+    Its size."""
     if uid is None and chain is None:
         uid, chain = checkpoint_chain(local)
     name = local.name
-    size = local.stat().st_size
-    checksum = file_checksum(local)
     backend.delete(manifest_key(name))  # an older copy of this name stops counting first
     backend.delete(bad_key(name))
-    backend.put_file(local, name)
-    got = remote_checksum(backend, name, size)
-    if got != checksum:
-        raise MirrorCopyBad(
-            f"{name}: the bytes read back from {backend.url} differ from the file sent "
-            f"({ALGORITHM} {got} != {checksum}); not marked good"
-        )
+    seen = Streamed()
+    pieces = read_source(local, getattr(backend, "read_chunk", CHUNK), check, seen)
+    encoder = _encoder(backend, check)
+    stored = _Tally()
+    t0 = time.perf_counter()
+    backend.put_stream(name, stored.count(encoder.encode(pieces) if encoder else pieces), local)
+    _rates(backend).note(seen.size, stored.size, time.perf_counter() - t0, encoder)
+    if not backend.receipt_checked:  # the store checks nothing on receipt: read it back
+        got = remote_checksum(backend, name, stored.size)
+        if got != stored.checksum:
+            raise MirrorCopyBad(
+                f"{name}: the bytes read back from {backend.url} differ from the bytes "
+                f"sent ({ALGORITHM} {got} != {stored.checksum}); not marked good"
+            )
     manifest = {
         "version": MANIFEST_VERSION,
         "step": layout.step_of(name),
         "file": name,
-        "size": size,
-        "checksum": checksum,
+        "size": seen.size,
+        "checksum": seen.checksum,
         "algorithm": ALGORITHM,
         "uid": uid,
         "chain": [list(c) for c in chain or []],
         "time": checkpoint_time(local),
         "mirrored_at": time.time(),
     }
+    if encoder is not None:
+        manifest.update(
+            encoding=compression.ENCODING, stored_size=stored.size, stored_checksum=stored.checksum
+        )
     backend.put_bytes(manifest_key(name), (json.dumps(manifest) + "\n").encode())
-    return size
+    return seen.size
+
+
+class _Tally:
+    """Counts and hashes the bytes handed to the store (the object's own size and xxh3)."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self._h = xxhash.xxh3_64()
+
+    @property
+    def checksum(self) -> str:
+        return self._h.hexdigest()
+
+    def count(self, pieces: Any) -> Any:
+        for piece in pieces:
+            self._h.update(piece)
+            self.size += len(piece)
+            yield piece
+
+
+def _encoder(backend: MirrorBackend, check: SourceCheck | None) -> compression.Encoder | None:
+    """The encoder for this copy, when the backend's ``compress`` asks for one."""
+    how = getattr(backend, "compress", None)
+    if how is None or not compression.available():
+        return None
+    if how == "auto" and not _rates(backend).pays(backend.throttle.bytes_per_s):
+        return None
+    return compression.Encoder(check.width_at if check is not None else None)
+
+
+def _rates(backend: MirrorBackend) -> compression.Rates:
+    """The rates this process saw for ``backend`` (kept on it)."""
+    rates = getattr(backend, "rates", None)
+    if rates is None:
+        rates = compression.Rates()
+        backend.rates = rates  # type: ignore[attr-defined]
+    return rates
 
 
 def delete_mirrored(backend: MirrorBackend, name: str) -> None:

@@ -146,6 +146,7 @@ class S3Backend:
         self.verify = check_verify(verify)
         self.compress = compress
         self.part_size = part_size
+        self.read_chunk = part_size  # a part read whole: handed to the request uncopied
         self.concurrency = concurrency
         self.transfer = TransferConfig(
             multipart_threshold=part_size,

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-from mpi4py import MPI
 
 from hpcckpt.store.agreement import Agreement, Refused
+from hpcckpt.store.comm import MAX
 from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
 from hpcckpt.store.file import layout
 from hpcckpt.store.file.reader import CheckpointReader
@@ -222,8 +222,7 @@ class Loader:
             own = own and tuple(req[1:]) == mine
         if agree_first:  # before anything is read into the application's arrays
             votes = np.concatenate([[int(not own)], kinds, -kinds])
-            seen = np.empty_like(votes)
-            self.agreement.comm.Allreduce(votes, seen, op=MPI.MAX)
+            seen = self.agreement.comm.allreduce_array(votes, MAX)
             highest, lowest = seen[1 : 1 + kinds.size], -seen[1 + kinds.size :]
             if seen[0] or np.any(highest != lowest):
                 return None

@@ -265,9 +265,9 @@ class NodeLocalTier:
         """The job is done: delete every rank's files and the node's directory once empty."""
         comm = self.agreement.comm
         moved = self.redundancy is not None  # ranks may have left files here
-        comm.Barrier()
+        comm.barrier()
         fast_tier.remove(self.path, self.rank, nranks=self.nranks, every_rank=moved)
-        comm.Barrier()
+        comm.barrier()
         try:
             self.path.rmdir()  # one rank per node succeeds, once all copies are gone
         except OSError:

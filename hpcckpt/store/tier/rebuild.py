@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 import xxhash
-from mpi4py import MPI
 
+from hpcckpt.store.comm import Comm
 from hpcckpt.store.errors import CorruptCheckpoint
 from hpcckpt.store.tier import copies as fast_tier
 from hpcckpt.store.tier import redundancy
@@ -143,9 +143,9 @@ def plan(held: list[list[tuple[Any, ...]]], step: int, uid: str, nranks: int) ->
 class _Node:
     """This rank's view of its node's cache directory for one checkpoint."""
 
-    def __init__(self, cache: Path, directory: Path, comm: MPI.Comm, mode: int) -> None:
+    def __init__(self, cache: Path, directory: Path, comm: Comm, mode: int) -> None:
         self.cache, self.directory, self.comm, self.mode = cache, directory, comm, mode
-        self.rank, self.nranks = comm.Get_rank(), comm.Get_size()
+        self.rank, self.nranks = comm.rank, comm.size
 
     def data_doc(self, step: int, owner: int) -> dict[str, Any] | None:
         return _read_json(self.cache / fast_tier.manifest_name(step, owner))
@@ -165,11 +165,11 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def restore(
-    comm: MPI.Comm, cache: Path, directory: Path, newest: int, mode: int, node: str
+    comm: Comm, cache: Path, directory: Path, newest: int, mode: int, node: str
 ) -> LocalRestore:
     """Collective: this rank's verified copy of the newest node-local checkpoint newer
     than step ``newest`` that the ranks can restore (moving and rebuilding as needed)."""
-    nranks = comm.Get_size()
+    nranks = comm.size
     held = comm.allgather(inventory(cache, directory, nranks))
     found = LocalRestore()
     candidates = sorted({(e[1], e[2]) for entries in held for e in entries if e[1] > newest})
@@ -227,8 +227,8 @@ def _execute(at: _Node, p: _Plan, found: LocalRestore, node: str) -> str | None:
         doc = at.data_doc(step, me)
     # 2. rebuilds
     lost_here = next((x for x in p.rebuild if me in x[2]), None)
-    color = p.rebuild.index(lost_here) if lost_here else MPI.UNDEFINED
-    sub = comm.Split(color, lost_here[2].index(me) if lost_here else 0)
+    color = p.rebuild.index(lost_here) if lost_here else None
+    sub = comm.split(color, lost_here[2].index(me) if lost_here else 0)
     damaged: list[tuple[str, int, str]] = []  # (kind, owner, why): files this rank found bad
     if lost_here is not None:
         lost, scheme, members = lost_here
@@ -237,7 +237,7 @@ def _execute(at: _Node, p: _Plan, found: LocalRestore, node: str) -> str | None:
         damaged += bad
         if me == lost:
             doc, seal = rebuilt_doc, True
-        sub.Free()
+        sub.free()
     # 3. verify every rank's copy
     copy = None
     try:
@@ -299,7 +299,7 @@ def _set_aside(
 
 
 def _rebuild(
-    at: _Node, sub: MPI.Comm, step: int, lost: int, scheme: str, members: tuple[int, ...]
+    at: _Node, sub: Comm, step: int, lost: int, scheme: str, members: tuple[int, ...]
 ) -> tuple[str | None, dict[str, Any] | None, list[tuple[str, int, str]]]:
     """Rebuild ``lost``'s data file (collective over its set); (problem, its manifest, the
     redundancy files found damaged as (kind, owner, why))."""

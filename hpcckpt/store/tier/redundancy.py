@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 import xxhash
-from mpi4py import MPI
 
+from hpcckpt.store.comm import BXOR, Comm
 from hpcckpt.store.errors import CorruptCheckpoint
 from hpcckpt.store.io import safety
 from hpcckpt.store.io.direct_io import pwrite_all
@@ -110,14 +110,14 @@ class SetLayout:
     scheme: str
     sets: list[list[int]]
     members: list[int]
-    comm: MPI.Comm
+    comm: Comm
 
     @property
     def index(self) -> int:
-        return self.comm.Get_rank()
+        return self.comm.rank
 
     @classmethod
-    def build(cls, comm: MPI.Comm, node: str, scheme: str, size: int) -> SetLayout:
+    def build(cls, comm: Comm, node: str, scheme: str, size: int) -> SetLayout:
         """Collective: gather the node names, form the sets, split a communicator per set."""
         nodes = comm.allgather(node)
         error = None
@@ -128,10 +128,11 @@ class SetLayout:
             error = exc
         if error is not None:  # the same on every rank: the node list is the same
             raise error
-        rank = comm.Get_rank()
+        rank = comm.rank
         color = next(i for i, s in enumerate(sets) if rank in s)
         members = sets[color]
-        sub = comm.Split(color, members.index(rank))
+        sub = comm.split(color, members.index(rank))
+        assert sub is not None
         return cls(scheme, sets, members, sub)
 
 
@@ -155,7 +156,7 @@ def encode(layout: SetLayout, data: Path, out: Path, mode: int) -> dict[str, Any
     chunk size (XOR), the file's size and its checksum.
     """
     comm = layout.comm
-    n, me = comm.Get_size(), comm.Get_rank()
+    n, me = comm.size, comm.rank
     size = os.stat(data).st_size
     sizes = comm.allgather(size)
     safety.remove_leftover(out)
@@ -178,9 +179,9 @@ def encode(layout: SetLayout, data: Path, out: Path, mode: int) -> dict[str, Any
     return {"sizes": sizes, "chunk": chunk, "size": total, "checksum": hasher.intdigest()}
 
 
-def _ring_copy(comm: MPI.Comm, src: int, size: int, dst: int, total: int, hasher: Any) -> None:
+def _ring_copy(comm: Comm, src: int, size: int, dst: int, total: int, hasher: Any) -> None:
     """Send this rank's data file to the next member, receive the previous one's."""
-    n, me = comm.Get_size(), comm.Get_rank()
+    n, me = comm.size, comm.rank
     right, left = (me + 1) % n, (me - 1) % n
     sizes = comm.allgather(size)
     rounds = max(-(-s // PIECE) for s in sizes) if any(sizes) else 0
@@ -192,16 +193,16 @@ def _ring_copy(comm: MPI.Comm, src: int, size: int, dst: int, total: int, hasher
         recv = min(PIECE, max(0, total - pos))
         if send:
             _read_into(src, out[:send], pos)
-        comm.Sendrecv([out[:send], MPI.BYTE], right, 71, [inp[:recv], MPI.BYTE], left, 71)
+        comm.sendrecv_bytes(out[:send], right, inp[:recv], left, 71)
         if recv:
             pwrite_all(dst, memoryview(inp[:recv]), pos)
             hasher.update(memoryview(inp[:recv]))
 
 
-def _xor_encode(comm: MPI.Comm, src: int, dst: int, chunk: int, hasher: Any) -> None:
+def _xor_encode(comm: Comm, src: int, dst: int, chunk: int, hasher: Any) -> None:
     """Reduce-scatter (BXOR) of the members' chunks: member d gets the XOR of chunk
     ``(d-j-1) mod n`` of every other member j."""
-    n, me = comm.Get_size(), comm.Get_rank()
+    n, me = comm.size, comm.rank
     for off in range(0, chunk, PIECE):
         ln = min(PIECE, chunk - off)
         send = np.zeros((n, ln // 8), dtype=np.uint64)
@@ -209,14 +210,14 @@ def _xor_encode(comm: MPI.Comm, src: int, dst: int, chunk: int, hasher: Any) -> 
             if d != me:
                 _read_into(src, send[d], ((d - me - 1) % n) * chunk + off)
         recv = np.empty(ln // 8, dtype=np.uint64)
-        comm.Reduce_scatter_block([send, MPI.UINT64_T], [recv, MPI.UINT64_T], op=MPI.BXOR)
+        comm.reduce_scatter_block(send, recv, BXOR)
         raw = memoryview(recv.view(np.uint8))
         pwrite_all(dst, raw, off)
         hasher.update(raw)
 
 
 def rebuild_xor(
-    comm: MPI.Comm,
+    comm: Comm,
     lost: int,
     chunk: int,
     data: Path | None,
@@ -234,7 +235,7 @@ def rebuild_xor(
     None, and whether its parity file is damaged (read whole, its checksum differs);
     the caller agrees on the outcome and verifies the rebuilt arrays.
     """
-    n, me = comm.Get_size(), comm.Get_rank()
+    n, me = comm.size, comm.rank
     problem = None
     damaged = False
     hasher = xxhash.xxh3_64()
@@ -267,12 +268,7 @@ def rebuild_xor(
             except OSError as exc:
                 problem = problem or f"reading for the rebuild: {exc}"
             result = np.empty_like(mine) if me == lost else None
-            comm.Reduce(
-                [mine, MPI.UINT64_T],
-                [result, MPI.UINT64_T] if result is not None else None,
-                op=MPI.BXOR,
-                root=lost,
-            )
+            comm.reduce_array(mine, result, BXOR, root=lost)
             if result is not None and "out" in fds:
                 pos = k * chunk + off
                 keep = max(0, min(ln, out_size - pos))
@@ -291,7 +287,7 @@ def rebuild_xor(
     return problem, damaged
 
 
-def send_file(comm: MPI.Comm, path: Path, dest: int, tag: int) -> None:
+def send_file(comm: Comm, path: Path, dest: int, tag: int) -> None:
     """Send a file to rank ``dest`` piece by piece (size first; -1 when unreadable)."""
     try:
         safety.check_regular_file(path)
@@ -306,18 +302,18 @@ def send_file(comm: MPI.Comm, path: Path, dest: int, tag: int) -> None:
         for pos in range(0, size, PIECE):
             ln = min(PIECE, size - pos)
             _read_into(fd, buf[:ln], pos)
-            comm.Send([buf[:ln], MPI.BYTE], dest=dest, tag=tag)
+            comm.send_bytes(buf[:ln], dest=dest, tag=tag)
     finally:
         os.close(fd)
 
 
 def recv_file(
-    comm: MPI.Comm, path: Path, source: int, tag: int, mode: int, hasher: Any = None
+    comm: Comm, path: Path, source: int, tag: int, mode: int, hasher: Any = None
 ) -> str | None:
     """Receive a file sent by :func:`send_file` into ``path``; this rank's problem or None."""
     size = comm.recv(source=source, tag=tag)
     if size < 0:
-        return f"rank {source} could not read its copy for rank {comm.Get_rank()}"
+        return f"rank {source} could not read its copy for rank {comm.rank}"
     problem = None
     fd = -1
     try:
@@ -328,7 +324,7 @@ def recv_file(
     buf = np.empty(min(PIECE, size), dtype=np.uint8)
     for pos in range(0, size, PIECE):
         ln = min(PIECE, size - pos)
-        comm.Recv([buf[:ln], MPI.BYTE], source=source, tag=tag)
+        comm.recv_bytes(buf[:ln], source=source, tag=tag)
         if hasher is not None:
             hasher.update(memoryview(buf[:ln]))
         if fd >= 0 and problem is None:

@@ -18,8 +18,8 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
-from mpi4py import MPI
 
+from hpcckpt.store.comm import Comm
 from hpcckpt.store.errors import CheckpointError
 from hpcckpt.store.io import blocks
 from hpcckpt.store.tree.matching import first_difference
@@ -44,7 +44,7 @@ def covers(names: Iterable[str], path: str) -> bool:
 
 
 def check_and_stand_in(
-    comm: MPI.Comm,
+    comm: Comm,
     names: tuple[str, ...],
     tree: Any,
     arrays: dict[str, np.ndarray],
@@ -56,7 +56,7 @@ def check_and_stand_in(
     already computed of its replicated arrays, the replicated array paths). Raises
     CheckpointError on every rank alike when a name is not in the state or a copy differs.
     """
-    rank = comm.Get_rank()
+    rank = comm.rank
     problem = None
     digests: dict[str, Any] = {}
     hashes: dict[str, np.ndarray] = {}
