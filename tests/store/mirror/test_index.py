@@ -258,3 +258,63 @@ def test_confirm_reads_the_chain_of_a_delta_from_its_own_objects(tmp_path):
     got = mirror_index.confirm(backend, [layout.checkpoint_name(3)])
     assert got[layout.checkpoint_name(3)].status == "broken chain"
     assert mirror_index.load(backend).listing()[0].status == "broken chain"
+
+
+def test_mirror_prune_deletes_what_the_rules_do_not_keep_and_the_index_follows(tmp_path):
+    from click.testing import CliRunner
+
+    from hpcckpt.cli.main import cli
+
+    root = tmp_path / "m"
+    fabricate(root, [10, 20, 30, 40, 50])
+    backend = DirectoryBackend(root)
+    mirror_index.load(backend)
+
+    def prune(*extra: str):
+        args = ["mirror", "prune", str(root), "--keep-last", "2", *extra]
+        return CliRunner().invoke(cli, args, catch_exceptions=False)
+
+    dry = prune("--dry-run", "--json")
+    assert dry.exit_code == 0, dry.output
+    doomed = [layout.checkpoint_name(s) for s in (30, 20, 10)]  # newest first
+    assert json.loads(dry.output)["deleted"] == doomed
+    assert len(mirror.list_mirrored(backend)) == 5  # nothing deleted
+    done = prune()
+    assert done.exit_code == 0 and "deleted 3 checkpoint(s)" in done.output
+    assert [m.step for m in mirror.list_mirrored(backend)] == [50, 40]
+    assert [m.step for m in mirror_index.load(backend).listing()] == [50, 40]
+    no_rule = CliRunner().invoke(cli, ["mirror", "prune", str(root)])
+    assert no_rule.exit_code == 2 and "--keep-last" in no_rule.output
+
+
+def test_a_job_copying_beside_command_line_prunes_loses_no_entry(tmp_path):
+    """Two processes write the index at once: the job's mirror worker copying one
+    checkpoint after another, and 'hpcckpt mirror prune' run again and again."""
+    import subprocess
+    import sys
+
+    from hpcckpt.store.mirror.worker import MirrorWorker
+
+    root = tmp_path / "m"
+    root.mkdir()
+    backend = DirectoryBackend(root)
+    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, incremental=False)
+    hpcckpt = Path(sys.executable).parent / "hpcckpt"
+    loop = (
+        f"for i in $(seq 40); do {hpcckpt} mirror prune {root} --keep-last 3 "
+        ">/dev/null || exit 1; done"
+    )
+    pruner = subprocess.Popen(["bash", "-c", loop])
+    worker = MirrorWorker(backend, MirrorOptions(str(root)))
+    try:
+        for step in range(1, 25):
+            worker.submit(step, store.save(step, state(step)).path)
+            assert worker.wait(60)
+    finally:
+        worker.close()
+        assert pruner.wait(300) == 0
+    truth = {m.name for m in mirror.list_mirrored(backend)}
+    assert layout.checkpoint_name(24) in truth
+    index = mirror_index.load(backend)
+    assert truth <= set(index.entries)  # every checkpoint there is in the index
+    assert set(mirror_index.reconcile(backend).entries) == truth
