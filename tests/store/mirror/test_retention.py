@@ -149,3 +149,58 @@ def test_both_tiers_keep_the_newest_good_copy_at_every_moment(seed):
             assert (newest(sound(directory)), newest(sound(mirrored))) == own
         if pending is not None:
             assert pending.step in directory and all(n in directory for n in pending.needs)
+
+
+def _seen(listing) -> list[tuple]:
+    return [(m.step, m.name, m.status, m.reason, m.uid, m.chain) for m in listing]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_index_lists_what_the_manifests_say_after_every_operation(tmp_path, seed):
+    """Random copies (full checkpoints and deltas with their chains), marks, prunes under
+    random rules, a lost or damaged index: after each, the mirror's index (what the
+    retention decides on) lists exactly what every manifest and mark on the mirror says."""
+    import time
+
+    import numpy as np
+    from mpi4py import MPI
+
+    from hpcckpt.store.file import layout
+    from hpcckpt.store.mirror import copy as mirror
+    from hpcckpt.store.mirror import index as mirror_index
+    from hpcckpt.store.mirror.backend import DirectoryBackend
+    from hpcckpt.store.mirror.worker import prune_mirror
+    from hpcckpt.store.options import MirrorOptions
+    from hpcckpt.store.store import CheckpointStore
+
+    rnd = random.Random(seed)
+    root = tmp_path / "m"
+    root.mkdir()
+    backend = DirectoryBackend(root)
+    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, max_chain=3)
+    u = np.random.default_rng(seed).random(1_000_000)
+    step = 0
+    for _ in range(16):
+        op = rnd.random()
+        if op < 0.5 or step == 0:
+            step += 1
+            u[: 1000 * rnd.randint(1, 5)] += 1.0
+            mirror_index.upload(backend, store.save(step, {"u": u}).path)
+        elif op < 0.65:
+            names = [m.name for m in mirror.list_mirrored(backend)]
+            mirror.mark_bad(backend, rnd.choice(names), f"found damaged ({seed})")
+        elif op < 0.9:
+            options = MirrorOptions(
+                str(root),
+                mirror_keep_last=rnd.choice([None, 1, 2]),
+                mirror_keep_every=rnd.choice([None, 3]),
+                mirror_thinning=rnd.choice([None, "1h:all"]),
+            )
+            prune_mirror(backend, options, time.time() + rnd.choice([0, 2 * H]))
+        elif op < 0.95:
+            (root / mirror_index.INDEX).unlink(missing_ok=True)
+        else:
+            (root / mirror_index.INDEX).write_bytes(b"\x00garbage")
+        assert _seen(mirror_index.load(backend).listing()) == _seen(
+            mirror.list_mirrored(backend)
+        ), f"after step {step} ({layout.checkpoint_name(step)})"
