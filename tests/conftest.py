@@ -246,6 +246,7 @@ SLURM_FIRST = (
     "tests/job/test_ownschedule_slurm.py",
     "tests/job/test_multilevel_slurm.py",
     "tests/job/test_node_failure_slurm.py",
+    "tests/job/test_torch_launch_slurm.py",
 )
 
 
