@@ -70,6 +70,7 @@ MAY_IMPORT: dict[str, set[str]] = {
 #: module directly under ``store/`` or a sub-package (a subject). A module of the store
 #: imports only its own room and the rooms before it.
 STORE_ORDER = [
+    "hpcckpt.store.comm",
     "hpcckpt.store.errors",
     "hpcckpt.store.io",
     "hpcckpt.store.agreement",
@@ -111,7 +112,9 @@ LAZY: dict[tuple[str, str], str] = {
     ("hpcckpt.cli.*", ""): "a command imports its layers when it runs",
     # the validator is imported by `import hpcckpt`; keeping a rejected file needs the store
     ("hpcckpt.coord.validate", "hpcckpt.store"): "numpy-only until a state is rejected",
-    ("hpcckpt.coord.validate", "mpi4py"): "numpy-only until the collective check runs",
+    # each transport of the communicator loads its library only when it is the one used
+    ("hpcckpt.store.comm", "hpcckpt.store.comm.mpi"): "mpi4py (an MPI library) only for MPI",
+    ("hpcckpt.store.comm", "hpcckpt.store.comm.torch_dist"): "torch only for torch.distributed",
     # numpy for the Monte-Carlo simulator only
     ("hpcckpt.policy", "hpcckpt.policy.simulate"): "policy stays numpy-free until simulate",
     # checksums (xxhash) only for applications with restart files
@@ -294,6 +297,34 @@ def test_the_wrapper_side_never_imports_hdf5_or_mpi(light):
                 if target.split(".")[0] in HEAVY:
                     bad.append(f"{name} reaches {mod}:{line} importing {target}")
     assert not bad, "\n".join(bad)
+
+
+#: The one module that may import mpi4py: the communicator's MPI transport.
+MPI_HOME = "hpcckpt.store.comm.mpi"
+
+
+def mpi_importers() -> list[str]:
+    """Modules other than :data:`MPI_HOME` that import mpi4py (at the top or in a function)."""
+    return sorted(
+        f"{MODULES[name].relative_to(ROOT)}:{line} imports {target}"
+        for name in MODULES
+        if name != MPI_HOME
+        for target, _, line, _ in imports(name)
+        if target.split(".")[0] == "mpi4py"
+    )
+
+
+def test_only_the_communicators_mpi_transport_imports_mpi4py():
+    """Everything else talks to other ranks through hpcckpt.store.comm's interface, so a
+    torch job without an MPI library never loads mpi4py."""
+    assert not mpi_importers(), "\n".join(mpi_importers())
+    assert any(t.startswith("mpi4py") for t, *_ in imports(MPI_HOME)), "the MPI transport moved"
+
+
+def test_the_mpi4py_check_sees_an_import(monkeypatch):
+    """The check above can fail: another module with the MPI transport's imports."""
+    monkeypatch.setitem(MODULES, "hpcckpt.store.agreement_copy", MODULES[MPI_HOME])
+    assert any("imports mpi4py" in line for line in mpi_importers())
 
 
 def test_function_level_imports_are_listed_with_a_reason():

@@ -123,9 +123,10 @@ def check_every_operation(comm) -> dict:
     hosts = comm.allgather(socket.gethostname())
     assert node.size == hosts.count(socket.gethostname())
     assert node.allgather(me) == [r for r in range(n) if hosts[r] == hosts[me]]
-    again = comm.split_node()  # a second call: the same ranks (torch keeps the group made)
+    again = comm.split_node()  # a second call: a new group of the same ranks
     assert again.allgather(me) == node.allgather(me)
     ok("split_node")
+    again.free()
     pairs.free()
     if sub is not None:
         sub.free()
