@@ -25,6 +25,7 @@ from hpcckpt.store.file import layout
 from hpcckpt.store.io import faults, safety
 from hpcckpt.store.io.blocks import ChainState
 from hpcckpt.store.mirror import copy as mirror
+from hpcckpt.store.mirror import index as mirror_index
 from hpcckpt.store.mirror.backend import MirrorBackend, MirrorUnavailable
 from hpcckpt.store.restore.load import Loader
 from hpcckpt.store.results import RestoreResult
@@ -162,7 +163,7 @@ class Restorer:
         if self.mirror is None:
             return []
         try:
-            listing = mirror.list_mirrored(self.mirror)
+            listing = mirror_index.load(self.mirror).listing()  # not every manifest
         except (MirrorUnavailable, OSError) as exc:
             log.warning(
                 "restore: the mirror %s cannot be read (%s); directory only", self.mirror.url, exc
@@ -177,7 +178,8 @@ class Restorer:
         assert self.mirror is not None
         name = layout.checkpoint_name(step)
         try:
-            path = mirror.pull(self.mirror, name, self.directory, mode=self.file_mode)
+            known = mirror_index.confirm(self.mirror, [name])  # its own objects, now
+            path = mirror.pull(self.mirror, name, self.directory, mode=self.file_mode, known=known)
         except (CheckpointError, MirrorUnavailable, OSError) as exc:
             log.warning("restore: %s from the mirror %s: %s", name, self.mirror.url, exc)
             return f"on the mirror: {exc}"
