@@ -169,7 +169,8 @@ class Loader:
                     if reader.nranks == n:
                         plans = read_plan.plans(reader) or plans
                     agree = bool(self.splits) or any(
-                        info.distributed for info in reader.arrays.values()
+                        info.distributed or info.dtensor_shape is not None
+                        for info in reader.arrays.values()
                     )
                     out = [(p, None, agree) for p in plans]
             except CorruptCheckpoint as exc:
@@ -207,6 +208,9 @@ class Loader:
         own = True  # every distributed array asks for the rows this rank saved
         kinds = np.zeros(len(plan.arrays), np.int64)  # 1 count, 2 range requests
         for i, a in enumerate(plan.arrays):
+            if a.name in names and a.dtensor is not None:  # its piece is its new shard?
+                own = own and a.name not in self.splits and self._own_piece(a, state, targets)
+                continue
             if a.name not in names or not (a.distributed or a.name in self.splits):
                 continue
             if a.layout != "rows":
@@ -253,6 +257,18 @@ class Loader:
         if any(self.agreement.findings(found.problem, found.fatal, reshard, found.culprit)):
             return None
         return Loaded(tree, arrays, plan.nranks, chain_state)
+
+    def _own_piece(self, a: read_plan.ArrayPlan, state: Any, targets: Targets) -> bool:
+        """Whether DTensor ``a``'s new shard on this rank is the piece this rank saved
+        (the same mesh and placements); anything else, or an error, is the general path's
+        to read or to report."""
+        assert a.dtensor is not None
+        shape, offset = a.dtensor
+        try:
+            box = pieces.wanted_box(lookup(state, a.name, targets), shape)
+        except Exception:
+            return False
+        return box == (tuple(offset), tuple(a.own_shape))
 
     def _load_general(
         self,

@@ -43,6 +43,10 @@ class ArrayPlan(NamedTuple):
     hashes: tuple[int, int, int, int]  # (hash row: 0 own/1 rank 0's, start, count, checksum)
     own_hashes: tuple[int, int, int]  # (start in own row, count, checksum): the chain's memory
     extents: tuple[Extent, ...]
+    #: A DTensor's (global shape, this rank's piece offset): the plan reads the piece this
+    #: rank saved, which is its new shard only on the same mesh (the loader checks). None:
+    #: not a DTensor.
+    dtensor: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
 
 class RankPlan(NamedTuple):
@@ -66,16 +70,21 @@ class RankPlan(NamedTuple):
 def plans(reader: CheckpointReader) -> list[RankPlan] | None:
     """Every rank's plan of a validated, open checkpoint; None when some part cannot be
     read as raw bytes (format version 1, or a dataset HDF5 would have to convert), or
-    when the checkpoint holds DTensors: each rank reads the boxes of its new shards from
-    the pieces other ranks stored (:mod:`.restore.pieces`), which a plan of its own bytes
-    cannot say.
+    when a DTensor's piece is stored once for several ranks (replicas): those ranks read
+    the boxes of their shards from the pieces other ranks stored (:mod:`.restore.pieces`),
+    which a plan of their own bytes cannot say. A DTensor every rank stored a piece of
+    is planned as that piece; it is this rank's new shard only on the same mesh, which
+    the loader checks on every rank before it reads (else the pieces are read).
 
     O(p) on the one process that calls it: what is the same for every rank is computed
     once, and each rank's numbers come from numpy columns over the ranks.
     """
     if reader.format_version < 2:
         return None
-    if any(info.dtensor_shape is not None for info in reader.arrays.values()):
+    if any(
+        info.dtensor_shape is not None and None in info.piece_offsets
+        for info in reader.arrays.values()
+    ):
         return None
     files = reader.chain
     n, narrays = reader.nranks, len(reader.arrays)
@@ -134,6 +143,9 @@ def plans(reader: CheckpointReader) -> list[RankPlan] | None:
                     (int(s != r), at[s], count[s], sums[s][col]),
                     (at[r], count[r], sums[r][col]),
                     extents[s],
+                    None
+                    if info.dtensor_shape is None
+                    else (info.dtensor_shape, info.piece_offsets[r]),  # type: ignore[arg-type]
                 )
             )
         files_, names, block_size, step, uid, nranks, chain, chain_bytes, state_bytes = header

@@ -78,3 +78,60 @@ def test_one_ranks_damaged_bytes_make_every_rank_fall_back(saved, tmp_path):
     assert all("none of the 3 checkpoints" in r["error"] for r in reports), reports
     assert f"array 'p' of rank {n - 1}, block 0, fails its checksum" in reports[0]["error"]
     assert layout.read_bad(copy / layout.checkpoint_name(1)) is not None
+
+
+# -- DTensors: on the mesh that saved them, each rank reads its own piece ---------------------
+DTENSOR_APP = ROOT / "tests" / "store" / "apps" / "dtensor_plan_app.py"
+
+
+def run_dtensors(n: int, *args: object) -> list[dict]:
+    proc = mpirun(n, [DTENSOR_APP, *args], timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return rank_reports(proc.stdout, n)
+
+
+@pytest.fixture(scope="module")
+def dtensors(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("dtensors") / "ck"
+    assert run_dtensors(2, "save", directory)[0]["saved"] == [1, 2]
+    return directory
+
+
+def test_dtensors_on_the_mesh_that_saved_them_are_read_without_hdf5(dtensors):
+    reports = run_dtensors(2, "restore", dtensors, "same")
+    assert all(r["step"] == 2 and r["exact"] for r in reports), reports
+    assert [r["opened"] for r in reports] == [1, 0]  # rank 0 validated, once
+
+
+def test_dtensors_with_other_placements_read_the_pieces(dtensors):
+    reports = run_dtensors(2, "restore", dtensors, "swapped")
+    assert all(r["step"] == 2 and r["exact"] for r in reports), reports
+    assert [r["opened"] for r in reports] == [2, 1]  # the plan, then every rank
+
+
+def test_a_replicated_dtensor_is_read_from_its_one_copy(tmp_path):
+    directory = tmp_path / "ck"
+    run_dtensors(2, "save", directory, "--replicate")
+    reports = run_dtensors(2, "restore", directory, "same", "--replicate")
+    assert all(r["step"] == 2 and r["exact"] for r in reports), reports
+    assert [r["opened"] for r in reports] == [2, 1]  # no plan: rank 1 has no piece of 'r'
+
+
+def test_a_damaged_dtensor_piece_makes_every_rank_fall_back(dtensors, tmp_path):
+    copy = tmp_path / "ck"
+    copy.mkdir()
+    for f in dtensors.iterdir():
+        (copy / f.name).write_bytes(f.read_bytes())
+    newest = copy / layout.checkpoint_name(2)
+    with CheckpointReader(newest) as reader:
+        plan = read_plan.plans(reader)[1]
+    a = next(a for a in plan.arrays if a.name == "t/a")
+    assert a.dtensor == ((1001, 33), (501, 0))  # rank 1's piece of the global array
+    k, offset = a.extents[0][:2]
+    with open(plan.files[k], "r+b") as f:
+        f.seek(offset + 5000)
+        f.write(b"\xff\xfe")
+    reports = run_dtensors(2, "restore", copy, "same")
+    assert all(r["step"] == 1 and r["exact"] for r in reports), reports
+    bad = layout.read_bad(newest)
+    assert bad is not None and "array 't/a' of rank 1, block 1, fails its checksum" in bad, bad
