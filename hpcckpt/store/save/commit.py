@@ -312,8 +312,8 @@ class Saver:
         if copy is not None:
             assert self.tier is not None
             mode = Redrain(self.tier, copy, self.block_size)
-        elif self.tier is not None:
-            mode = NodeLocal(self.tier)
+        elif self.tier is not None:  # a full save: the copy hashed and sealed in the background
+            mode = NodeLocal(self.tier, hash_later=parent is None and self.tier.seals_alone())
         else:
             assert buffers is not None
             mode = self._in_memory(buffers, encoded.arrays, parent)  # or StagingRefused
@@ -339,7 +339,9 @@ class Saver:
         self._agree_or_discard(error, f"creating the file of checkpoint of step {step}", partial)
         assert written is not None
         self._learn(written, parent if mode.name == "copy" else None)
-        writer = mode.start(partial, list(written.extents), self.direct_io, written.hashing)
+        writer = mode.start(
+            partial, list(written.extents), self.direct_io, written.hashing, written.state.hashes
+        )
         foreground = time.perf_counter() - t0
         (blocked,) = self.agreement.slowest(foreground)
         return PendingSave(
@@ -364,6 +366,13 @@ class Saver:
         t_wait = time.perf_counter()
         pending.writer.wait()
         waited = time.perf_counter() - t_wait
+        if pending.writer.seal is not None:  # every rank's node-local copy sealed alone?
+            assert self.tier is not None
+            if pending.writer.seal_error is not None:
+                log.warning("rank %d: cannot seal its copy in %s: %s",
+                            self.rank, self.tier.path, pending.writer.seal_error)  # fmt: skip
+            everyone = self.agreement.everyone(pending.writer.sealed)
+            self.tier.sealed_alone(pending.step, everyone)
         error = safety.explain_write_error(
             pending.writer.error, self.directory, pending.bytes_total
         )

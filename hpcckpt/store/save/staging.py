@@ -21,6 +21,7 @@ import contextlib
 import mmap
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,11 @@ class HostBuffers:
             + sum(b.nbytes for b in self._ring)
             + sum(tensors.nbytes(t) for kept in self._lent.values() for t in kept)
         )
+
+    @property
+    def lent_buffers(self) -> list[Any]:
+        """The host tensors kept for device tensors' copies (pinned ones for CUDA)."""
+        return [t for kept in self._lent.values() for t in kept]
 
     @property
     def lent_bytes(self) -> int:
@@ -244,6 +250,12 @@ class BackgroundWrite:
     bytes: int = 0
     stream: StreamedWrite | None = field(default=None, repr=False)
     hashing: Any = field(default=None, repr=False)  # a file.writer.DeferredHashes
+    #: Run by the thread first, once it has hashed every byte (a staged save through the
+    #: node-local tier): seals the copy the drain writes from, so that a crash during the
+    #: drain leaves it restorable; ``sealed`` says it succeeded.
+    seal: Callable[[], None] | None = field(default=None, repr=False)
+    sealed: bool = False
+    seal_error: BaseException | None = None
     _thread: threading.Thread | None = field(default=None, repr=False)
 
     def start(self) -> BackgroundWrite:
@@ -262,6 +274,13 @@ class BackgroundWrite:
             self.seconds = time.perf_counter() - t0
             return
         hashing = self.hashing
+        if self.seal is not None:  # the node-local copy: hashed and sealed before the drain
+            try:
+                if hashing is not None:
+                    hashing.before(hashing.first)
+            except BaseException as exc:
+                self.seal_error = exc
+            self._seal()
 
         def before(i: int) -> None:
             fault_point("drain.eio")  # tests: a write that fails
@@ -281,6 +300,15 @@ class BackgroundWrite:
         except BaseException as exc:  # surfaced to the main thread by finish_save
             self.error = exc
         self.seconds = time.perf_counter() - t0
+
+    def _seal(self) -> None:
+        if self.seal is None or self.sealed or self.seal_error is not None:
+            return
+        try:
+            self.seal()
+            self.sealed = True
+        except BaseException as exc:  # the drain goes on: that copy just cannot be restored
+            self.seal_error = exc
 
     def _written(self, i: int) -> None:
         self.bytes += self.extents[i].data.nbytes

@@ -12,7 +12,8 @@ the background write of the created file's extents. The modes:
 - :class:`Pieces`: a state larger than the staging budget, copied piece by piece through
   a ring of buffers while earlier pieces are written (:mod:`.save.staging_budget`);
 - :class:`NodeLocal`: into this rank's files on the node-local tier, which survive a
-  crash of the job's processes;
+  crash of the job's processes (a full save: written in the foreground, hashed and
+  sealed by the background thread before the commit);
 - :class:`Redrain`: a copy already on the node-local tier (just restored, or the newest
   one at the end of the allocation), drained as it is without writing it again.
 """
@@ -67,7 +68,12 @@ class StagingMode(Protocol):
     hash_later: bool
 
     def start(
-        self, partial: Path, extents: list[Extent], direct: bool, hashing: Any = None
+        self,
+        partial: Path,
+        extents: list[Extent],
+        direct: bool,
+        hashing: Any = None,
+        hashes: dict[str, Any] | None = None,
     ) -> BackgroundWrite: ...
 
     @property
@@ -94,7 +100,12 @@ class HostCopy:
         pass
 
     def start(
-        self, partial: Path, extents: list[Extent], direct: bool, hashing: Any = None
+        self,
+        partial: Path,
+        extents: list[Extent],
+        direct: bool,
+        hashing: Any = None,
+        hashes: dict[str, Any] | None = None,
     ) -> BackgroundWrite:
         return BackgroundWrite(partial, extents, direct, hashing=hashing).start()
 
@@ -117,25 +128,36 @@ class Pieces(HostCopy):
         return Staged(arrays)  # hashed while the file is created, copied piece by piece
 
     def start(
-        self, partial: Path, extents: list[Extent], direct: bool, hashing: Any = None
+        self,
+        partial: Path,
+        extents: list[Extent],
+        direct: bool,
+        hashing: Any = None,
+        hashes: dict[str, Any] | None = None,
     ) -> BackgroundWrite:
         ring = self.buffers.ring(self.plan.staging_bytes)
         return stream_pieces(partial, extents, ring, direct)
 
 
 class NodeLocal:
-    """Into this rank's files on the node-local tier, sealed once every rank has its copy."""
+    """Into this rank's files on the node-local tier, sealed once every rank has its copy.
+
+    ``hash_later`` (a full save, no redundancy, no tier copy newer than the directory's:
+    :meth:`NodeLocalTier.seals_alone`): the foreground writes the copy and nothing more;
+    the background thread hashes it as it drains it, then seals it, each rank alone,
+    before the commit (a copy counts only once every rank's manifest is there)."""
 
     name: str | None = None
     held_bytes = 0
-    hash_later = False
 
-    def __init__(self, tier: NodeLocalTier) -> None:
+    def __init__(self, tier: NodeLocalTier, hash_later: bool = False) -> None:
         self.tier = tier
         self.where = f" in {tier.path}"
+        self.hash_later = hash_later
+        self._seal: tuple[Any, ...] = ()
 
     def stage(self, step: int, arrays: dict[str, Any]) -> Staged:
-        return Staged(*self.tier.stage(step, arrays))
+        return Staged(*self.tier.stage(step, arrays, hashed=not self.hash_later))
 
     def staged(
         self,
@@ -146,6 +168,9 @@ class NodeLocal:
         staged: Staged,
         replicated: set[str],
     ) -> None:
+        if self.hash_later:  # sealed by the background thread (start)
+            self._seal = (step, uid, tree, staged.arrays, staged.offsets, replicated)
+            return
         self.tier.seal_staged(
             step,
             uid,
@@ -157,9 +182,22 @@ class NodeLocal:
         )
 
     def start(
-        self, partial: Path, extents: list[Extent], direct: bool, hashing: Any = None
+        self,
+        partial: Path,
+        extents: list[Extent],
+        direct: bool,
+        hashing: Any = None,
+        hashes: dict[str, Any] | None = None,
     ) -> BackgroundWrite:
-        return BackgroundWrite(partial, extents, direct, hashing=hashing).start()
+        seal = None
+        if self.hash_later:
+            step, uid, tree, arrays, offsets, replicated = self._seal
+            done = hashes if hashes is not None else {}
+
+            def seal() -> None:
+                self.tier.seal_alone(step, uid, tree, arrays, done, offsets, replicated)
+
+        return BackgroundWrite(partial, extents, direct, hashing=hashing, seal=seal).start()
 
 
 class Redrain(NodeLocal):

@@ -21,6 +21,7 @@ import json
 import os
 import re
 import socket
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,23 +97,44 @@ def check_cache_dir(cache: Path, directory: Path) -> None:
 
 
 def write_data(
-    cache: Path, step: int, rank: int, arrays: dict[str, np.ndarray], block_size: int, mode: int
+    cache: Path,
+    step: int,
+    rank: int,
+    arrays: dict[str, np.ndarray],
+    block_size: int,
+    mode: int,
+    *,
+    hashed: bool = True,
+    reuse: bool = False,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, int]]:
     """Write this rank's arrays to its data file; (read-only maps of them, block hashes, offsets).
 
-    Each block is hashed just before it is written, while in cache. The maps are what
-    the background drain writes from.
+    Each block is hashed just before it is written, while in cache; without ``hashed``
+    the arrays are written whole and nothing is hashed (empty hashes: the caller hashes
+    the maps later, before it seals). With ``reuse`` the data file of ``step`` is
+    already there (:func:`recycle`): it is written over in place, its pages reused.
+    The maps are what the background drain writes from.
     """
     path = cache / data_name(step, rank)
-    safety.remove_leftover(path)
+    flags = os.O_WRONLY | os.O_NOFOLLOW
+    if reuse and _regular(path):
+        fd = os.open(path, flags)
+        os.fchmod(fd, mode)
+    else:
+        safety.remove_leftover(path)
+        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, mode)
     offsets, hashes = {}, {}
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:
         pos = 0
         digest = xxhash.xxh3_64_intdigest
         for name, src in arrays.items():
             offsets[name] = pos
             flat = np.ascontiguousarray(src).reshape(-1)
+            if not hashed:
+                if flat.size:
+                    pwrite_all(fd, memoryview(flat).cast("B"), pos)
+                pos += -(-src.nbytes // ALIGN) * ALIGN
+                continue
             step_elems = blocks.block_elems(src.dtype.itemsize, block_size)
             n = blocks.nblocks(flat.size, step_elems)
             out = np.empty(n, dtype=np.uint64)
@@ -127,6 +149,40 @@ def write_data(
         os.close(fd)
     specs = {n: (a.dtype, tuple(a.shape)) for n, a in arrays.items()}
     return _map(path, specs, offsets), hashes, offsets
+
+
+def _regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def recycle(cache: Path, rank: int, step: int) -> bool:
+    """Make this rank's newest data file of another step the data file of ``step``, so
+    that writing ``step`` reuses its pages instead of allocating new ones (on tmpfs,
+    about as long as the copy itself). Its manifests go first: the copy it held never
+    counts again. Whether a file was recycled (False: none, or a link, left alone).
+
+    Only for a copy the directory holds durably: the copy it was is gone once this returns.
+    """
+    try:
+        names = os.listdir(cache)
+    except OSError:
+        return False
+    found = []
+    for name in names:
+        m = _FILES.match(name)
+        if m and int(m.group(2)) == rank and m.group(3) == "data" and m.group(4) is None:
+            found.append((int(m.group(1)), name))
+    found = [(s, n) for s, n in found if s != step and _regular(cache / n)]
+    if not found:
+        return False
+    old, name = max(found)
+    for gone in (manifest_name(old, rank), manifest_name(step, rank)):
+        safety.remove_leftover(cache / gone)
+    os.replace(cache / name, cache / data_name(step, rank))
+    return True
 
 
 def maps(copy: LocalCopy) -> dict[str, np.ndarray]:

@@ -134,17 +134,74 @@ class NodeLocalTier:
         )
 
     def stage(
-        self, step: int, arrays: dict[str, Any]
+        self, step: int, arrays: dict[str, Any], hashed: bool = True
     ) -> tuple[dict[str, np.ndarray], dict[str, Any], dict[str, int]]:
         """This rank writes its copy of ``arrays`` (not sealed; not collective): the
-        copy's arrays, their block hashes and their offsets in the data file. Older
-        copies go first unless this rank's is newer than the directory's."""
+        copy's arrays, their block hashes (``hashed``; else none: :meth:`seal_alone`
+        takes them later) and their offsets in the data file. Older copies go first
+        unless this rank's is newer than the directory's; without redundancy the newest
+        of them gives its data file's pages to this copy (:func:`.tier.copies.recycle`)."""
         safety.make_directory(self.path, self.place.dir_mode)
+        reuse = False
         if not self._holds_newest:  # older copies are durable in the directory
-            fast_tier.remove(self.path, self.rank, nranks=self.nranks)
+            reuse = self._sets is None and fast_tier.recycle(self.path, self.rank, step)
+            keep = step if reuse else None
+            fast_tier.remove(self.path, self.rank, keep=keep, nranks=self.nranks)
         return fast_tier.write_data(
-            self.path, step, self.rank, arrays, self.place.block_size, self.place.file_mode
+            self.path,
+            step,
+            self.rank,
+            arrays,
+            self.place.block_size,
+            self.place.file_mode,
+            hashed=hashed,
+            reuse=reuse,
         )
+
+    def seals_alone(self) -> bool:
+        """Whether a staged save's copy may be sealed by each rank on its own, in the
+        background once hashed (:meth:`seal_alone`): without redundancy (no collective
+        step in the seal) and when no copy of the tier is newer than the directory's
+        (the older copies were removed at :meth:`stage`, none is left to replace)."""
+        return self._sets is None and not self._holds_newest
+
+    def seal_alone(
+        self,
+        step: int,
+        uid: str,
+        tree: Any,
+        arrays: dict[str, np.ndarray],
+        hashes: dict[str, Any],
+        offsets: dict[str, int],
+        replicated: set[str],
+    ) -> None:
+        """Seal this rank's copy alone (not collective; any thread): its manifest, once
+        ``hashes`` are those of the copy's data file. Raises OSError when it cannot."""
+        doc = fast_tier.manifest_doc(
+            step=step,
+            uid=uid,
+            rank=self.rank,
+            nranks=self.nranks,
+            directory=self.place.directory,
+            block_size=self.place.block_size,
+            tree=tree,
+            arrays=arrays,
+            hashes=hashes,
+            offsets=offsets,
+            node=self.node,
+            replicated=replicated,
+        )
+        path = self.path / fast_tier.manifest_name(step, self.rank)
+        fast_tier.write_manifest(path, doc, self.place.file_mode)
+
+    def sealed_alone(self, step: int, everyone: bool) -> None:
+        """The ranks sealed ``step`` alone (:meth:`seal_alone`); ``everyone``: all of them
+        did (the caller agreed on it), so it is the tier's newest copy."""
+        if everyone:
+            self._newest_step = step
+        else:
+            log.warning("rank %d: the copies of step %d in %s were not all sealed",
+                        self.rank, step, self.path)  # fmt: skip
 
     def seal_staged(
         self, step: int, uid: str, tree: Any, arrays: dict[str, Any], **parts: Any

@@ -5,6 +5,9 @@ restores bit for bit."""
 
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -94,19 +97,33 @@ def test_pieces_stream_a_state_larger_than_the_budget(tmp_path):
 
 
 # -- on the node-local tier ------------------------------------------------------------------
-def test_node_local_seals_a_copy_in_the_cache_then_drains_it(tmp_path):
+def test_node_local_seals_a_copy_in_the_cache_then_drains_it(tmp_path, monkeypatch):
+    """A full save: the foreground writes the copy; the background thread hashes it and
+    seals it before the drain writes a byte of the file (held back here: the copy is
+    sealed while nothing is drained yet)."""
+    go, hashed_in = _held_writes(monkeypatch)
     cache = tmp_path / "cache"
     store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, cache=cache)
     state = random_state(3)
     saved = copy_of(state)
     pending = store.saver.begin_save(3, state)
     assert pending.staging is None and pending.staging_bytes == 0
-    assert (cache / fast_tier.manifest_name(3, 0)).is_file(), "sealed before the drain ends"
+    assert hashed_in <= {"hpcckpt-write"}, "nothing hashed in the foreground"
     assert (cache / fast_tier.data_name(3, 0)).is_file()
-    assert store.tier.newest_step == 3
+    manifest = cache / fast_tier.manifest_name(3, 0)
+    for _ in range(600):  # the thread seals, then waits for go before writing
+        if manifest.is_file():
+            break
+        time.sleep(0.01)
+    assert manifest.is_file(), "sealed before the drain writes"
+    assert pending.writer.sealed and os.path.getsize(pending.partial) > 0
+    state["u"][:] = 0.0  # the application goes on: the copy is its own
     (copy,) = fast_tier.scan(cache, store.directory, 0, 1)
     assert copy.step == 3 and copy.directory == str(store.directory)
+    assert fast_tier.load(copy)["u"].tobytes() == saved["u"].tobytes()  # verifies
+    go.set()
     result = store.saver.finish_save(pending)
+    assert store.tier.newest_step == 3
     assert result.step == 3 and result.staging is None
     assert not store.tier.holds_newest, "the directory holds step 3 now"
     with CheckpointReader(result.path) as reader:

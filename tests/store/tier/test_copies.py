@@ -402,3 +402,54 @@ def test_node_path_gives_each_node_its_own_directory():
     assert fast_tier.node_path("/dev/shm/job/%n", "n3") == "/dev/shm/job/n3"
     assert fast_tier.node_path("/x/%n-%%n", "n3") == "/x/n3-%n"
     assert fast_tier.node_path("/dev/shm/job", "n3") == "/dev/shm/job"
+
+
+# -- recycling the previous copy's data file ------------------------------------------------
+def test_recycle_gives_the_newest_data_file_to_the_next_step_its_manifest_gone_first(dirs):
+    cache, directory = dirs
+    stage(cache, directory, 4)
+    stage(cache, directory, 5)
+    inode = os.stat(cache / fast_tier.data_name(5, 0)).st_ino
+    other_rank = stage(cache, directory, 5, rank=1)[1]
+    assert fast_tier.recycle(cache, 0, 6)
+    assert not (cache / fast_tier.manifest_name(5, 0)).exists()  # never counts again
+    assert not (cache / fast_tier.data_name(5, 0)).exists()
+    assert os.stat(cache / fast_tier.data_name(6, 0)).st_ino == inode  # its pages, reused
+    assert other_rank.exists(), "another rank's copy is left alone"
+    assert [c.step for c in fast_tier.scan(cache, directory, 0, 2)] == [4]
+
+    # Written over in place, smaller than before, without hashes: then hashed and sealed.
+    state = make_state(6)
+    state["u"] = state["u"][:100]
+    tree, arrays = encode(state)
+    maps, hashes, offsets = fast_tier.write_data(
+        cache, 6, 0, arrays, BLOCK, MODE, hashed=False, reuse=True
+    )
+    assert hashes == {}
+    path = cache / fast_tier.data_name(6, 0)
+    assert os.stat(path).st_ino == inode and os.stat(path).st_mode & 0o777 == MODE
+    align = fast_tier.ALIGN
+    assert os.path.getsize(path) == sum(-(-a.nbytes // align) * align for a in arrays.values())
+    hashes = {n: blocks.block_hashes(m, BLOCK) for n, m in maps.items()}
+    fast_tier.seal(
+        cache, step=6, uid="u6", rank=0, nranks=2, directory=directory, block_size=BLOCK,
+        tree=tree, arrays=arrays, hashes=hashes, offsets=offsets, mode=MODE,
+    )  # fmt: skip
+    copy = fast_tier.scan(cache, directory, 0, 2)[0]
+    back = make_state(0)
+    back["u"] = np.zeros(100)
+    decode_into(back, copy.tree, fast_tier.load(copy))
+    assert c_bytes(back["u"]) == c_bytes(state["u"])
+    assert c_bytes(back["grid"]["v"]) == c_bytes(state["grid"]["v"])
+
+
+def test_recycle_without_a_file_or_with_a_link_does_nothing(dirs, tmp_path):
+    cache, directory = dirs
+    assert not fast_tier.recycle(cache, 0, 3)
+    assert not fast_tier.recycle(tmp_path / "missing", 0, 3)
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"x" * 100)
+    os.symlink(target, cache / fast_tier.data_name(2, 0))
+    assert not fast_tier.recycle(cache, 0, 3), "a link is never followed nor moved"
+    assert not (cache / fast_tier.data_name(3, 0)).exists()
+    assert target.read_bytes() == b"x" * 100

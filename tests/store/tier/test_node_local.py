@@ -5,6 +5,8 @@ nodes (redundancy, moves, rebuilds) is tested under mpirun in test_local_tier_mp
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -154,3 +156,23 @@ def test_a_renamed_key_stops_a_restore_from_the_tier_rather_than_falling_back(tm
     got = tiered(tmp_path, cache).restore(renamed, strict=False)
     assert (got.step, got.source) == (4, "cache")
     assert (got.skipped_keys, got.added_keys) == (("v",), ("u",)) and renamed["k"] == 4
+
+
+def test_staged_saves_reuse_the_data_file_of_the_copy_the_directory_holds(tmp_path, cache):
+    """A staged save through the tier writes into the pages of the previous copy's data
+    file (drained and committed: the directory holds it) rather than a new file; each
+    copy is sealed with its own checksums and restores bit for bit."""
+    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, cache=cache, incremental=False)
+    inodes = []
+    for step in (1, 2, 3):
+        state = {"u": np.arange(300000.0) * step, "v": np.full(7, step)}
+        store.finish_save(store.begin_save(step, state))
+        inodes.append(os.stat(cache / fast_tier.data_name(step, 0)).st_ino)
+        assert sorted(os.listdir(cache)) == [
+            fast_tier.data_name(step, 0),
+            fast_tier.manifest_name(step, 0),
+        ]
+        (copy,) = fast_tier.scan(cache, store.directory, 0, 1)
+        assert copy.step == step and store.tier.newest_step == step
+        assert np.array_equal(fast_tier.load(copy)["u"], state["u"])
+    assert inodes[0] == inodes[1] == inodes[2]
