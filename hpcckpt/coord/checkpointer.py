@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from hpcckpt.coord import logbook
+from hpcckpt.coord import logbook, teardown
 from hpcckpt.coord.calls import Calls, Patience
 from hpcckpt.coord.endtime import JobEnd, mirror_wait_bound
 from hpcckpt.coord.levels import Levels
@@ -223,6 +223,7 @@ class Checkpointer:
         self.record.lock(
             self.agreement, self.store.dir_mode, self.store.file_mode, options.job.job_id
         )
+        teardown.register(self)  # released at exit if the application never does
         self._heartbeat = HeartbeatWriter(self.directory, self.rank)
         self._heartbeat.beat(None, force=True)
         self._calls.agreement.watch = Patience(
@@ -590,8 +591,7 @@ class Checkpointer:
             job_events.FINISH, step=self._last_step_seen, last_step=self._last_save_step
         )
         self._heartbeat.beat(self._last_step_seen, "finished", force=True)
-        self._signals.close()
-        self.record.release()
+        teardown.release(self)  # no hpcckpt thread, buffer or reference to the state left
 
     def close(self) -> None:
         """Commit a background write under way, release signal handlers, the pending
@@ -608,9 +608,7 @@ class Checkpointer:
                 if not self._finished:
                     self._scavenge()
         finally:
-            self.store.close()  # rank 0's mirror thread
-            self._signals.close()
-            self.record.release()
+            teardown.release(self)  # threads joined, buffers and the lock given up
 
     def _save_failed(
         self, step: int, stop: str | None, reason: str, exc: Exception, staged: bool = False

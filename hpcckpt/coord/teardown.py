@@ -65,17 +65,24 @@ def release(ck: Any, timeout: float = JOIN_TIMEOUT) -> None:
         return
     _released.add(ck)
     pending, ck._pending = ck._pending, None
+    end = time.monotonic() + timeout
+    mirroring = ck.store.mirroring
     try:
         if pending is not None:  # never committed (an error, or no finish): not waited on
-            thread = getattr(pending.writer, "_thread", None)
-            if thread is not None:
-                thread.join(timeout)
-        ck.store.close()  # the mirror's thread, the write tracking
+            _join(getattr(pending.writer, "_thread", None), end)
+        ck.store.close()  # stops the mirror's thread, closes the write tracking
+        if mirroring is not None:  # a copy under way ends before it sees the stop
+            _join(getattr(mirroring, "_thread", None), end)
         if ck.buffers is not None:
             ck.buffers.release()
     finally:
         ck._signals.close()
         ck.record.release()
+
+
+def _join(thread: threading.Thread | None, end: float) -> None:
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(max(0.0, end - time.monotonic()))
 
 
 def hpcckpt_threads() -> list[threading.Thread]:

@@ -277,6 +277,10 @@ class CheckpointStore:
         if self.mirroring is not None:
             self.mirroring.close()
             self.mirroring = None
+        changes = self.saver.changes  # the kernel write tracking of the state's memory
+        if changes.tracker is not None:
+            changes.tracker.close()
+            changes.tracker = None
 
     # -- retention -------------------------------------------------------------------------
     def prune(
