@@ -66,13 +66,14 @@ def default_comm() -> Comm:
     if mpi_launched() or not _torch_initialized():
         try:
             from hpcckpt.store.comm import mpi
-        except ImportError as exc:
+        except (ImportError, RuntimeError) as exc:  # no mpi4py, or no MPI library for it
             if _torch_initialized():
                 return _torch(None)
             raise RuntimeError(
                 "hpcckpt needs a communicator between ranks: mpi4py with an MPI library "
-                f"({type(exc).__name__}: {exc}), or an initialized torch.distributed "
-                "process group (torch.distributed.init_process_group) before the Checkpointer"
+                f"({type(exc).__name__}: {' '.join(str(exc).split())}), or an initialized "
+                "torch.distributed process group (torch.distributed.init_process_group) "
+                "before the Checkpointer"
             ) from exc
         return mpi.world()
     return _torch(None)
