@@ -400,7 +400,12 @@ def init_signature() -> inspect.Signature:
     leading = [
         P("self", P.POSITIONAL_OR_KEYWORD),
         P("directory", P.POSITIONAL_OR_KEYWORD, default=None, annotation=DIRECTORY_TYPE),
-        P("comm", P.POSITIONAL_OR_KEYWORD, default=None, annotation="MPI.Comm | None"),
+        P(
+            "comm",
+            P.POSITIONAL_OR_KEYWORD,
+            default=None,
+            annotation="MPI.Comm | ProcessGroup | Comm | None",
+        ),
     ]
     keywords = [
         P(f.name, P.KEYWORD_ONLY, default=_default(f), annotation=f.type)
