@@ -14,7 +14,8 @@ under ``mpirun`` three times:
      committed) against ``dcp.save`` of ``get_state_dict(model, optim)`` (fsynced); each
      into a new file, neither deleting an older one in the timed call (``keep_last=None``;
      DCP's directories are removed untimed): unlinking a 512 MiB file costs up to 0.5 s
-     here, which a ``keep_last`` save pays when it prunes;
+     here, which a ``keep_last`` save paid inside ``save()`` until the Checkpointer's
+     prune went to a background thread on rank 0;
    - ``restore``: ``Checkpointer.restore`` of that state against ``dcp.load`` +
      ``set_state_dict``, after the page cache was dropped (cold; see ``--no-drop-caches``);
    - ``async``: the time the ranks are blocked in ``Checkpointer(async_save=True).save``
