@@ -13,7 +13,7 @@ from typing import Any
 from hpcckpt.store.errors import CheckpointError
 from hpcckpt.store.file import layout
 from hpcckpt.store.file.reader import CheckpointReader
-from hpcckpt.store.mirror import copy as mirror
+from hpcckpt.store.mirror import index as mirror_index
 from hpcckpt.store.mirror.backend import MirrorBackend, MirrorUnavailable
 from hpcckpt.store.retention import checkpoint_chain
 from hpcckpt.store.tree.queries import scalar_leaves
@@ -101,8 +101,8 @@ def with_tiers(
         row["tiers"] = {"directory": row["status"]}
     if backend is None:
         return None
-    try:
-        listing = {m.name: m for m in mirror.list_mirrored(backend)}
+    try:  # the index made true to one listing: no manifest fetched that it holds
+        listing = {m.name: m for m in mirror_index.reconcile(backend).listing()}
     except MirrorUnavailable as exc:
         for row in rows:
             row["tiers"]["mirror"] = UNREACHABLE
@@ -142,8 +142,8 @@ def with_tiers(
 def mirror_tier(path: Path, backend: MirrorBackend) -> dict[str, Any]:
     """What the mirror holds of the checkpoint file ``path`` (for ``inspect``): its
     status there (None: not mirrored), when it was mirrored, and why it is not good."""
-    try:
-        listing = {m.name: m for m in mirror.list_mirrored(backend)}
+    try:  # its own objects, not every manifest
+        listing = mirror_index.confirm(backend, [path.name])
     except MirrorUnavailable as exc:
         return {"url": backend.url, "status": UNREACHABLE, "reason": str(exc)}
     m = listing.get(path.name)
@@ -165,7 +165,8 @@ def describe_mirrored(backend: MirrorBackend, step: int) -> dict[str, Any] | Non
     status; arrays, scalars and meta are None (they are in the data, which is not
     fetched: ``hpcckpt mirror pull`` does). None when the mirror holds no such step;
     MirrorUnavailable when it cannot be listed."""
-    m = next((m for m in mirror.list_mirrored(backend) if m.step == step), None)
+    name = layout.checkpoint_name(step)
+    m = mirror_index.confirm(backend, [name]).get(name)  # its own objects
     if m is None:
         return None
     return {

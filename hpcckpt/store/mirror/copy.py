@@ -132,6 +132,11 @@ class Uploaded:
 Known = Mapping[str, Mirrored] | None
 
 
+#: Called with (backend, name, reason) once a mark is written: the mirror's index
+#: (:mod:`.mirror.index`, which imports this module) registers itself, so that it says so.
+MARKED: list[Callable[[MirrorBackend, str, str], None]] = []
+
+
 def manifest_key(name: str) -> str:
     return name + MANIFEST
 
@@ -176,7 +181,8 @@ def _manifest(backend: MirrorBackend, name: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and data.get("version") == MANIFEST_VERSION else None
 
 
-def _from_manifest(data: dict[str, Any]) -> Mirrored:
+def from_manifest(data: dict[str, Any]) -> Mirrored:
+    """The checkpoint a manifest's fields describe (status "good": its objects decide)."""
     return Mirrored(
         step=int(data["step"]),
         name=str(data["file"]),
@@ -214,9 +220,9 @@ def list_mirrored(backend: MirrorBackend) -> list[Mirrored]:
                 "incomplete", "its manifest is not readable",
             )  # fmt: skip
             continue
-        m = _from_manifest(data)
+        m = from_manifest(data)
         if bad_key(name) in objects:
-            m = _with(m, "bad", _bad_reason(backend, name))
+            m = _with(m, "bad", bad_reason(backend, name))
         elif name not in objects or objects[name].size != m.object_size:
             have = "missing" if name not in objects else f"{objects[name].size} bytes"
             m = _with(
@@ -243,7 +249,8 @@ def _with(m: Mirrored, status: str, reason: str | None) -> Mirrored:
     return Mirrored(**{**m.__dict__, "status": status, "reason": reason})
 
 
-def _bad_reason(backend: MirrorBackend, name: str) -> str:
+def bad_reason(backend: MirrorBackend, name: str) -> str:
+    """Why a mirrored checkpoint was marked bad (its mark's reason)."""
     raw = backend.get_bytes(bad_key(name))
     try:
         return str(json.loads(raw or b"{}").get("reason") or layout.MARKED)
@@ -260,9 +267,8 @@ def mark_bad(backend: MirrorBackend, name: str, reason: str) -> None:
     """Mark a mirrored checkpoint bad (its data stays for inspection)."""
     record = {"reason": reason, "time": time.time()}
     backend.put_bytes(bad_key(name), (json.dumps(record) + "\n").encode())
-    from hpcckpt.store.mirror import index  # noqa: PLC0415 (index imports this module)
-
-    index.note_bad(backend, name, reason)
+    for hook in MARKED:
+        hook(backend, name, reason)
 
 
 @dataclass(frozen=True)

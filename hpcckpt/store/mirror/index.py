@@ -24,7 +24,7 @@ import json
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -90,9 +90,9 @@ class Index:
 
 
 def _mirrored(entry: dict[str, Any]) -> mirror.Mirrored:
-    m = mirror._from_manifest(entry["manifest"])
+    m = mirror.from_manifest(entry["manifest"])
     if entry.get("status", GOOD) != GOOD:
-        m = mirror._with(m, str(entry["status"]), entry.get("reason"))
+        m = replace(m, status=str(entry["status"]), reason=entry.get("reason"))
     return m
 
 
@@ -108,7 +108,7 @@ def _chains(found: dict[str, mirror.Mirrored]) -> list[mirror.Mirrored]:
                     why = "missing" if base is None else (base.reason or base.status)
                     if base is not None and base.good:
                         why = "another checkpoint of that step now"
-                    m = mirror._with(m, "broken chain", f"{cname} it is built on: {why}")
+                    m = replace(m, status="broken chain", reason=f"{cname} it is built on: {why}")
                     break
             found[m.name] = m
         out.append(m)
@@ -136,7 +136,7 @@ def _entry(
         manifest = json.loads(raw)
         if not isinstance(manifest, dict) or manifest.get("version") != mirror.MANIFEST_VERSION:
             raise ValueError("another manifest version")
-        mirror._from_manifest(manifest)
+        mirror.from_manifest(manifest)
     except (ValueError, TypeError, KeyError):
         step = layout.step_of(name) or 0
         manifest = {"step": step, "file": name, "size": 0, "checksum": ""}
@@ -162,7 +162,7 @@ def _judge(
     )
     if mirror.bad_key(name) in objects:
         if entry.get("status") != BAD:
-            entry.update(status=BAD, reason=mirror._bad_reason(backend, name))
+            entry.update(status=BAD, reason=mirror.bad_reason(backend, name))
     elif name not in objects or objects[name].size != size:
         have = "missing" if name not in objects else f"{objects[name].size} bytes"
         entry.update(
@@ -347,3 +347,7 @@ class Copied:
 
     uploaded: mirror.Uploaded
     index: Index
+
+
+if note_bad not in mirror.MARKED:  # a mark written anywhere reaches the index
+    mirror.MARKED.append(note_bad)
