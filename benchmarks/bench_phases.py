@@ -19,6 +19,8 @@ rows do not add up; "other" is the operation's time outside the top-level phases
 run directory's events and heartbeats, the agreement on the call, retention with
 ``--keep-last``, the deadline's refresh around the store's own steps): its rows are the
 top level, the store's rows nest inside "the store's save" and "the store's restore".
+Where the prune runs in rank 0's background thread, its "scan + delete" is counted in
+whichever operation is being timed when it ends (outside the top-level rows).
 """
 
 from __future__ import annotations
