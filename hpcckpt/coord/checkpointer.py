@@ -585,7 +585,7 @@ class Checkpointer:
         self.store.free_tier()  # the job is done: the node's memory or disk
         self._finished = True
         self._mirror_wait("finish")
-        self.store.close()
+        teardown.close_store(self)  # the mirror's thread joined, staging freed
         self.record.status(job_status.FINISHED, self._last_save_step, "finish() called")
         self.record.event(
             job_events.FINISH, step=self._last_step_seen, last_step=self._last_save_step

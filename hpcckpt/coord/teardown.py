@@ -64,20 +64,28 @@ def release(ck: Any, timeout: float = JOIN_TIMEOUT) -> None:
     if ck in _released:
         return
     _released.add(ck)
-    pending, ck._pending = ck._pending, None
-    end = time.monotonic() + timeout
-    mirroring = ck.store.mirroring
     try:
-        if pending is not None:  # never committed (an error, or no finish): not waited on
-            _join(getattr(pending.writer, "_thread", None), end)
-        ck.store.close()  # stops the mirror's thread, closes the write tracking
-        if mirroring is not None:  # a copy under way ends before it sees the stop
-            _join(getattr(mirroring, "_thread", None), end)
-        if ck.buffers is not None:
-            ck.buffers.release()
+        close_store(ck, timeout)
     finally:
         ck._signals.close()
         ck.record.release()
+
+
+def close_store(ck: Any, timeout: float = JOIN_TIMEOUT) -> None:
+    """The store's side of :func:`release` (again is harmless): a staged save never
+    committed has its write thread joined and is dropped, the mirror's thread is stopped
+    and joined (a copy under way ends before it sees the stop), the write tracking is
+    closed and the staging buffers freed, all within ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    pending, ck._pending = ck._pending, None
+    mirroring = ck.store.mirroring
+    if pending is not None:  # never committed (an error, or no finish): not waited on
+        _join(getattr(pending.writer, "_thread", None), end)
+    ck.store.close()
+    if mirroring is not None:
+        _join(getattr(mirroring, "_thread", None), end)
+    if ck.buffers is not None:
+        ck.buffers.release()
 
 
 def _join(thread: threading.Thread | None, end: float) -> None:
