@@ -97,3 +97,32 @@ def test_gloo_settles_only_where_gloo_runs():
     """Without torch.distributed's gloo workers the exit waits for nothing."""
     assert teardown.gloo_workers() == 0
     assert teardown.settle_gloo() is False
+
+
+def test_gloo_workers_are_given_the_grace_before_finalization():
+    """With a gloo group's workers running, the exit's settle step waits GLOO_GRACE with
+    the GIL released (a subprocess: a 1-rank gloo group of its own)."""
+    script = textwrap.dedent(
+        """
+        import socket, time
+        import torch.distributed as dist
+        from hpcckpt.coord import teardown
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                                world_size=1)
+        t0 = time.monotonic()
+        waited = teardown.settle_gloo()
+        print(teardown.gloo_workers(), waited, time.monotonic() - t0)
+        dist.destroy_process_group()
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=mpi_env(), cwd=ROOT, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    workers, waited, seconds = proc.stdout.split()
+    assert int(workers) >= 1 and waited == "True"
+    assert float(seconds) >= teardown.GLOO_GRACE
