@@ -29,8 +29,10 @@ measured on the local cluster; docs/wrapper.md "How the signal reaches the ranks
   workers TERM and SIGKILL 30 s later (torch 2.13, measured here; srun would forward
   USR1 to the agents, its tasks). The workers are the processes carrying
   ``TORCHELASTIC_RUN_ID`` (the agent does not): on several nodes found by the per-node
-  signaller, on one node in this node's ``/proc``, outside Slurm below the launcher. No
-  worker found: nothing is sent (:class:`SlurmError`) rather than killing the agent.
+  signaller, on one node in this node's ``/proc``, outside Slurm below the launcher. A
+  worker with no handler for the signal yet (torchrun restarting its workers) is skipped,
+  as the signal would kill it. No worker found: nothing is sent (:class:`SlurmError`)
+  rather than killing the agent.
 - **anything else**: ``kill`` to the step's process.
 """
 
@@ -160,7 +162,9 @@ def signal_on_every_node(
     targets = [f"{r['node']}:{pid}" for r in reports for pid in r["pids"]]
     if not targets:
         raise SlurmError("no rank process found on any node")
-    return Delivered("nodes", targets, per_node=sorted(reports, key=lambda r: str(r["node"])))
+    note = _skipped_note(sum(len(r.get("skipped", [])) for r in reports), sig)
+    per_node = sorted(reports, key=lambda r: str(r["node"]))
+    return Delivered("nodes", targets, note, per_node=per_node)
 
 
 def signal_job(
@@ -247,14 +251,28 @@ def deliver_to_workers(
         except SlurmError as exc:
             note = f"the per-node signaller failed ({exc}); signalled the workers on this node only"
     workers = rank_processes(launcher_pid, job_id, rank_signal.TORCHRUN)
-    sent = _signal_all(workers, sig)
+    targets, skipped = rank_signal.ready(workers, sig, rank_signal.TORCHRUN)
+    sent = _signal_all(targets, sig)
     if not sent:
         os.kill(launcher_pid, 0)  # gone meanwhile: ProcessLookupError
+        found = f"{len(skipped)} without a handler for it yet" if skipped else "none"
         raise SlurmError(
-            f"{note + '; ' if note else ''}no torchrun worker (TORCHELASTIC_RUN_ID) found on "
-            "this node; not signalling torchrun's agent (USR1 kills it, TERM ends its workers)"
+            f"{note + '; ' if note else ''}no torchrun worker (TORCHELASTIC_RUN_ID) to take "
+            f"{sig.name} on this node ({found}); not signalling "
+            "torchrun's agent (USR1 kills it, TERM ends its workers)"
         )
-    return Delivered("ranks", sent, note)
+    return Delivered(
+        "ranks", sent, "; ".join(filter(None, [note, _skipped_note(len(skipped), sig)]))
+    )
+
+
+def _skipped_note(skipped: int, sig: signal.Signals) -> str:
+    if not skipped:
+        return ""
+    return (
+        f"{skipped} torchrun worker(s) had no handler for {sig.name} yet (starting or "
+        "restarting) and were not signalled: it would kill them"
+    )
 
 
 def _signal_all(pids: list[int], sig: signal.Signals) -> list[str]:

@@ -11,8 +11,10 @@ signals only the ranks of this job on *its own* node: the launcher's rank marker
 (:data:`MARKERS`: ``OMPI_COMM_WORLD_RANK`` for mpirun, ``TORCHELASTIC_RUN_ID`` for
 torchrun's workers, which its agent lacks), this ``SLURM_JOB_ID`` and this node's
 ``SLURMD_NODENAME`` in their environment (several slurmd on one machine share its
-``/proc``, not a node name), topmost only. It prints one line (:data:`PREFIX` + JSON:
-node, signal, pids, ranks) for the wrapper's log.
+``/proc``, not a node name), topmost only. A torchrun worker that neither catches nor
+ignores the signal (one torchrun is still starting or restarting) is skipped: the signal
+would kill it. It prints one line (:data:`PREFIX` + JSON: node, signal, pids, ranks,
+skipped pids) for the wrapper's log.
 
 ``python -m hpcckpt.job.rank_signal SIG JOB [mpi|torchrun]``
 """
@@ -24,6 +26,7 @@ import os
 import signal
 import sys
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from hpcckpt import procfs
@@ -67,6 +70,30 @@ def ranks_below(pid: int, kind: str = MPI) -> dict[int, str]:
     return {p: found[p] for p in procfs.topmost(set(found))}
 
 
+def takes(pid: int, sig: signal.Signals) -> bool:
+    """Does ``pid`` catch or ignore ``sig`` (``SigCgt``/``SigIgn`` of /proc/PID/status)?
+    If not, the signal's default action (for the stop signals: terminate) would kill it."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = 0
+    for line in text.splitlines():
+        if line.startswith(("SigCgt:", "SigIgn:")):
+            mask |= int(line.split()[1], 16)
+    return bool(mask >> (int(sig) - 1) & 1)
+
+
+def ready(pids: Iterable[int], sig: signal.Signals, kind: str) -> tuple[list[int], list[int]]:
+    """``pids`` split into those that may get ``sig`` and those skipped: under torchrun
+    the workers without a handler (see the module doc); MPI ranks all, as before."""
+    pids = list(pids)
+    if kind == MPI:
+        return pids, []
+    ok = [p for p in pids if takes(p, sig)]
+    return ok, [p for p in pids if p not in ok]
+
+
 def signal_all(pids: Iterable[int], sig: signal.Signals) -> list[int]:
     """Send ``sig`` to each of ``pids``; those that were still there to receive it."""
     sent = []
@@ -85,9 +112,13 @@ def signal_here(
     """Send ``sig`` to this job's ranks on this node; the report of what was signalled."""
     node = slurm_env.node_name(environ)
     found = ranks_here(job, node, kind)
-    pids = signal_all(found, sig)
+    targets, skipped = ready(found, sig, kind)
+    pids = signal_all(targets, sig)
     ranks = [int(found[p]) if found[p].isdigit() else found[p] for p in pids]
-    return {"node": node, "signal": short_name(sig), "pids": pids, "ranks": ranks}
+    report = {"node": node, "signal": short_name(sig), "pids": pids, "ranks": ranks}
+    if skipped:
+        report["skipped"] = skipped
+    return report
 
 
 def parse_reports(output: str) -> list[dict[str, Any]]:

@@ -60,11 +60,11 @@ def test_torchrun_is_recognised_alone_under_srun_and_as_a_module():
     assert kind(["mpirun", "-n", "2", "python", "t.py"]) is delivery.Launcher.MPIRUN
 
 
-def _start_torchrun(tmp_path: Path, **env: str) -> subprocess.Popen:
+def _start_torchrun(tmp_path: Path, *app: str, **env: str) -> subprocess.Popen:
     ckpt = tmp_path / "ck"
     ckpt.mkdir()
     environ = clean_env(HPCCKPT_DIR=str(ckpt), HPCCKPT_ATTEMPT="a.0.x", **env)
-    return subprocess.Popen(torchrun(), env=environ, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(torchrun(app=app), env=environ, stderr=subprocess.DEVNULL)
 
 
 def _workers_up(agent: subprocess.Popen, ckpt: Path) -> None:
@@ -74,11 +74,15 @@ def _workers_up(agent: subprocess.Popen, ckpt: Path) -> None:
 
 
 def test_the_workers_are_found_below_torchrun_not_its_agent(tmp_path):
-    agent = _start_torchrun(tmp_path)
+    """Not the agent, nor a worker's own children (a data loader's workers)."""
+    agent = _start_torchrun(tmp_path, "--child")
     try:
         _workers_up(agent, tmp_path / "ck")
         workers = delivery.rank_processes(agent.pid, None, rank_signal.TORCHRUN)
         assert len(workers) == 2 and agent.pid not in workers
+        below = [p for w in workers for p in procfs.descendants(w)]
+        assert below and not set(below) & set(workers)  # the children: marked, not taken
+        assert all("TORCHELASTIC_RUN_ID" in procfs.environ(p) for p in below)
         assert sorted(procfs.environ(p)["RANK"] for p in workers) == ["0", "1"]
         # the agent's environment has no worker marker; an MPI search finds nothing here
         assert "TORCHELASTIC_RUN_ID" not in procfs.environ(agent.pid)
@@ -88,8 +92,7 @@ def test_the_workers_are_found_below_torchrun_not_its_agent(tmp_path):
         assert agent.wait(timeout=60) == 0  # USR1 to the agent would have killed it (138)
         assert got(tmp_path / "ck", 0) == ["SIGUSR1"] and got(tmp_path / "ck", 1) == ["SIGUSR1"]
     finally:
-        agent.kill()
-        agent.wait()
+        _kill_torchrun(agent)
 
 
 def test_the_per_node_signaller_signals_only_its_nodes_workers(tmp_path):
@@ -118,8 +121,7 @@ def test_the_per_node_signaller_signals_only_its_nodes_workers(tmp_path):
         assert rank_signal.main(["USR1", "91", "nosuch"]) == 2
     finally:
         for agent in agents:
-            agent.kill()
-            agent.wait()
+            _kill_torchrun(agent)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
@@ -220,10 +222,44 @@ def test_torchruns_agent_dies_of_usr1_and_passes_term_to_its_workers(tmp_path):
         assert agent.wait(timeout=60) == 1
         assert got(ckpt, 0) == ["SIGTERM"] and got(ckpt, 1) == ["SIGTERM"]
     finally:
-        agent.kill()
-        agent.wait()
+        _kill_torchrun(agent)
 
 
 def _running(pid: int) -> bool:
     fields = procfs.stat_fields(pid)
     return fields is not None and fields[0] != "Z"
+
+
+def test_a_worker_without_a_handler_yet_is_not_signalled(tmp_path):
+    """A worker still starting (torchrun restarting its workers after a crash) would die
+    of the stop signal: it is skipped, and nothing is sent when no worker can take it."""
+    agent = _start_torchrun(tmp_path, "--handler-delay", "60")
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(workers) < 2:
+            assert time.monotonic() < deadline and agent.poll() is None, "no workers"
+            time.sleep(0.2)
+            workers = delivery.rank_processes(agent.pid, None, rank_signal.TORCHRUN)
+        assert rank_signal.ready(workers, signal.SIGUSR1, rank_signal.TORCHRUN) == ([], workers)
+        assert rank_signal.ready(workers, signal.SIGUSR1, rank_signal.MPI) == (workers, [])
+        with pytest.raises(delivery.SlurmError, match="2 without a handler for it yet"):
+            delivery.deliver(delivery.Launcher.TORCHRUN, agent.pid, signal.SIGUSR1, environ={})
+        time.sleep(0.5)
+        assert all(_running(pid) for pid in workers) and agent.poll() is None
+    finally:
+        for pid in workers:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+        agent.kill()
+        agent.wait()
+
+
+def _kill_torchrun(agent: subprocess.Popen) -> None:
+    """SIGKILL the agent and its workers (which a killed agent would leave running)."""
+    workers = delivery.rank_processes(agent.pid, None, rank_signal.TORCHRUN)
+    agent.kill()
+    agent.wait()
+    for pid in workers:
+        if _running(pid):
+            os.kill(pid, signal.SIGKILL)

@@ -9,7 +9,7 @@ writes what it received to ``DIR/signals.rank<R>.restart<N>.json`` (N: torchrun'
 ``TORCHELASTIC_RESTART_COUNT``; ``.requeue<Q>`` follows in a requeued Slurm job).
 
     python elastic_app.py [--exit-after-stop C] [--crash-on-stop R] [--crash-after S R]
-                          [--steps-after-requeue N]
+                          [--steps-after-requeue N] [--child] [--handler-delay S]
 
 ``--crash-on-stop R``: in torchrun's first run, rank R exits 3 on the stop signal without
 checkpointing (a crash during the stop). ``--crash-after S R``: in the first run, rank R
@@ -21,9 +21,11 @@ steps.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -74,7 +76,13 @@ def main() -> int:
     parser.add_argument("--crash-after", nargs=2, type=float, default=None)
     parser.add_argument("--steps", type=int, default=100_000)
     parser.add_argument("--steps-after-requeue", type=int, default=None)
+    parser.add_argument("--child", action="store_true", help="start a child (a loader worker)")
+    parser.add_argument("--handler-delay", type=float, default=0.0)
     args = parser.parse_args()
+    time.sleep(args.handler_delay)  # importing torch, joining the group: a signal kills it
+    if args.child:  # it inherits the worker's environment, marker included
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        atexit.register(child.kill)
     if args.steps_after_requeue is not None and REQUEUE:
         args.steps = args.steps_after_requeue
     for sig in STOP_SIGNALS:
