@@ -151,16 +151,21 @@ def test_torchrun_worker_crash_torchrun_restarts_or_hpcckpt_requeues(
     """Rank 1 dies at step 60 (the last checkpoint: step 49). With torchrun restarts left
     torchrun restarts both workers inside the run; without, the agent exits non-zero, srun
     ends the step and the wrapper requeues (a crash with progress, within its budget).
-    Either way the training resumes at step 49 and ends bit-identical."""
+    Either way the training resumes at step 49 and ends bit-identical. On a loaded machine
+    torchrun's restart itself can fail (its workers' gloo connect timed out, seen here):
+    its restarts are then spent, and the wrapper requeues, as it does without them."""
     info, text, out = run_job(slurm_cluster_nodes, tmp_path, "torchrun",
-                              app=("--crash-at", "60", "1"), time="5",
+                              app=("--crash-at", "60", "1"), time="8",
                               MAX_RESTARTS=str(max_restarts))  # fmt: skip
     check_resumed_bit_identically(info, text, out, tmp_path / "ckpt", reference, resumed_at=49)
     assert "rank 1: crashing at step 60" in text, text
     requeues = [e for e in read_events(tmp_path / "ckpt") if e["event"] == "requeue"]
-    if max_restarts:
+    restarted = "torchrun's --max-restarts acts, not the wrapper" in text
+    if max_restarts and restarted:  # torchrun's restart came through: no requeue
         assert int(info["Restarts"]) == 0 and not requeues, (info, requeues)
-        assert "torchrun's --max-restarts acts, not the wrapper" in text, text
+    elif max_restarts:  # torchrun restarted the workers, which failed again: hpcckpt acts
+        assert "failed (exitcode: 3)" in text, text
+        assert [e["cause"] for e in requeues] == ["crash"], requeues
     else:
         assert int(info["Restarts"]) == 1, (info, text[-5000:])
         assert [e["cause"] for e in requeues] == ["crash"], requeues
