@@ -94,7 +94,7 @@ def _confirmed(backend: Any, name: str) -> dict[str, Any]:
 
 @click.group("mirror")
 def mirror_group() -> None:
-    """List, verify and fetch the checkpoints of a mirror (the second tier).
+    """List, verify, fetch and prune the checkpoints of a mirror (the second tier).
 
     \b
     MIRROR is what the job's mirror= (or $HPCCKPT_MIRROR, or 'hpcckpt srun
@@ -115,6 +115,7 @@ def mirror_group() -> None:
       hpcckpt mirror ls s3://ckpts/run1
       hpcckpt mirror verify s3://ckpts/run1 --all --json
       hpcckpt mirror pull /project/me/run1 --to $SCRATCH/run1/ckpt
+      hpcckpt mirror prune s3://ckpts/run1 --keep-last 3 --dry-run
     """
 
 
@@ -208,7 +209,8 @@ def mirror_verify(
     else:
         names = []
         for m in _listing(backend, exact=False):
-            if m.good and _confirmed(backend, m.name).get(m.name, m).good:
+            now = _confirmed(backend, m.name).get(m.name) if m.good else None
+            if now is not None and now.good:
                 names = [m.name]
                 break
     reports = []
