@@ -18,8 +18,8 @@ from mpi4py import MPI
 from hpcckpt.store.file import layout
 from hpcckpt.store.mirror import copy as mirror
 from hpcckpt.store.mirror import index as mirror_index
-from hpcckpt.store.mirror.index import INDEX
 from hpcckpt.store.mirror.backend import DirectoryBackend, MirrorUnavailable, open_backend
+from hpcckpt.store.mirror.index import INDEX
 from hpcckpt.store.mirror.worker import (
     MIRROR_FAILED,
     MIRRORED,
