@@ -32,17 +32,12 @@ def initialized_rank() -> int | None:
     return MPI.COMM_WORLD.Get_rank() if MPI.Is_initialized() else None
 
 
-class _Request:
-    __slots__ = ("request",)
+class _Request(MPI.Request):
+    """An MPI request as :class:`Request` (a handle on the same request, made in C:
+    ``due()`` posts and tests one on every step)."""
 
-    def __init__(self, request: MPI.Request) -> None:
-        self.request = request
-
-    def test(self) -> bool:
-        return bool(self.request.Test())
-
-    def wait(self) -> None:
-        self.request.Wait()
+    test = MPI.Request.Test
+    wait = MPI.Request.Wait
 
 
 class MpiComm:
