@@ -82,7 +82,7 @@ class _Work:
 class TorchComm:
     """A gloo process group behind :class:`~hpcckpt.store.comm.base.Comm`."""
 
-    __slots__ = ("group", "rank", "size", "_global", "_sends", "_node", "_owned")
+    __slots__ = ("group", "rank", "size", "_global", "_sends", "_owned")
 
     def __init__(self, group: dist.ProcessGroup | None = None, *, owned: bool = False) -> None:
         if not dist.is_initialized():
@@ -95,7 +95,6 @@ class TorchComm:
         self.rank: int = dist.get_rank(self.group)
         self.size: int = dist.get_world_size(self.group)
         self._global = dist.get_process_group_ranks(self.group)
-        self._node: TorchComm | None = None
         #: Whether :meth:`free` destroys the group: one made here, never the caller's.
         self._owned = owned or self.group is not (group or dist.group.WORLD)
         self._sends: list[tuple[Any, torch.Tensor]] = []  # object sends in flight
@@ -238,17 +237,12 @@ class TorchComm:
         return mine
 
     def split_node(self) -> TorchComm:
-        if self._node is not None:  # made once: a new group per save would pile up
-            return self._node
         hosts = self.allgather(socket.gethostname())
         names = sorted(set(hosts))
         sub = self.split(names.index(hosts[self.rank]), self.rank)
         assert sub is not None
-        self._node = sub
         return sub
 
     def free(self) -> None:
-        if self._node is not None and self._node is not self:
-            self._node.free()
         if self._owned:
             dist.destroy_process_group(self.group)
