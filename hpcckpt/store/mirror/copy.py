@@ -34,7 +34,7 @@ import xxhash
 
 from hpcckpt.store.errors import CheckpointError
 from hpcckpt.store.file import layout
-from hpcckpt.store.io.durability import atomic_path
+from hpcckpt.store.io.durability import atomic_path, rename
 from hpcckpt.store.io.safety import FILE_MODE
 from hpcckpt.store.mirror import compression, priority
 from hpcckpt.store.mirror.backend import CHUNK, MirrorBackend, MirrorUnavailable
@@ -409,7 +409,7 @@ def _decode_in_place(tmp: Path, m: Mirrored) -> None:
             "not know; upgrade hpcckpt"
         )
     encoded = tmp.with_name(tmp.name + ".zst")
-    os.replace(tmp, encoded)
+    rename(tmp, encoded, durable=False)  # a scratch name, removed below
     try:
         with open(encoded, "rb", buffering=CHUNK) as src, open(tmp, "wb") as out:
             try:

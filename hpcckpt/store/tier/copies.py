@@ -181,7 +181,7 @@ def recycle(cache: Path, rank: int, step: int) -> bool:
     old, name = max(found)
     for gone in (manifest_name(old, rank), manifest_name(step, rank)):
         safety.remove_leftover(cache / gone)
-    os.replace(cache / name, cache / data_name(step, rank))
+    rename(cache / name, cache / data_name(step, rank), durable=False)  # the tier never fsyncs
     return True
 
 
