@@ -36,7 +36,6 @@ def no_mpi_env(base: Path, python: Path) -> dict[str, str]:
     env.pop("LD_LIBRARY_PATH", None)
     env["MPI4PY_LIBMPI"] = str(base / "no-mpi" / "libmpi.so")  # mpi4py finds no MPI
     env["PATH"] = str(python.parent)
-    env["HOME_FOR_TEST"] = str(base)  # the working directory of the runs
     return env
 
 
@@ -69,12 +68,14 @@ def torch_venv(wheel_venv: WheelVenv, tmp_path_factory) -> Iterator[Path]:
     yield venv / "bin" / "python"
 
 
-def run(python: Path, env: dict[str, str], *args: object) -> subprocess.CompletedProcess[str]:
-    """``python ARGS`` outside the checkout (``-c`` puts the working directory on the path)."""
+def run(
+    python: Path, env: dict[str, str], cwd: Path, *args: object
+) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` in ``cwd``, outside the checkout (``-c`` puts it on the path)."""
     return subprocess.run(
         [str(python), *map(str, args)],
         env=env,
-        cwd=env["HOME_FOR_TEST"],
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=300,
@@ -84,14 +85,20 @@ def run(python: Path, env: dict[str, str], *args: object) -> subprocess.Complete
 def test_a_torch_user_without_mpi_saves_and_restores_over_gloo(torch_venv, tmp_path):
     env = no_mpi_env(tmp_path, torch_venv)
     assert shutil.which("mpirun", path=env["PATH"]) is None
-    probe = run(torch_venv, env, "-c", "import mpi4py.MPI")
+    probe = run(torch_venv, env, tmp_path, "-c", "import mpi4py.MPI")
     assert probe.returncode != 0 and "cannot load MPI library" in probe.stderr, probe.stderr
-    where = run(torch_venv, env, "-c", "import hpcckpt, torch, sys; print(hpcckpt.__file__)")
+    where = run(
+        torch_venv, env, tmp_path, "-c", "import hpcckpt, torch, sys; print(hpcckpt.__file__)"
+    )
     assert where.returncode == 0, where.stderr
     assert str(torch_venv.parents[1]) in where.stdout  # the venv's hpcckpt, not the checkout's
     # no MPI and no process group: the error names both ways to get one
     alone = run(
-        torch_venv, env, "-c", f"import hpcckpt; hpcckpt.Checkpointer({str(tmp_path / 'x')!r})"
+        torch_venv,
+        env,
+        tmp_path,
+        "-c",
+        f"import hpcckpt; hpcckpt.Checkpointer({str(tmp_path / 'x')!r})",
     )
     assert alone.returncode != 0
     assert "torch.distributed.init_process_group" in alone.stderr, alone.stderr[-2000:]
@@ -100,7 +107,7 @@ def test_a_torch_user_without_mpi_saves_and_restores_over_gloo(torch_venv, tmp_p
         spec = {"mode": mode, "n": 2, "dir": str(tmp_path / "ck"), "steps": [0, 1, 2]}
         spec["out"] = str(out)
         (tmp_path / f"{mode}.json").write_text(json.dumps(spec))
-        proc = run(torch_venv, env, APP, tmp_path / f"{mode}.json")
+        proc = run(torch_venv, env, tmp_path, APP, tmp_path / f"{mode}.json")
         assert proc.returncode == 0, proc.stderr[-4000:]
         results = json.loads(out.read_text())
         assert [(r["error"], r["comm"], r["mpi_loaded"]) for r in results] == [
