@@ -46,12 +46,16 @@ __all__ = [
 #: Variables an MPI launcher sets in every rank (Open MPI's mpirun, PMI-1/2, PMIx:
 #: MPICH's and Intel MPI's hydra, srun --mpi=pmi2/pmix).
 MPI_LAUNCHER_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
+#: Set by torchrun in its workers: they were started by torchrun, whatever PMI variables
+#: srun (``--mpi=pmix``) left in the agent's environment for them to inherit.
+TORCHRUN_ENV = "TORCHELASTIC_RUN_ID"
 
 
 def mpi_launched(environ: dict[str, str] | None = None) -> bool:
-    """Whether an MPI launcher started this process (its variables are set)."""
+    """Whether an MPI launcher started this process (its variables are set, and torchrun
+    did not start it)."""
     env = os.environ if environ is None else environ
-    return any(name in env for name in MPI_LAUNCHER_ENV)
+    return TORCHRUN_ENV not in env and any(name in env for name in MPI_LAUNCHER_ENV)
 
 
 def _torch_initialized() -> bool:

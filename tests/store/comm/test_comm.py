@@ -55,6 +55,8 @@ def test_an_mpi_launcher_is_known_by_its_variables():
     assert C.mpi_launched({"OMPI_COMM_WORLD_SIZE": "2"})
     assert C.mpi_launched({"PMI_SIZE": "4"}) and C.mpi_launched({"PMIX_RANK": "0"})
     assert not C.mpi_launched({"RANK": "0", "WORLD_SIZE": "2", "SLURM_PROCID": "0"})
+    # a torchrun worker under srun --mpi=pmix inherits the agent's PMIx variables
+    assert not C.mpi_launched({"PMIX_RANK": "0", "TORCHELASTIC_RUN_ID": "1", "RANK": "1"})
 
 
 def test_a_lone_process_without_torch_distributed_gets_mpi(monkeypatch):
