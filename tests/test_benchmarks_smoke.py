@@ -168,7 +168,12 @@ def test_bench_async_reports_blocked_time(tmp_path: Path) -> None:
         assert row["ratios"][key] > 0, key
     assert set(row["slowdown"]) == {"async", "cache"}
     assert all(-1 < x < 100 for x in row["slowdown"].values()), row["slowdown"]
-    assert row["memory_per_rank"] == {"async_host_buffers": 4 << 20, "cache_copy": 4 << 20}
+    assert row["memory_per_rank"] == {
+        "async_host_buffers": 4 << 20,
+        "cache_copy": 4 << 20,
+        "async_staging_peak": 4 << 20,  # one copy of the state, never more
+        "staging_budget": None,
+    }
     assert not (tmp_path / "scratch").exists(), "the scratch directory is left behind"
     assert not any((tmp_path / "cache").iterdir()), "the node-local copies are left behind"
 

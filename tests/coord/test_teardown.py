@@ -112,6 +112,9 @@ def test_gloo_workers_are_given_the_grace_before_finalization():
             port = s.getsockname()[1]
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
                                 world_size=1)
+        deadline = time.monotonic() + 30  # a new thread names itself once it runs
+        while not teardown.gloo_workers() and time.monotonic() < deadline:
+            time.sleep(0.05)
         t0 = time.monotonic()
         waited = teardown.settle_gloo()
         print(teardown.gloo_workers(), waited, time.monotonic() - t0)

@@ -44,8 +44,8 @@ def test_the_wheel_holds_the_package_its_script_templates_and_dependencies(wheel
     required = {name(r) for r in requires if "extra ==" not in r}
     assert {"numpy", "mpi4py", "h5py", "click", "xxhash"} <= required
     optional = {name(r) for r in requires if "extra ==" in r}
-    assert {"torch", "torchdata", "matplotlib", "pytest", "boto3"} <= optional
-    assert set(meta.get_all("Provides-Extra")) == {"torch", "plot", "test", "s3"}
+    assert {"torch", "torchdata", "matplotlib", "pytest", "boto3", "zstandard"} <= optional
+    assert set(meta.get_all("Provides-Extra")) == {"torch", "plot", "test", "s3", "compress"}
 
 
 def test_the_sdist_holds_what_the_wheel_needs_and_no_tests(wheel_venv):

@@ -95,12 +95,12 @@ def as_comm(comm: Any = None) -> Comm:
     gloo group: itself, or one made beside an NCCL group) or a :class:`Comm` as it is."""
     if comm is None:
         return default_comm()
-    module = type(comm).__module__
-    if module.startswith("mpi4py"):
+    modules = [c.__module__ for c in type(comm).__mro__]  # a subclass of a communicator too
+    if any(m.startswith("mpi4py") for m in modules):
         from hpcckpt.store.comm.mpi import MpiComm
 
         return MpiComm(comm)
-    if module.startswith("torch"):
+    if any(m.startswith("torch") for m in modules):
         return _torch(comm)
     if isinstance(comm, Comm):
         return comm

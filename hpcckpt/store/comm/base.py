@@ -112,7 +112,7 @@ class Comm(Protocol):
         """``send`` (``size`` equal blocks) reduced element-wise; block ``rank`` into ``recv``."""
 
     def send(self, obj: Any, dest: int, tag: int = 0) -> None:
-        """A small Python value to rank ``dest``."""
+        """A small JSON value (a document, a number) to rank ``dest``."""
 
     def recv(self, source: int, tag: int = 0) -> Any:
         """The value rank ``source`` sent with ``tag``."""

@@ -2,13 +2,14 @@
 
 The default process group is used as it is when its backend is gloo; otherwise (NCCL)
 a gloo group over the same ranks is made beside it, once, collectively. Small Python
-values go through torch's object collectives (pickled by torch: transport between
-ranks, never a checkpoint file); arrays and bytes go as CPU tensors over the same memory.
+values of collectives go through torch's object collectives (pickled by torch: transport
+between ranks, never a checkpoint file), point-to-point values as JSON (hpcckpt sends
+manifests and sizes); arrays and bytes go as CPU tensors over the same memory.
 """
 
 from __future__ import annotations
 
-import pickle
+import json
 import socket
 from typing import Any
 
@@ -178,7 +179,7 @@ class TorchComm:
     def send(self, obj: Any, dest: int, tag: int = 0) -> None:
         # Not waited for, as MPI sends small messages eagerly: two ranks may send to each
         # other before they receive. Completed sends are dropped at the next send.
-        raw = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        raw = json.dumps(obj).encode()  # hpcckpt sends JSON documents and ints
         size = torch.tensor([len(raw)], dtype=torch.int64)
         data = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
         self._sends[:] = [(w, t) for w, t in self._sends if not w.is_completed()]
@@ -191,7 +192,7 @@ class TorchComm:
         dist.recv(size, group=self.group, group_src=source, tag=tag)
         raw = torch.empty(int(size.item()), dtype=torch.uint8)
         dist.recv(raw, group=self.group, group_src=source, tag=tag)
-        return pickle.loads(raw.numpy().tobytes())  # noqa: S301 (bytes from a rank of this job)
+        return json.loads(raw.numpy().tobytes())
 
     def send_bytes(self, buf: Any, dest: int, tag: int = 0) -> None:
         t = _byte_tensor(buf)
