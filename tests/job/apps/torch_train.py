@@ -17,6 +17,7 @@ moments, where the run resumed and how the ranks were started.
 from __future__ import annotations
 
 import argparse
+import datetime
 import hashlib
 import json
 import os
@@ -48,7 +49,9 @@ def init() -> str:
     if how == "srun":
         os.environ.setdefault("RANK", os.environ["SLURM_PROCID"])
         os.environ.setdefault("WORLD_SIZE", os.environ["SLURM_NTASKS"])
-    dist.init_process_group("gloo", init_method="env://")
+    # A restart whose peers never come fails in 2 minutes, not torch's default 30: the
+    # job's short time limit is then left for the wrapper's requeue.
+    dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=120))
     return how
 
 
