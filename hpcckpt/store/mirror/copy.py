@@ -229,6 +229,12 @@ def list_mirrored(backend: MirrorBackend) -> list[Mirrored]:
                 m, "incomplete", f"its data is {have}, the manifest says {m.object_size} bytes"
             )
         found[name] = m
+    return judge_chains(found)
+
+
+def judge_chains(found: dict[str, Mirrored]) -> list[Mirrored]:
+    """``found`` (by name) newest step first, a good one whose chain is not good on the
+    mirror turned "broken chain" with the reason (``found`` is updated too)."""
     out = []
     for m in sorted(found.values(), key=lambda m: m.step):  # chains point to older steps
         if m.good:

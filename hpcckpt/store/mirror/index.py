@@ -97,22 +97,8 @@ def _mirrored(entry: dict[str, Any]) -> mirror.Mirrored:
 
 
 def _chains(found: dict[str, mirror.Mirrored]) -> list[mirror.Mirrored]:
-    """``found`` newest first, a good one whose chain is not good "broken chain" (as
-    :func:`~.mirror.copy.list_mirrored` judges it)."""
-    out = []
-    for m in sorted(found.values(), key=lambda m: m.step):  # chains point to older steps
-        if m.good:
-            for cname, _, cuid in m.chain:
-                base = found.get(cname)
-                if base is None or not base.good or base.uid != cuid:
-                    why = "missing" if base is None else (base.reason or base.status)
-                    if base is not None and base.good:
-                        why = "another checkpoint of that step now"
-                    m = replace(m, status="broken chain", reason=f"{cname} it is built on: {why}")
-                    break
-            found[m.name] = m
-        out.append(m)
-    return sorted(out, key=lambda m: m.step, reverse=True)
+    """``found`` newest first, judged as :func:`~.mirror.copy.list_mirrored` judges it."""
+    return mirror.judge_chains(found)
 
 
 def _list_after(backend: MirrorBackend, start_after: str, prefix: str) -> list[ObjectInfo]:
