@@ -350,7 +350,7 @@ class MirrorWorker:
             {
                 "step": target.step,
                 "reason": reason[:2000],
-                "attempt": attempt,
+                "tries": attempt,
                 "retry_in": round(delay, 3),
                 "count": streak.count,
                 "since": streak.since,
@@ -380,7 +380,7 @@ class MirrorWorker:
             {
                 "step": target.step,
                 "reason": reason[:2000],
-                "attempt": attempt,
+                "tries": attempt,
                 "retry_in": None,
                 "count": 1,
                 "since": time.time(),
