@@ -47,8 +47,9 @@ import errno
 import os
 import signal
 import sys
+from collections.abc import Mapping
 
-from hpcckpt.store.comm import running_rank
+from hpcckpt.store.comm import TORCHRUN_ENV, running_rank
 
 ENV = "HPCCKPT_FAULT"
 
@@ -103,9 +104,13 @@ _FAULTS = parse(os.environ.get(ENV, ""))
 _step: int | None = None  # the step of the save under way (from the last point that gave one)
 
 
-def _my_rank() -> int:
-    for name in _RANK_ENVS:
-        value = os.environ.get(name, "")
+def _my_rank(environ: Mapping[str, str] | None = None) -> int:
+    """This process's rank, from the launcher's variables. A torchrun worker's is ``RANK``:
+    the ``SLURM_PROCID`` (and PMIx rank) it inherits are its agent's, one per node."""
+    env = os.environ if environ is None else environ
+    names = ("RANK", *_RANK_ENVS) if TORCHRUN_ENV in env else _RANK_ENVS
+    for name in names:
+        value = env.get(name, "")
         if value.isdigit():
             return int(value)
     rank = running_rank()  # MPI's or torch.distributed's, if already initialized
