@@ -32,6 +32,7 @@ import xxhash
 from hpcckpt.store.io import blocks
 from hpcckpt.store.io.direct_io import Extent, StreamedWrite, ring_buffers, write_extents
 from hpcckpt.store.io.faults import fault_point
+from hpcckpt.store.save.device_checksums import DeviceChecksums
 from hpcckpt.store.tree import devices, tensors
 
 __all__ = ["BackgroundWrite", "Extent", "HostBuffers", "copy_and_hash", "stream_pieces"]
@@ -39,6 +40,15 @@ __all__ = ["BackgroundWrite", "Extent", "HostBuffers", "copy_and_hash", "stream_
 #: Buffers from this size on are mapped on their own, in huge pages, populated at once.
 _MAPPED_BYTES = 2 << 20
 _MADV_POPULATE_WRITE = 23  # Linux 5.14; older kernels fault the pages in on first write
+
+
+def _populate(area: mmap.mmap) -> None:
+    """Advise ``area`` into transparent huge pages and fault all its pages in, one call
+    (the GIL is released meanwhile)."""
+    for advice in (getattr(mmap, "MADV_HUGEPAGE", None), _MADV_POPULATE_WRITE):
+        if advice is not None:
+            with contextlib.suppress(OSError):
+                area.madvise(advice)
 
 
 def new_buffer(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -54,11 +64,57 @@ def new_buffer(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     if nbytes < _MAPPED_BYTES:
         return np.empty(shape, dtype=dtype)
     area = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    for advice in (getattr(mmap, "MADV_HUGEPAGE", None), _MADV_POPULATE_WRITE):
-        if advice is not None:
-            with contextlib.suppress(OSError):
-                area.madvise(advice)
+    _populate(area)
     return np.frombuffer(area, dtype=dtype, count=count).reshape(shape)
+
+
+def _page_up(nbytes: int) -> int:
+    return -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
+
+
+def host_array_sizes(value: Any) -> list[int]:
+    """The bytes of each array of a state a staged save copies into a mapped buffer of its
+    own (numpy arrays and host tensors of at least 2 MiB; a DTensor's local part), without
+    encoding it. Device tensors are left out: their copies land in lent buffers."""
+    if isinstance(value, np.ndarray):
+        return [value.nbytes] if value.nbytes >= _MAPPED_BYTES else []
+    if tensors.is_tensor(value):
+        local = tensors.local_part(value) if tensors.is_dtensor(value) else value
+        size = tensors.nbytes(local)
+        return [size] if size >= _MAPPED_BYTES and devices.on_host(local) else []
+    if is_stateful(value):
+        return host_array_sizes(value.state_dict())
+    if isinstance(value, dict):
+        return [n for v in value.values() for n in host_array_sizes(v)]
+    if isinstance(value, (list, tuple)):
+        return [n for v in value for n in host_array_sizes(v)]
+    return []
+
+
+class _Arena:
+    """Host memory mapped for the buffers of a coming save and populated by a thread of
+    its own meanwhile; the save carves its new buffers out of it (:meth:`take`)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes, self.used = nbytes, 0
+        self.area = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.thread = threading.Thread(
+            target=_populate, args=(self.area,), name="hpcckpt-staging", daemon=True
+        )
+        self.thread.start()
+
+    def take(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+        """A buffer of ``shape`` and ``dtype`` in the arena (its pages present once the
+        thread is done: waited for here), or None when the arena has no room left."""
+        self.thread.join()
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape, dtype=np.int64))
+        nbytes = count * dtype.itemsize
+        if nbytes < _MAPPED_BYTES or self.used + nbytes > self.nbytes:
+            return None
+        out = np.frombuffer(self.area, dtype=dtype, count=count, offset=self.used)
+        self.used += _page_up(nbytes)
+        return out.reshape(shape)
 
 
 def _address(a: np.ndarray) -> int:
@@ -98,10 +154,14 @@ class HostBuffers:
     Tensors on a device are copied straight into host buffers this object lends
     (:meth:`lending`: pinned for CUDA, kept between saves by shape and dtype in the
     order the state presents them); :meth:`stage` takes those copies as they are.
+    ``checks`` finds on the device which blocks of those tensors changed since their
+    buffer's last copy, so that only those are copied and hashed again (None: every
+    byte, every save; :mod:`hpcckpt.store.save.device_checksums`).
     """
 
-    def __init__(self, budget: int | None = None) -> None:
+    def __init__(self, budget: int | None = None, checks: DeviceChecksums | None = None) -> None:
         self.budget = budget
+        self.checks = DeviceChecksums() if checks is None else checks
         self._buffers: dict[str, np.ndarray] = {}
         self._ring: list[np.ndarray] = []
         #: Host tensors lent to device-to-host copies, per (shape, dtype, pinned).
@@ -114,7 +174,8 @@ class HostBuffers:
     @property
     def nbytes(self) -> int:
         return (
-            sum(b.nbytes for b in self._buffers.values())
+            sum(b.nbytes for p, b in self._buffers.items() if p not in self._carved)
+            + (0 if self._arena is None else self._arena.nbytes)
             + sum(b.nbytes for b in self._ring)
             + sum(tensors.nbytes(t) for kept in self._lent.values() for t in kept)
         )
@@ -129,6 +190,61 @@ class HostBuffers:
         """Bytes of the host buffers kept for device tensors (pinned ones for CUDA)."""
         return sum(tensors.nbytes(t) for kept in self._lent.values() for t in kept)
 
+    @property
+    def reserving(self) -> bool:
+        """Whether the memory :meth:`reserve` asked for is still being populated."""
+        return self._arena is not None and self._arena.thread.is_alive()
+
+    def reserve(self, state: Any, comm: Any) -> int:
+        """Map the buffers the first save of ``state`` will copy into, and populate them in
+        a background thread; the bytes reserved (0: none). Collective over ``comm`` (the
+        ranks on a node share the budget's memory); called where every rank is, a restore.
+
+        Only before buffers exist, and only when the whole state fits the budget as a
+        staged save would plan it (:func:`.save.staging_budget.plan`): the reservation is
+        what that save would allocate anyway, a little earlier.
+        """
+        if self.local_ranks is None:
+            node = comm.split_node()
+            self.local_ranks = node.size
+            node.free()
+        if self._buffers or self._arena is not None or self._ring:
+            return 0
+        sizes = host_array_sizes(state)
+        total = sum(_page_up(n) for n in sizes)
+        if not total:
+            return 0
+        plan = staging_budget.plan(
+            total, self.budget, memory.available_bytes(), self.local_ranks, self.nbytes
+        )
+        if plan.mode != staging_budget.COPY:
+            return 0
+        self._arena = _Arena(total)
+        self._held()
+        return total
+
+    def _take(self, path: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """A new buffer for ``path``: from the reserved arena when it has room, else mapped."""
+        if self._arena is not None:
+            buf = self._arena.take(shape, dtype)
+            if buf is not None:
+                self._carved.add(path)
+                return buf
+        return new_buffer(shape, dtype)
+
+    def _forget(self, path: str) -> None:
+        """Drop the buffer of ``path``; the arena goes with the last buffer carved from it."""
+        self._buffers.pop(path, None)
+        if path in self._carved:
+            self._carved.discard(path)
+            if not self._carved:
+                self._drop_arena()
+
+    def _drop_arena(self) -> None:
+        if self._arena is not None:
+            self._arena.thread.join()  # never unmapped while being populated
+        self._arena, self._carved = None, set()
+
     def reset_peak(self) -> None:
         self.peak = self.nbytes
 
@@ -136,11 +252,13 @@ class HostBuffers:
         self.peak = max(self.peak, self.nbytes)
 
     @contextlib.contextmanager
-    def lending(self) -> Any:
+    def lending(self, compare: bool = True) -> Any:
         """Within the block (a save's encoding), device tensors are copied to the host
-        into buffers of this object (:func:`hpcckpt.store.tree.devices.host_buffers`)."""
+        into buffers of this object (:func:`hpcckpt.store.tree.devices.host_buffers`):
+        only their changed blocks, unless ``compare`` is False (every byte)."""
         self._taken, self._lent_now = {}, {}
-        with devices.host_buffers(self.lend):
+        self.checks.begin(compare)
+        with devices.host_buffers(self.lend, self.checks.copy, cpu=self.checks.on_cpu):
             yield
 
     def lend(self, tensor: Any) -> Any:
@@ -183,6 +301,7 @@ class HostBuffers:
         """Page-aligned buffers of ``nbytes`` in all (reused when the size is the same);
         the whole-state buffers are freed first."""
         self._buffers.clear()
+        self._drop_arena()
         if sum(b.nbytes for b in self._ring) != nbytes or not self._ring:
             self._ring = []  # free the old ring before allocating the new one
             self._ring = ring_buffers(nbytes)
@@ -208,7 +327,8 @@ class HostBuffers:
                 self._buffers.pop(path, None)
                 copies[path] = src
                 if hashed:
-                    hashes[path] = blocks.block_hashes(src, block_size)
+                    known = self.checks.hashes(src, block_size)  # only the copied blocks
+                    hashes[path] = blocks.block_hashes(src, block_size) if known is None else known
                 continue
             buf = self._buffers.get(path)
             if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
@@ -221,14 +341,18 @@ class HostBuffers:
             else:
                 np.copyto(buf, src)
             copies[path] = buf
+        if self._arena is not None and not self._carved:
+            self._drop_arena()  # reserved for arrays this state does not have
         self._taken, self._lent_now = {}, {}  # the next save lends anew
         return copies, hashes
 
     def release(self) -> None:
         self._buffers.clear()
+        self._drop_arena()
         self._ring = []
         self._lent.clear()
         self._lent_now = {}
+        self.checks.forget()
 
 
 @dataclass

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 #: Devices that hold no values to save.
@@ -62,18 +63,34 @@ def pinned(tensor: Any) -> bool:
     return tensor.device.type == "cuda" and _torch().cuda.is_available()
 
 
+@dataclass(frozen=True)
+class _Lender:
+    lend: Callable[[Any], Any]
+    copy: Callable[[Any, Any], None] | None
+    cpu: bool
+
+
 #: Inside :func:`host_buffers`: where :func:`to_host` copies a device tensor.
-_LENDER: contextvars.ContextVar[Callable[[Any], Any] | None] = contextvars.ContextVar(
+_LENDER: contextvars.ContextVar[_Lender | None] = contextvars.ContextVar(
     "hpcckpt_host_lender", default=None
 )
 
 
 @contextlib.contextmanager
-def host_buffers(lend: Callable[[Any], Any]) -> Iterator[None]:
+def host_buffers(
+    lend: Callable[[Any], Any],
+    copy: Callable[[Any, Any], None] | None = None,
+    cpu: bool = False,
+) -> Iterator[None]:
     """Within the block, :func:`to_host` copies a device tensor into ``lend(tensor)``:
     a CPU tensor of the same shape and dtype (from :func:`empty_host`, kept by the
-    caller between saves), or None for a new buffer of its own."""
-    token = _LENDER.set(lend)
+    caller between saves), or None for a new buffer of its own.
+
+    ``copy(tensor, host)``, when given, does the copy into a lent buffer instead of a
+    whole copy (it may copy only what changed since the buffer's last copy). ``cpu``:
+    CPU tensors are copied into lent buffers too (tests of the device path on a CPU).
+    """
+    token = _LENDER.set(_Lender(lend, copy, cpu))
     try:
         yield
     finally:
@@ -92,27 +109,28 @@ def to_host(tensor: Any, out: Any = None) -> Any:
 
     A CPU tensor is returned as itself (no copy). Another device's tensor is copied into
     ``out`` (a CPU tensor of its shape and dtype), else into the buffer lent by the
-    enclosing :func:`host_buffers`, else into a new one (:func:`empty_host`): for CUDA
-    a pinned buffer, the copy issued on the tensor's current stream and waited for with
-    an event; any other device with a plain synchronous ``copy_``.
+    enclosing :func:`host_buffers` (by its ``copy`` when it has one), else into a new
+    one (:func:`empty_host`): for CUDA a pinned buffer, the copy issued on the tensor's
+    current stream and waited for with an event; any other device with a plain
+    synchronous ``copy_``.
     """
     t = tensor.detach()
-    if on_host(t):
+    lender = _LENDER.get()
+    if on_host(t) and (lender is None or not lender.cpu or out is not None):
         return t
     _refuse(t)
-    torch = _torch()
     host = out
-    if host is None:
-        lend = _LENDER.get()
-        host = None if lend is None else lend(t)
+    if host is None and lender is not None:
+        host = lender.lend(t)
+        if host is not None and lender.copy is not None:
+            _check_fit(host, t)
+            lender.copy(t, host)
+            return host
     if host is None:
         host = empty_host(t)
-    if tuple(host.shape) != tuple(t.shape) or host.dtype != t.dtype or not on_host(host):
-        raise ValueError(
-            f"host buffer {host.dtype}{list(host.shape)} on {host.device} does not fit "
-            f"a tensor {t.dtype}{list(t.shape)}"
-        )
+    _check_fit(host, t)
     if pinned(t):
+        torch = _torch()
         stream = torch.cuda.current_stream(t.device)
         with torch.cuda.stream(stream):
             host.copy_(t, non_blocking=True)
@@ -122,6 +140,34 @@ def to_host(tensor: Any, out: Any = None) -> Any:
     else:
         host.copy_(t)
     return host
+
+
+def _check_fit(host: Any, t: Any) -> None:
+    if tuple(host.shape) != tuple(t.shape) or host.dtype != t.dtype or not on_host(host):
+        raise ValueError(
+            f"host buffer {host.dtype}{list(host.shape)} on {host.device} does not fit "
+            f"a tensor {t.dtype}{list(t.shape)}"
+        )
+
+
+def copy_runs(flat: Any, host: Any, runs: list[tuple[int, int]]) -> None:
+    """Copy the element ranges ``runs`` of ``flat`` (a 1-d contiguous tensor, any device)
+    into the same ranges of ``host`` (a contiguous CPU tensor of as many elements);
+    returns once the bytes are there. For CUDA the copies are issued on the tensor's
+    current stream, after the kernels queued there, and waited for with one event."""
+    dst = host.view(-1)
+    if not pinned(flat):
+        for a, b in runs:
+            dst[a:b].copy_(flat[a:b])
+        return
+    torch = _torch()
+    stream = torch.cuda.current_stream(flat.device)
+    with torch.cuda.stream(stream):
+        for a, b in runs:
+            dst[a:b].copy_(flat[a:b], non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(stream)
+    done.synchronize()
 
 
 def copy_back(tensor: Any, source: Any) -> None:

@@ -1,0 +1,259 @@
+"""Which blocks of a device tensor changed since the last save, found on the device itself.
+
+An incremental save of GPU state would otherwise copy every byte to the host and hash it
+there. Here each block of a tensor's C-order bytes gets a checksum computed by torch
+kernels on the tensor's own device; the checksums are compared there with those of the
+bytes already in the tensor's host staging buffer (the last save's copy), and only the
+blocks that differ cross to the host. The buffer then holds the whole tensor again, so
+whatever the save writes (a delta or a full file) comes from a complete copy; the xxh3
+block hashes the file needs are recomputed only for the blocks copied.
+
+The checksum of a block (:func:`block_checksums`): its bytes, zero-padded to whole
+32-bit words, read as signed words ``w_0 .. w_{n-1}`` (each word's value widened to
+int64), give three sums modulo 2**64::
+
+    A = sum m_i * w_i     B = sum k_i * w_i     C = sum (i + 1) * w_i
+
+``m_i`` and ``k_i`` are fixed odd 64-bit multipliers, drawn independently from a seeded
+generator (independent of the data). A change of the block turns each word into
+``w_i + d_i`` with ``|d_i| < 2**32``; it is missed only if all three sums of ``m_i d_i``,
+``k_i d_i`` and ``(i + 1) d_i`` vanish modulo 2**64:
+
+- a change confined to one word (a single-bit flip, a sign flip of any float, any change
+  of one element of 4 bytes or less; words never straddle such elements) is always
+  caught: ``m_i`` is odd, hence invertible modulo 2**64, and ``d_i`` is not 0 modulo 2**64;
+- a swap of two different words ``i < j`` (two elements of 4 bytes) is always caught:
+  C changes by ``(w_i - w_j)(j - i)``, not 0 and under 2**63 in magnitude for blocks
+  under 2 GiB; a swap of two 1- or 2-byte elements in different words is caught too (at
+  the same place in their words by C as above, at different places by A: the term with
+  the lower power of two is odd times it, and nothing cancels it);
+- any other change (shifts, scattered edits, 8-byte elements whose two word changes
+  cancel in C) is missed by A with probability at most 2**-32 over the multipliers
+  (the smallest power of two dividing a nonzero ``d_i`` is below 2**32), and by A and B
+  together, drawn independently, with probability at most 2**-64.
+
+Every save refreshes nothing it does not compare, but a save the chain policy makes full
+by count (the first, or a chain as long as allowed) copies every byte and checksums it
+afresh, so a collision, however unlikely, lives at most one chain. CPU tensors and
+numpy arrays never come here (their hashes are exact); tests force the path on CPU
+tensors with ``on_cpu=True``.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hpcckpt.store.io import blocks
+from hpcckpt.store.tree import devices
+
+log = logging.getLogger("hpcckpt.store")
+
+#: Bytes per checksummed block: the store's default block, so that on default settings
+#: one changed checksum block is one changed file block.
+BLOCK_BYTES = blocks.DEFAULT_BLOCK_SIZE
+#: Words widened to int64 at a time (bounds the device memory the sums borrow: 8 bytes
+#: per word for the widened words and 8 for one product, 256 MiB at this size).
+_CHUNK_WORDS = 16 << 20
+_SEED = 0x6870_6363_6B70_7421  # any fixed value: the multipliers must not depend on data
+_SUMS = 3
+
+
+def _torch() -> Any:
+    import torch  # only reached with a tensor in hand
+
+    return torch
+
+
+_WEIGHTS: dict[tuple[str, int], Any] = {}
+
+
+def _weights(device: Any, nwords: int) -> Any:
+    """int64[3, nwords] on ``device``: the odd multipliers of A and B, and i + 1 for C."""
+    key = (str(device), nwords)
+    w = _WEIGHTS.get(key)
+    if w is None:
+        torch = _torch()
+        rng = np.random.default_rng(_SEED)
+        odd = rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, (2, nwords)) | 1
+        table = np.concatenate([odd, np.arange(1, nwords + 1, dtype=np.int64)[None]])
+        w = torch.from_numpy(table).to(device)
+        _WEIGHTS[key] = w
+    return w
+
+
+def _as_bytes(tensor: Any) -> Any:
+    """uint8[nbytes]: ``tensor``'s C-order bytes on its device (a copy only when needed)."""
+    flat = tensor.detach().contiguous().reshape(-1)
+    torch = _torch()
+    try:
+        return flat.view(torch.uint8)
+    except RuntimeError:  # e.g. a view whose offset is not whole words: take a copy
+        return flat.clone().view(torch.uint8)
+
+
+def block_checksums(tensor: Any, block_bytes: int = BLOCK_BYTES) -> Any:
+    """int64[nblocks, 3] on ``tensor``'s device: the sums A, B, C (module docstring) of
+    each block of ``block_bytes`` bytes of its C-order bytes (the last may be shorter)."""
+    torch = _torch()
+    raw = _as_bytes(tensor)
+    nbytes = raw.numel()
+    n = blocks.nblocks(nbytes, block_bytes)
+    out = torch.empty((n, _SUMS), dtype=torch.int64, device=raw.device)
+    if n == 0:
+        return out
+    nwords = -(-block_bytes // 4)
+    weights = _weights(raw.device, nwords)
+    full = nbytes // block_bytes
+    rows = max(1, _CHUNK_WORDS // nwords)
+    for a in range(0, full, rows):
+        b = min(full, a + rows)
+        piece = raw[a * block_bytes : b * block_bytes].view(b - a, block_bytes)
+        _sums(piece, nwords, weights, out[a:b])
+    if full < n:  # the last, shorter block
+        _sums(raw[full * block_bytes :].view(1, -1), nwords, weights, out[full:])
+    return out
+
+
+def _sums(piece: Any, nwords: int, weights: Any, out: Any) -> None:
+    torch = _torch()
+    pad = nwords * 4 - piece.shape[1]
+    if pad:
+        piece = torch.nn.functional.pad(piece, (0, pad))
+    if piece.storage_offset() % 4:
+        piece = piece.clone()
+    words = piece.view(torch.int32).to(torch.int64)
+    for s in range(_SUMS):
+        out[:, s] = (words * weights[s]).sum(dim=1)
+
+
+@dataclass
+class Copied:
+    """What one save's device-to-host copies moved, over every tensor copied."""
+
+    blocks: int = 0  # checksum blocks copied
+    total: int = 0  # checksum blocks of those tensors
+    bytes: int = 0  # bytes copied
+    tensors: int = 0
+
+
+@dataclass
+class _Kept:
+    """What is known of one host buffer's bytes: their device checksums, their xxh3."""
+
+    host: weakref.ref[Any]
+    sums: Any  # int64[nblocks, 3] on the device the bytes came from
+    block: int  # checksum block bytes
+    hashes: np.ndarray | None = None  # xxh3 block hashes at ``hash_block`` (None: none)
+    hash_block: int = 0
+    stale: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per checksum block
+
+
+class DeviceChecksums:
+    """The device checksums of the host buffers a staged save lends (one per tensor).
+
+    :meth:`copy` is the device-to-host copy of a lent buffer: whole the first time (or
+    with ``compare=False``), else only the blocks whose checksum changed.
+    :meth:`hashes` gives the buffer's xxh3 block hashes, recomputed only where bytes
+    were copied since. ``on_cpu``: CPU tensors too (tests; a save never needs it).
+    """
+
+    def __init__(self, on_cpu: bool = False, block_bytes: int = BLOCK_BYTES) -> None:
+        self.on_cpu = on_cpu
+        self.block_bytes = blocks.check_block_size(block_bytes)
+        #: Whether copies compare with the kept checksums (False: whole copies, fresh sums).
+        self.compare = True
+        #: This save's copies (reset by :meth:`begin`).
+        self.copied = Copied()
+        self._kept: dict[int, _Kept] = {}  # host data_ptr -> what its bytes are
+
+    def applies(self, tensor: Any) -> bool:
+        """Whether ``tensor``'s host copies go through here."""
+        return self.on_cpu or not devices.on_host(tensor)
+
+    def begin(self, compare: bool = True) -> None:
+        """A save starts: count its copies anew; ``compare=False`` copies every byte."""
+        self.compare = compare
+        self.copied = Copied()
+        self._kept = {p: k for p, k in self._kept.items() if k.host() is not None}
+
+    def forget(self) -> None:
+        """Drop every kept checksum (the buffers were freed)."""
+        self._kept.clear()
+
+    def _entry(self, host: Any) -> _Kept | None:
+        kept = self._kept.get(int(host.data_ptr()))
+        if kept is None or kept.host() is not host:
+            return None
+        return kept
+
+    def copy(self, tensor: Any, host: Any) -> None:
+        """Make ``host`` (a contiguous CPU tensor of ``tensor``'s shape and dtype) hold
+        ``tensor``'s values, copying only the blocks whose checksum differs from those
+        of the bytes ``host`` already holds."""
+        nbytes = host.numel() * host.element_size()
+        self.copied.tensors += 1
+        if nbytes == 0:
+            return
+        flat = tensor.detach().contiguous().reshape(-1)  # C order, once for sums and copies
+        step = blocks.block_elems(host.element_size(), self.block_bytes) * host.element_size()
+        sums = block_checksums(flat, step)
+        kept = self._entry(host)
+        whole = (
+            not self.compare
+            or kept is None
+            or kept.block != step
+            or kept.sums.device != sums.device
+            or kept.sums.shape != sums.shape
+        )
+        n = sums.shape[0]
+        if whole:
+            changed = np.arange(n)
+            devices.copy_runs(flat, host, [(0, flat.numel())])
+            kept = _Kept(weakref.ref(host), sums, step, stale=np.ones(n, bool))
+            self._kept[int(host.data_ptr())] = kept
+        else:
+            assert kept is not None
+            differs = (sums != kept.sums).any(dim=1)
+            changed = differs.nonzero().reshape(-1).cpu().numpy()
+            elems = step // host.element_size()
+            runs = [(a * elems, b * elems) for a, b in blocks.runs(changed)]
+            devices.copy_runs(flat, host, runs)
+            kept.sums = sums
+            kept.stale[changed] = True
+        self.copied.blocks += int(changed.size)
+        self.copied.total += n
+        self.copied.bytes += int(np.minimum(step, nbytes - changed.astype(np.int64) * step).sum())
+
+    def hashes(self, array: np.ndarray, block_size: int) -> np.ndarray | None:
+        """The xxh3 block hashes of ``array`` (a lent buffer's numpy view, whole), computed
+        again only for the blocks copied since they were last asked; None when ``array``
+        is no buffer this object copied into."""
+        kept = self._kept.get(int(array.__array_interface__["data"][0]))
+        host = None if kept is None else kept.host()
+        if kept is None or host is None or host.numel() * host.element_size() != array.nbytes:
+            return None
+        if kept.hashes is None or kept.hash_block != block_size:
+            kept.hashes = blocks.block_hashes(array, block_size)
+            kept.hash_block = block_size
+        else:
+            stale = _hash_blocks(np.flatnonzero(kept.stale), kept.block, array, block_size)
+            blocks.rehash(array, block_size, kept.hashes, stale)
+        kept.stale[:] = False
+        return kept.hashes.copy()
+
+
+def _hash_blocks(changed: np.ndarray, step: int, array: np.ndarray, block_size: int) -> np.ndarray:
+    """The hash blocks of ``array`` that overlap the checksum blocks ``changed``."""
+    if changed.size == 0:
+        return changed
+    hstep = blocks.block_bytes(array.dtype, block_size)
+    last = blocks.nblocks(array.nbytes, hstep) - 1
+    first = changed.astype(np.int64) * step // hstep
+    end = np.minimum(((changed.astype(np.int64) + 1) * step - 1) // hstep, last)
+    spans = [np.arange(a, b + 1) for a, b in zip(first.tolist(), end.tolist(), strict=True)]
+    return np.unique(np.concatenate(spans))
