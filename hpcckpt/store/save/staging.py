@@ -29,11 +29,13 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from hpcckpt.store.io import blocks
+from hpcckpt.store.io import blocks, memory
 from hpcckpt.store.io.direct_io import Extent, StreamedWrite, ring_buffers, write_extents
 from hpcckpt.store.io.faults import fault_point
+from hpcckpt.store.save import staging_budget
 from hpcckpt.store.save.device_checksums import DeviceChecksums
 from hpcckpt.store.tree import devices, tensors
+from hpcckpt.store.tree.state_tree import is_stateful
 
 __all__ = ["BackgroundWrite", "Extent", "HostBuffers", "copy_and_hash", "stream_pieces"]
 
@@ -157,12 +159,20 @@ class HostBuffers:
     ``checks`` finds on the device which blocks of those tensors changed since their
     buffer's last copy, so that only those are copied and hashed again (None: every
     byte, every save; :mod:`hpcckpt.store.save.device_checksums`).
+
+    :meth:`reserve` (at a restore, before the first save) maps and populates the first
+    save's buffers in a thread of their own, so that the first save copies into memory
+    already there instead of faulting it in inside the blocked window.
     """
 
     def __init__(self, budget: int | None = None, checks: DeviceChecksums | None = None) -> None:
         self.budget = budget
         self.checks = DeviceChecksums() if checks is None else checks
+        #: Ranks on this node sharing the memory (learnt by :meth:`reserve`; None: unknown).
+        self.local_ranks: int | None = None
         self._buffers: dict[str, np.ndarray] = {}
+        self._arena: _Arena | None = None
+        self._carved: set[str] = set()  # paths whose buffers lie in the arena
         self._ring: list[np.ndarray] = []
         #: Host tensors lent to device-to-host copies, per (shape, dtype, pinned).
         self._lent: dict[tuple[Any, ...], list[Any]] = {}
@@ -320,11 +330,11 @@ class HostBuffers:
         self._ring = []
         self._drop_unlent()
         for stale in set(self._buffers) - set(arrays):
-            del self._buffers[stale]
+            self._forget(stale)
         copies, hashes = {}, {}
         for path, src in arrays.items():
             if self._lent_copy(src):
-                self._buffers.pop(path, None)
+                self._forget(path)
                 copies[path] = src
                 if hashed:
                     known = self.checks.hashes(src, block_size)  # only the copied blocks
@@ -332,8 +342,8 @@ class HostBuffers:
                 continue
             buf = self._buffers.get(path)
             if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
-                self._buffers.pop(path, None)  # free the old one before allocating
-                buf = new_buffer(src.shape, src.dtype)
+                self._forget(path)  # free the old one before allocating
+                buf = self._take(path, src.shape, src.dtype)
                 self._buffers[path] = buf
                 self._held()
             if hashed:

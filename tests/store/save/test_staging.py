@@ -316,3 +316,96 @@ def test_staging_memory_never_passes_the_state_while_shapes_change():
     a2 = random_array((50000,), "f8", 34)
     hb.stage({"a": a2, "b": b}, BLOCK, hashed=False)
     assert hb.peak == hb.nbytes == a2.nbytes + b.nbytes
+
+
+# -- memory reserved ahead of the first save ---------------------------------------------
+def _self_comm():
+    from mpi4py import MPI
+
+    from hpcckpt.store.comm import as_comm
+
+    return as_comm(MPI.COMM_SELF)
+
+
+def test_reserved_memory_is_populated_in_the_background_and_becomes_the_first_buffers():
+    """reserve (a restore) maps the first save's buffers and populates them in a thread;
+    that save carves its buffers out of them (no new map), copies exact values, and the
+    staging never holds more than the reservation, which is the state's page-rounded size."""
+    from hpcckpt.store.save import staging
+
+    u = random_array((3 << 20) // 8, "f8", 40)
+    w = random_array((5 << 20) // 4 + 3, "f4", 41)  # not a page multiple
+    small = random_array((100,), "i8", 42)
+    state = {"model": {"u": u, "w": w}, "step": 3, "small": small}
+    assert staging.host_array_sizes(state) == [u.nbytes, w.nbytes]
+    hb = HostBuffers()
+    reserved = hb.reserve(state, _self_comm())
+    assert reserved == u.nbytes + (-(-w.nbytes // 4096) * 4096)
+    assert hb.local_ranks == 1 and hb.nbytes == hb.peak == reserved
+    hb._arena.thread.join(30)
+    assert not hb.reserving
+    hb.reset_peak()
+    real_new_buffer = staging.new_buffer
+    try:
+        staging.new_buffer = lambda shape, dtype: pytest.fail("mapped anew despite the reserve")
+        copies, _ = hb.stage({"u": u, "w": w}, BLOCK, hashed=False)
+    finally:
+        staging.new_buffer = real_new_buffer
+    assert copies["u"].tobytes() == u.tobytes() and copies["w"].tobytes() == w.tobytes()
+    assert not np.shares_memory(copies["u"], u) and not np.shares_memory(copies["u"], copies["w"])
+    assert copies["u"].flags.c_contiguous and copies["w"].flags.writeable
+    assert hb.peak == hb.nbytes == reserved
+    u[:] = -1.0  # the application goes on: the staged copy keeps the values at save()
+    assert copies["u"].tobytes() != u.tobytes()
+    again, _ = hb.stage({"u": u, "w": w}, BLOCK, hashed=False)
+    assert again["u"] is copies["u"] and again["u"].tobytes() == u.tobytes()
+    hb.release()
+    assert hb.nbytes == 0
+
+
+def test_a_reservation_goes_once_its_arrays_are_gone_and_is_never_made_twice():
+    u = random_array((3 << 20) // 8, "f8", 43)
+    hb = HostBuffers()
+    assert hb.reserve({"u": u}, _self_comm()) == u.nbytes
+    assert hb.reserve({"u": u}, _self_comm()) == 0  # one already there
+    hb.stage({"u": u}, BLOCK, hashed=False)
+    assert hb.reserve({"u": u}, _self_comm()) == 0  # buffers exist: nothing to reserve
+    bigger = random_array((4 << 20) // 8, "f8", 44)
+    hb.reset_peak()
+    copies, _ = hb.stage({"u": bigger}, BLOCK, hashed=False)  # shape changed
+    assert copies["u"].tobytes() == bigger.tobytes()
+    assert hb._arena is None and hb.nbytes == hb.peak == bigger.nbytes  # old one freed first
+
+
+def test_a_reservation_unused_by_the_saved_arrays_is_freed_at_the_first_save():
+    hb = HostBuffers()
+    assert hb.reserve({"u": random_array((3 << 20) // 8, "f8", 45)}, _self_comm()) > 0
+    small = random_array((10,), "f8", 46)
+    hb.stage({"s": small}, BLOCK, hashed=False)
+    assert hb._arena is None and hb.nbytes == small.nbytes
+
+
+def test_no_reservation_beyond_the_budget_or_without_large_arrays():
+    u = random_array((3 << 20) // 8, "f8", 47)
+    hb = HostBuffers(budget=u.nbytes - 1)
+    assert hb.reserve({"u": u}, _self_comm()) == 0
+    assert hb.nbytes == 0 and hb._arena is None
+    assert HostBuffers().reserve({"s": np.zeros(10), "t": 1.5}, _self_comm()) == 0
+
+
+def test_release_waits_for_the_populating_thread_and_frees_the_reservation():
+    hb = HostBuffers()
+    hb.reserve({"u": np.zeros((64 << 20) // 8)}, _self_comm())
+    thread = hb._arena.thread
+    hb.release()
+    assert not thread.is_alive() and hb.nbytes == 0 and not hb.reserving
+
+
+def test_host_array_sizes_counts_cpu_tensors_and_stateful_objects():
+    import torch
+
+    from hpcckpt.store.save.staging import host_array_sizes
+
+    model = torch.nn.Linear(1024, 1024)  # a 4 MiB weight, a 4 KiB bias
+    t = torch.zeros(3 << 20, dtype=torch.uint8)
+    assert sorted(host_array_sizes({"m": model, "t": [t]})) == [3 << 20, 4 << 20]
