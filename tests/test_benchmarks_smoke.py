@@ -328,3 +328,28 @@ def test_gpu_fsdp_check_says_no_cuda_device_and_resumes_exactly_on_the_cpu(
     doc = json.loads(out.read_text())
     assert doc["status"] == "passed" and doc["restored"] == 5
     assert doc["losses_equal"] and doc["params_equal"] and doc["moments_equal"]
+
+
+def test_gpu_delta_check_says_no_cuda_device_and_runs_its_flow_on_the_cpu(tmp_path: Path) -> None:
+    script = str(BENCH / "gpu_delta_check.py")
+    proc = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["status"] == "no CUDA device: nothing checked"
+    out = tmp_path / "delta.json"
+    argv = ["--device", "cpu", "--width", "256", "--repeat", "2", "--root", str(tmp_path / "s")]
+    proc = subprocess.run(
+        [sys.executable, script, *argv, "--json", str(out)],
+        env=mpi_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "passed" and list(doc["phases"]) == ["1%", "100%"]
+    for phase in doc["phases"].values():
+        assert phase["restored_bit_identical"] == {"device": True, "hashes": True}
+        assert phase["dirty_blocks_agree"]
+    one, full = doc["phases"]["1%"]["summary"], doc["phases"]["100%"]["summary"]
+    assert one["device"]["copied_fraction"] < 0.5 and one["hashes"]["copied_fraction"] == 1.0
+    assert full["device"]["copied_fraction"] == 1.0
