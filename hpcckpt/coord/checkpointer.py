@@ -328,6 +328,8 @@ class Checkpointer:
         self._heartbeat.beat(None, "restore", force=True)  # hang watch: I/O allowance
         self._complete_pending()
         result = self.store.restore(state, only=only, strict=strict)
+        if self.buffers is not None:  # the first save's staging, populated in the background
+            self.buffers.reserve(state, self.comm)
         set_aside = [] if self.store.tier is None else self.store.tier.take_set_aside()
         self._heartbeat.beat(None, force=True)  # back to compute
         self._calls.drain()

@@ -442,6 +442,8 @@ class Saver:
         """
         comm = self.agreement.comm
         if self._local_ranks is None:
+            self._local_ranks = buffers.local_ranks  # learnt by its reserve(), if any
+        if self._local_ranks is None:
             node = comm.split_node()
             self._local_ranks = node.size
             node.free()
