@@ -27,6 +27,7 @@ from hpcckpt.store.results import RestoreResult, SaveResult
 from hpcckpt.store.tier import copies as fast_tier
 from hpcckpt.store.tier import rebuild as local_restore
 from hpcckpt.store.tier import redundancy
+from hpcckpt.store.tier.data_map import DataMap, maps_well
 from hpcckpt.store.tier.options import TierOptions
 from hpcckpt.store.tree.encoding import Encoder
 from hpcckpt.store.tree.matching import check_fits, check_keys, key_differences
@@ -66,6 +67,8 @@ class NodeLocalTier:
         self._drain_copy: fast_tier.LocalCopy | None = None
         self._set_aside: list[tuple[int, str, str, str]] = []
         self._sets: redundancy.SetLayout | None = None
+        #: This rank's data file kept mapped between saves on a memory file system.
+        self._data_map: DataMap | None = None
         if options.redundancy is not None:  # a layout without distinct nodes fails here
             self._sets = redundancy.SetLayout.build(
                 agreement.comm, self.node, options.redundancy, options.redundancy_set
@@ -147,7 +150,10 @@ class NodeLocalTier:
             reuse = self._sets is None and fast_tier.recycle(self.path, self.rank, step)
             keep = step if reuse else None
             fast_tier.remove(self.path, self.rank, keep=keep, nranks=self.nranks)
-        return fast_tier.write_data(
+        if self._data_map is None and maps_well(self.path):
+            self._data_map = DataMap()
+        write = fast_tier.write_data if self._data_map is None else self._data_map.write
+        return write(
             self.path,
             step,
             self.rank,
@@ -322,6 +328,8 @@ class NodeLocalTier:
         """The job is done: delete every rank's files and the node's directory once empty."""
         comm = self.agreement.comm
         moved = self.redundancy is not None  # ranks may have left files here
+        if self._data_map is not None:
+            self._data_map.close()
         comm.barrier()
         fast_tier.remove(self.path, self.rank, nranks=self.nranks, every_rank=moved)
         comm.barrier()

@@ -176,3 +176,37 @@ def test_staged_saves_reuse_the_data_file_of_the_copy_the_directory_holds(tmp_pa
         assert copy.step == step and store.tier.newest_step == step
         assert np.array_equal(fast_tier.load(copy)["u"], state["u"])
     assert inodes[0] == inodes[1] == inodes[2]
+
+
+def test_on_tmpfs_staged_saves_write_the_copy_through_one_mapping_and_keep_save_values(tmp_path):
+    """On a memory file system the tier keeps its data file mapped: each staged save
+    copies into the same pages through the same mapping (no pwrite), the values are
+    those at begin_save although the state changes right after, and each copy restores
+    bit for bit from the tier after the process is gone."""
+    import shutil
+    import uuid
+    from pathlib import Path
+
+    cache = Path("/dev/shm") / f"hpcckpt-test-{uuid.uuid4().hex[:8]}"
+    try:
+        store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, cache=cache, incremental=False)
+        areas = []
+        for step in (1, 2, 3):
+            state = {"u": np.arange(300000.0) * step, "v": np.full(7, step)}
+            saved = state["u"].copy()
+            pending = store.begin_save(step, state)
+            state["u"] *= -2.0  # every array changes right after the save returns
+            store.finish_save(pending)
+            areas.append(store.tier._data_map._area)
+            (copy,) = fast_tier.scan(cache, store.directory, 0, 1)
+            assert copy.step == step
+            assert fast_tier.load(copy)["u"].tobytes() == saved.tobytes()
+        assert areas[0] is areas[1] is areas[2]
+        store.close()
+        again = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, cache=cache)
+        restored = {"u": np.zeros(300000), "v": np.zeros(7, dtype=int)}
+        assert again.restore(restored).step == 3
+        assert restored["u"].tobytes() == (np.arange(300000.0) * 3).tobytes()
+        again.close()
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
