@@ -8,6 +8,7 @@ checkpoints (``store/mirror.py``). Keys use ``/`` as separator and never start w
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import re
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol, runtime_checkable
 
-from hpcckpt.store.io.durability import atomic_file
+from hpcckpt.store.io.durability import atomic_file, atomic_path
 
 
 class MirrorUnavailable(Exception):
@@ -168,13 +169,75 @@ class DirectoryBackend:
         self.verify = check_verify(verify)
         self.compress = compress
         self.read_chunk = STREAM_CHUNK
+        self._sendfile = True  # until the file systems refuse it once
 
     @property
     def receipt_checked(self) -> bool:
-        """A directory's copy is written from the very buffers that were hashed, each
-        write checked whole and the file fsynced and its size checked: reading it back
-        would only read the page cache, so it is done only with ``verify="readback"``."""
+        """A directory's copy is checked as it is made: the kernel's copy read back from
+        the destination and checked against the checkpoint's hashes as it lands
+        (:meth:`put_copied`), or written from the very buffers that were hashed
+        (:meth:`put_stream`); a read-back after the fsync would read the same page
+        cache again, so it is done only with ``verify="readback"``."""
         return self.verify != "readback"
+
+    @property
+    def kernel_copy(self) -> bool:
+        """Whether an uncompressed copy goes through :meth:`put_copied` (no cap set: a
+        cap meters the bytes through :meth:`put_stream`)."""
+        return self.throttle.bytes_per_s is None
+
+    def copy_range(self, src: int, dst: int, offset: int, count: int) -> int:
+        """Copy up to ``count`` bytes of ``src`` from ``offset`` to ``dst`` at the same
+        offset, in the kernel (``sendfile``, as ``shutil.copyfile``; read and write where
+        the file systems refuse it); the bytes copied."""
+        if self._sendfile:
+            try:
+                os.lseek(dst, offset, os.SEEK_SET)
+                return os.sendfile(dst, src, offset, count)
+            except OSError as err:
+                if err.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                    raise
+                self._sendfile = False
+        data = os.pread(src, count, offset)
+        view = memoryview(data)
+        while view:  # a short write is continued, never taken as done
+            n = os.pwrite(dst, view, offset + len(data) - len(view))
+            view = view[n:]
+        return len(data)
+
+    def put_copied(self, key: str, local: Path, copy: Callable[[int, int], None]) -> None:
+        """Store the file ``local`` under ``key`` with its permission bits: ``copy(src,
+        dst)`` fills the temporary file ``dst`` (open for reading and writing) from
+        ``src`` and checks it, raising when it does not match; then it is fsynced, its
+        size checked and renamed over the key, as :meth:`put_stream`. The source's own
+        errors (gone, unreadable) are raised as they are, not as the mirror's."""
+        src = os.open(local, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            try:
+                os.posix_fadvise(src, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            except (AttributeError, OSError):
+                pass
+            self._ensure_root()
+            final = self._path(key)
+            temp = f"{final.name}.{os.getpid()}.{threading.get_ident()}{self.PART}"
+            flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            try:
+                final.parent.mkdir(parents=True, exist_ok=True)
+                with atomic_path(final, mode=_permissions(local), temp=temp) as tmp:
+                    dst = os.open(tmp, flags, 0o600)
+                    try:
+                        copy(src, dst)
+                        want, got = os.fstat(src).st_size, os.fstat(dst).st_size
+                        if got != want:
+                            raise OSError(0, f"{want} bytes copied but the file holds {got}")
+                    finally:
+                        os.close(dst)
+            except OSError as err:
+                if isinstance(err, FileNotFoundError) and not self.root.is_dir():
+                    raise MirrorUnavailable(f"the mirror directory {self.url} went away") from None
+                raise self._unavailable(f"writing {key}", err) from None
+        finally:
+            os.close(src)
 
     def _path(self, key: str) -> Path:
         return self.root / _check_key(key)

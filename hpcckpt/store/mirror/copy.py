@@ -38,7 +38,13 @@ from hpcckpt.store.io.durability import atomic_path, rename
 from hpcckpt.store.io.safety import FILE_MODE
 from hpcckpt.store.mirror import compression, priority
 from hpcckpt.store.mirror.backend import CHUNK, MirrorBackend, MirrorUnavailable
-from hpcckpt.store.mirror.source import SourceCheck, Streamed, read_source
+from hpcckpt.store.mirror.source import (
+    CopyMismatch,
+    SourceCheck,
+    Streamed,
+    copy_checked,
+    read_source,
+)
 from hpcckpt.store.retention import checkpoint_chain, checkpoint_time
 
 MANIFEST = ".manifest.json"
@@ -489,11 +495,16 @@ def _send(
     backend.delete(manifest_key(name))  # an older copy of this name stops counting first
     backend.delete(bad_key(name))
     seen = Streamed()
-    pieces = read_source(local, getattr(backend, "read_chunk", CHUNK), check, seen)
     encoder = _encoder(backend, check)
     stored = _Tally()
     t0 = time.perf_counter()
-    backend.put_stream(name, stored.count(encoder.encode(pieces) if encoder else pieces), local)
+    if encoder is None and check is not None and getattr(backend, "kernel_copy", False):
+        _copy_checked(backend, local, check, seen)  # the kernel copies, the copy is checked
+        stored.size, stored.hex = seen.size, seen.checksum
+    else:
+        pieces = read_source(local, getattr(backend, "read_chunk", CHUNK), check, seen)
+        pieces = stored.count(encoder.encode(pieces) if encoder else pieces)
+        backend.put_stream(name, pieces, local)
     _rates(backend).note(seen.size, stored.size, time.perf_counter() - t0, encoder)
     if not backend.receipt_checked:  # the store checks nothing on receipt: read it back
         got = remote_checksum(backend, name, stored.size)
@@ -522,16 +533,36 @@ def _send(
     return seen.size
 
 
+def _copy_checked(backend: Any, local: Path, check: SourceCheck, seen: Streamed) -> None:
+    """A directory mirror's copy made by the kernel and checked at its destination
+    (:func:`.source.copy_checked`); when the destination fails, the source is checked
+    alone: CheckpointError when it is the damaged one, else MirrorCopyBad."""
+    try:
+        backend.put_copied(
+            local.name,
+            local,
+            lambda src, dst: copy_checked(src, dst, check, seen, backend.copy_range),
+        )
+    except CopyMismatch as exc:
+        for _ in read_source(local, CHUNK, SourceCheck(local), Streamed()):
+            pass  # CheckpointError here: the checkpoint itself is damaged
+        raise MirrorCopyBad(
+            f"{local.name}: the copy on {backend.url} is not the checkpoint's bytes ({exc}); "
+            "not marked good"
+        ) from None
+
+
 class _Tally:
     """Counts and hashes the bytes handed to the store (the object's own size and xxh3)."""
 
     def __init__(self) -> None:
         self.size = 0
         self._h = xxhash.xxh3_64()
+        self.hex: str | None = None  # the checksum, when known without hashing here
 
     @property
     def checksum(self) -> str:
-        return self._h.hexdigest()
+        return self.hex if self.hex is not None else self._h.hexdigest()
 
     def count(self, pieces: Any) -> Any:
         for piece in pieces:

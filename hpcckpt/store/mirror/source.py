@@ -8,19 +8,30 @@ learns where they lie from the file's metadata, and hashes each block as the byt
 the stream pass by. What it cannot check so (an incremental file, whose arrays need
 their chain; an array stored otherwise) it reads through :class:`CheckpointReader` first,
 as the full check would; the state trees are small and read that way too.
+
+:func:`copy_checked` is the other way for a directory mirror: the kernel copies the
+file (``sendfile``, the call ``shutil.copyfile`` makes) while this thread reads the
+*destination* behind it and checks it instead of the source: each array block against
+the checkpoint's own hash, every other byte against the source's, the whole-file
+xxh3-64 taken from the destination's bytes; a damaged source fails that check too.
 """
 
 from __future__ import annotations
 
 import bisect
+import ctypes
+import mmap
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import xxhash
 
+from hpcckpt import libc
 from hpcckpt.store.errors import CheckpointError
 from hpcckpt.store.file.format import FULL, dataset_name
 from hpcckpt.store.file.reader import CheckpointReader
@@ -192,3 +203,139 @@ def read_source(
     seen.size, seen.checksum = offset, h.hexdigest()
     if check is not None:
         check.finish(offset)
+
+
+#: Bytes per kernel copy call of :func:`copy_checked`: large enough to keep system calls
+#: few, small enough that the check follows the copy closely (benchmarks/bench_mirror.py).
+COPY_CHUNK = 8 << 20
+
+#: sync_file_range(2)'s flag: start writing the range back, do not wait.
+_SYNC_FILE_RANGE_WRITE = 2
+_sync_file_range = libc.function("sync_file_range")
+if _sync_file_range is not None:
+    _sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+
+
+class CopyMismatch(CheckpointError):
+    """The destination of :func:`copy_checked` does not hold the checkpoint's bytes (a
+    block fails its hash, or a byte outside the arrays differs from the source's)."""
+
+
+def _gaps(check: SourceCheck, size: int) -> list[tuple[int, int]]:
+    """The byte ranges of a ``size``-byte file that no array block covers."""
+    out = []
+    pos = 0
+    for run in check.runs:
+        if run.start > pos:
+            out.append((pos, min(run.start, size)))
+        pos = max(pos, run.start + run.size)
+    if pos < size:
+        out.append((pos, size))
+    return [(a, b) for a, b in out if a < b]
+
+
+@contextmanager
+def _mapped(fd: int, offset: int, length: int) -> Iterator[memoryview]:
+    """Bytes ``offset .. offset+length`` of the file ``fd`` as the page cache holds them,
+    mapped read-only (no copy into this process)."""
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY
+    m = mmap.mmap(fd, offset + length - start, offset=start, access=mmap.ACCESS_READ)
+    view = memoryview(m)
+    part = view[offset - start :]
+    try:
+        yield part
+    finally:
+        try:
+            part.release()
+            view.release()
+            m.close()
+        except BufferError:  # a traceback holds a slice: the map goes with it
+            pass
+
+
+def copy_checked(
+    src: int,
+    dst: int,
+    check: SourceCheck,
+    seen: Streamed,
+    copy_range: Callable[[int, int, int, int], int],
+    chunk: int = COPY_CHUNK,
+) -> None:
+    """Copy the file open as ``src`` into the empty file ``dst`` (open for reading and
+    writing) with ``copy_range(src, dst, offset, count) -> bytes copied``, and check the
+    destination as it fills, every byte of it read back from the page cache once copied:
+    array blocks against ``check``'s hashes, the bytes outside them against the source's
+    (a few KiB of metadata read again), the whole file's xxh3-64 into ``seen``.
+
+    Two threads: a helper copies each range, starts its write-back (the final fsync
+    then waits for less) and hashes it whole; this one checks the blocks behind it.
+    Raises :class:`CopyMismatch` naming the first difference (the source itself may be
+    the damaged one: a caller that must know checks it alone), or what the copy raised.
+    """
+    size = os.fstat(src).st_size
+    gaps = _gaps(check, size)
+    cond = threading.Condition()
+    state = {"copied": 0, "ended": False, "stop": False}
+    failed: list[BaseException] = []
+    whole = xxhash.xxh3_64()
+
+    def copier() -> None:
+        pos = 0
+        try:
+            while pos < size and not state["stop"]:
+                n = copy_range(src, dst, pos, min(chunk, size - pos))
+                if n <= 0:
+                    raise OSError(0, f"the source ended at byte {pos} of {size}")
+                if _sync_file_range is not None:
+                    _sync_file_range(dst, pos, n, _SYNC_FILE_RANGE_WRITE)  # a hint only
+                with _mapped(dst, pos, n) as piece:
+                    whole.update(piece)
+                pos += n
+                with cond:
+                    state["copied"] = pos
+                    cond.notify()
+        except BaseException as exc:  # noqa: BLE001 (handed to the caller's thread)
+            failed.append(exc)
+        finally:
+            with cond:
+                state["ended"] = True
+                cond.notify()
+
+    worker = threading.Thread(target=copier, name="hpcckpt-mirror-copy", daemon=True)
+    worker.start()
+    problem: str | None = None
+    pos = 0
+    g = 0  # first gap not passed yet
+    try:
+        while pos < size and problem is None:
+            with cond:
+                while state["copied"] <= pos and not state["ended"]:
+                    cond.wait()
+                upto = state["copied"]
+            if upto <= pos:
+                break  # the copy failed: raised below
+            with _mapped(dst, pos, upto - pos) as piece:
+                check.feed(pos, piece)
+                while g < len(gaps) and gaps[g][0] < upto:
+                    a, b = max(gaps[g][0], pos), min(gaps[g][1], upto)
+                    if os.pread(src, b - a, a) != piece[a - pos : b - pos]:
+                        problem = f"bytes {a}..{b} differ from the source's"
+                        break
+                    if gaps[g][1] > upto:
+                        break
+                    g += 1
+            pos = upto
+    finally:
+        state["stop"] = True  # a copy the check gave up on goes no further
+        worker.join()
+    if failed:
+        raise failed[0]
+    problem = problem or check.problem
+    if problem is None:
+        try:
+            check.finish(size)
+        except CheckpointError as exc:
+            problem = str(exc)
+    if problem is not None:
+        raise CopyMismatch(f"the copy of {check.path.name} fails its check: {problem}")
+    seen.size, seen.checksum = size, whole.hexdigest()

@@ -6,6 +6,7 @@ a damaged upload refused, and the copying thread's lowered priority."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from hpcckpt.store.errors import CheckpointError
 from hpcckpt.store.file import layout
 from hpcckpt.store.mirror import copy as mirror
 from hpcckpt.store.mirror import priority
-from hpcckpt.store.mirror.backend import DirectoryBackend, MirrorUnavailable
+from hpcckpt.store.mirror.backend import DirectoryBackend, MirrorUnavailable, Throttle
 from hpcckpt.store.mirror.s3 import S3Backend
 from hpcckpt.store.mirror.source import SourceCheck, Streamed, read_source
 from hpcckpt.store.store import CheckpointStore
@@ -180,3 +181,139 @@ def test_the_manifest_records_the_files_hash_and_size(tmp_path):
     manifest = json.loads(backend.get_bytes(path.name + ".manifest.json"))
     assert manifest["checksum"] == mirror.file_checksum(path)
     assert manifest["size"] == path.stat().st_size and "encoding" not in manifest
+
+
+class KernelCopy(DirectoryBackend):
+    """The real directory backend, noting each range its kernel copy moves and the
+    priority of the thread that moves it."""
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.copied = 0
+        self.streamed = 0
+        self.priorities: set[tuple[int, int]] = set()
+
+    def copy_range(self, src: int, dst: int, offset: int, count: int) -> int:
+        n = super().copy_range(src, dst, offset, count)
+        self.copied += n
+        self.priorities.add(priority.thread_priority())
+        return n
+
+    def put_stream(self, key, pieces, like=None):
+        self.streamed += 1
+        return super().put_stream(key, pieces, like)
+
+
+class DamagedAt(KernelCopy):
+    """A directory mirror whose destination gets one byte flipped at ``at`` right after
+    the kernel copied the range holding it, before anything reads it back (what a bad
+    controller, a buggy file system or another writer would do), ``times`` times."""
+
+    def __init__(self, root: Path, at: int, times: int = 1) -> None:
+        super().__init__(root, compress=None)
+        self.at, self.times = at, times
+
+    def copy_range(self, src: int, dst: int, offset: int, count: int) -> int:
+        n = super().copy_range(src, dst, offset, count)
+        if self.times and offset <= self.at < offset + n:
+            self.times -= 1
+            b = os.pread(dst, 1, self.at)
+            os.pwrite(dst, bytes([b[0] ^ 0x04]), self.at)
+        return n
+
+
+def test_the_directory_mirror_copies_in_the_kernel_and_checks_the_destination(tmp_path):
+    path = checkpoint(tmp_path, n=3_000_000)  # 24 MB: several copy ranges
+    (tmp_path / "m").mkdir()
+    backend = KernelCopy(tmp_path / "m", compress=None)
+    done: list[int] = []
+    t = threading.Thread(target=lambda: done.append(mirror.upload(backend, path).bytes))
+    t.start()
+    t.join()
+    size = path.stat().st_size
+    assert done == [size] and backend.copied == size and backend.streamed == 0
+    copy = tmp_path / "m" / path.name
+    assert copy.read_bytes() == path.read_bytes()
+    assert copy.stat().st_mode & 0o777 == path.stat().st_mode & 0o777
+    manifest = json.loads(backend.get_bytes(path.name + ".manifest.json"))
+    assert manifest["checksum"] == mirror.file_checksum(path) and manifest["size"] == size
+    # the kernel's copy runs in a thread of its own, at the copying thread's low priority
+    assert backend.priorities == {
+        (priority.NICE, (priority.IOPRIO_CLASS_BE << 13) | priority.IOPRIO_LEVEL)
+    }
+
+
+def test_where_sendfile_is_refused_the_ranges_are_read_and_written(tmp_path):
+    path = checkpoint(tmp_path)
+    (tmp_path / "m").mkdir()
+    backend = KernelCopy(tmp_path / "m", compress=None)
+    backend._sendfile = False  # as after a file system refused it (EINVAL)
+    mirror.upload(backend, path)
+    assert backend.copied == path.stat().st_size
+    assert (tmp_path / "m" / path.name).read_bytes() == path.read_bytes()
+
+
+@pytest.mark.parametrize("where", ["array block", "metadata"])
+def test_a_byte_damaged_on_the_way_to_the_directory_is_never_counted(tmp_path, where):
+    path = checkpoint(tmp_path, n=3_000_000)
+    run = SourceCheck(path).runs[0]
+    at = run.start + run.size // 3 if where == "array block" else 100  # the HDF5 superblock
+    assert (where == "array block") == (run.start <= at < run.start + run.size)
+    (tmp_path / "m").mkdir()
+    backend = DamagedAt(tmp_path / "m", at)
+    with pytest.raises(mirror.MirrorCopyBad, match="not the checkpoint's bytes"):
+        mirror.upload(backend, path)
+    assert backend.list() == [] and list((tmp_path / "m").iterdir()) == []  # no object, no part
+    assert mirror.list_mirrored(backend) == []
+    # the local checkpoint is fine: the worker retries, and the next copy counts
+    assert backend.times == 0
+    mirror.upload(backend, path)
+    assert (tmp_path / "m" / path.name).read_bytes() == path.read_bytes()
+    assert [m.name for m in mirror.list_mirrored(backend) if m.good] == [path.name]
+
+
+def test_the_worker_retries_a_copy_damaged_on_the_way_and_counts_the_good_one(tmp_path):
+    from hpcckpt.store.mirror.worker import MirrorWorker
+    from hpcckpt.store.options import MirrorOptions
+
+    path = checkpoint(tmp_path)
+    run = SourceCheck(path).runs[0]
+    (tmp_path / "m").mkdir()
+    backend = DamagedAt(tmp_path / "m", run.start + 10)
+    events: list[tuple[str, dict]] = []
+    options = MirrorOptions(str(tmp_path / "m"), mirror_retry_max=0.2)
+    worker = MirrorWorker(backend, options, lambda kind, fields: events.append((kind, fields)))
+    try:
+        worker.submit(1, path)
+        assert worker.wait(60.0)
+    finally:
+        worker.close()
+    kinds = [kind for kind, _ in events]
+    assert kinds[0] == "mirror_failed" and kinds[-1] == "mirrored"
+    assert "not the checkpoint's bytes" in events[0][1]["reason"]
+    assert events[0][1]["retry_in"] is not None  # retried, not given up
+    assert mirror.newest_good(backend).name == path.name
+
+
+def test_a_damaged_checkpoint_copied_by_the_kernel_is_refused_as_the_sources_fault(tmp_path):
+    path = checkpoint(tmp_path)
+    run = SourceCheck(path).runs[-1]
+    flip(path, run.start + run.size - 1)  # its last byte
+    (tmp_path / "m").mkdir()
+    backend = KernelCopy(tmp_path / "m", compress=None)
+    with pytest.raises(CheckpointError, match="fails its checks") as err:
+        mirror.upload(backend, path)
+    assert not isinstance(err.value, mirror.MirrorCopyBad)  # not retried: the source is bad
+    assert backend.copied > 0 and list((tmp_path / "m").iterdir()) == []
+
+
+def test_a_bandwidth_cap_or_compression_keeps_the_metered_stream(tmp_path):
+    path = checkpoint(tmp_path)
+    capped = KernelCopy(tmp_path / "capped", Throttle(1e9), compress=None)
+    zipped = KernelCopy(tmp_path / "zstd", compress="zstd")
+    for backend in (capped, zipped):
+        backend.root.mkdir()
+        mirror.upload(backend, path)
+        assert backend.copied == 0 and backend.streamed == 1
+        got = mirror.pull(backend, path.name, tmp_path / f"back-{backend.root.name}")
+        assert got.read_bytes() == path.read_bytes()
