@@ -72,6 +72,21 @@ def test_bench_due_reports_microseconds(tmp_path: Path) -> None:
         assert not r.get("fired"), f"due() fired in {name}"
 
 
+def test_bench_backends_measures_due_save_and_restore_over_mpi_and_gloo(tmp_path: Path) -> None:
+    out = tmp_path / "backends.json"
+    argv = [str(BENCH / "bench_backends.py"), "--size", "2M", "--reps", "1", "--rounds", "1",
+            "--calls", "200", "--no-drop-caches", "--dir", str(tmp_path / "scratch"),
+            "--json", str(out)]  # fmt: skip
+    proc = _run(argv)
+    assert "torch / mpi (medians)" in proc.stdout, proc.stdout
+    rows = json.loads(out.read_text())["summary"]
+    assert rows["mpi"]["floor"] == "bare Iallreduce+Wait"
+    assert rows["torch"]["floor"] == "bare all_reduce(async)+wait"
+    for row in rows.values():
+        assert row["due_us"]["median"] > 0 and row["save_s"]["median"] > 0, row
+        assert row["restore_s"]["median"] > 0 and row["bytes_per_rank"] == 2 << 20, row
+
+
 def test_bench_phases_times_every_step_of_a_save_and_a_restore(tmp_path: Path) -> None:
     out = tmp_path / "phases.json"
     argv = [str(BENCH / "bench_phases.py"), "--size", "8M", "--reps", "2", "--no-drop-caches"]
