@@ -32,11 +32,12 @@ generator (independent of the data). A change of the block turns each word into
   (the smallest power of two dividing a nonzero ``d_i`` is below 2**32), and by A and B
   together, drawn independently, with probability at most 2**-64.
 
-Every save refreshes nothing it does not compare, but a save the chain policy makes full
-by count (the first, or a chain as long as allowed) copies every byte and checksums it
-afresh, so a collision, however unlikely, lives at most one chain. CPU tensors and
-numpy arrays never come here (their hashes are exact); tests force the path on CPU
-tensors with ``on_cpu=True``.
+A save the chain policy makes full by count (the first, or one after a chain as long as
+allowed) copies every byte and checksums it afresh, so a miss, however unlikely, lives
+one chain at most. Tensors under :data:`WHOLE_BELOW` are copied whole (cheaper than the
+kernels), and so is a tensor found mostly changed, for its next :data:`REST_SAVES` saves.
+CPU tensors and numpy arrays never come here (their hashes are exact); tests force the
+path on CPU tensors with ``on_cpu=True``.
 """
 
 from __future__ import annotations
@@ -57,8 +58,16 @@ log = logging.getLogger("hpcckpt.store")
 #: one changed checksum block is one changed file block.
 BLOCK_BYTES = blocks.DEFAULT_BLOCK_SIZE
 #: Words widened to int64 at a time (bounds the device memory the sums borrow: 8 bytes
-#: per word for the widened words and 8 for one product, 256 MiB at this size).
-_CHUNK_WORDS = 16 << 20
+#: per word for the widened words and 24 for the three products, 256 MiB at this size).
+_CHUNK_WORDS = 8 << 20
+#: Tensors smaller than this are copied whole: the copy costs less than the kernels'
+#: launches and the wait for their verdict (tens of microseconds per tensor).
+WHOLE_BELOW = 256 << 10
+#: A tensor whose blocks more than this fraction changed since its last save is copied
+#: whole, without checksums, for its next REST_SAVES saves (it is rewritten between
+#: saves: the checksums would only add their cost to the copy), then compared again.
+DENSE = 0.5
+REST_SAVES = 4
 _SEED = 0x6870_6363_6B70_7421  # any fixed value: the multipliers must not depend on data
 _SUMS = 3
 
@@ -113,22 +122,23 @@ def block_checksums(tensor: Any, block_bytes: int = BLOCK_BYTES) -> Any:
     for a in range(0, full, rows):
         b = min(full, a + rows)
         piece = raw[a * block_bytes : b * block_bytes].view(b - a, block_bytes)
-        _sums(piece, nwords, weights, out[a:b])
+        _sums(piece, weights, out[a:b])
     if full < n:  # the last, shorter block
-        _sums(raw[full * block_bytes :].view(1, -1), nwords, weights, out[full:])
+        _sums(raw[full * block_bytes :].view(1, -1), weights, out[full:])
     return out
 
 
-def _sums(piece: Any, nwords: int, weights: Any, out: Any) -> None:
+def _sums(piece: Any, weights: Any, out: Any) -> None:
+    """The sums of each row of ``piece`` (uint8[rows, bytes]) into ``out`` (int64[rows, 3]);
+    a row's zero padding adds nothing, so a short row is padded to whole words only."""
     torch = _torch()
-    pad = nwords * 4 - piece.shape[1]
+    pad = -piece.shape[1] % 4
     if pad:
         piece = torch.nn.functional.pad(piece, (0, pad))
     if piece.storage_offset() % 4:
         piece = piece.clone()
     words = piece.view(torch.int32).to(torch.int64)
-    for s in range(_SUMS):
-        out[:, s] = (words * weights[s]).sum(dim=1)
+    out.copy_((words[:, None, :] * weights[None, :, : words.shape[1]]).sum(dim=2))
 
 
 @dataclass
@@ -148,6 +158,7 @@ class _Kept:
     host: weakref.ref[Any]
     sums: Any  # int64[nblocks, 3] on the device the bytes came from
     block: int  # checksum block bytes
+    rest: int = 0  # saves left copied whole without checksums (DENSE)
     hashes: np.ndarray | None = None  # xxh3 block hashes at ``hash_block`` (None: none)
     hash_block: int = 0
     stale: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # per checksum block
@@ -160,11 +171,15 @@ class DeviceChecksums:
     with ``compare=False``), else only the blocks whose checksum changed.
     :meth:`hashes` gives the buffer's xxh3 block hashes, recomputed only where bytes
     were copied since. ``on_cpu``: CPU tensors too (tests; a save never needs it).
+    Tensors under ``whole_below`` bytes are copied whole (:data:`WHOLE_BELOW`).
     """
 
-    def __init__(self, on_cpu: bool = False, block_bytes: int = BLOCK_BYTES) -> None:
+    def __init__(
+        self, on_cpu: bool = False, block_bytes: int = BLOCK_BYTES, whole_below: int = WHOLE_BELOW
+    ) -> None:
         self.on_cpu = on_cpu
         self.block_bytes = blocks.check_block_size(block_bytes)
+        self.whole_below = whole_below
         #: Whether copies compare with the kept checksums (False: whole copies, fresh sums).
         self.compare = True
         #: This save's copies (reset by :meth:`begin`).
@@ -201,30 +216,33 @@ class DeviceChecksums:
             return
         flat = tensor.detach().contiguous().reshape(-1)  # C order, once for sums and copies
         step = blocks.block_elems(host.element_size(), self.block_bytes) * host.element_size()
-        sums = block_checksums(flat, step)
+        n = blocks.nblocks(nbytes, step)
         kept = self._entry(host)
-        whole = (
-            not self.compare
-            or kept is None
-            or kept.block != step
-            or kept.sums.device != sums.device
-            or kept.sums.shape != sums.shape
-        )
-        n = sums.shape[0]
-        if whole:
+        if kept is None or kept.block != step:
+            kept = _Kept(weakref.ref(host), None, step, stale=np.ones(n, bool))
+            self._kept[int(host.data_ptr())] = kept
+        if nbytes < self.whole_below or (self.compare and kept.rest > 0):
+            kept.rest = max(0, kept.rest - 1)
+            kept.sums = None  # the next comparing save computes them afresh
             changed = np.arange(n)
             devices.copy_runs(flat, host, [(0, flat.numel())])
-            kept = _Kept(weakref.ref(host), sums, step, stale=np.ones(n, bool))
-            self._kept[int(host.data_ptr())] = kept
         else:
-            assert kept is not None
-            differs = (sums != kept.sums).any(dim=1)
-            changed = differs.nonzero().reshape(-1).cpu().numpy()
-            elems = step // host.element_size()
-            runs = [(a * elems, b * elems) for a, b in blocks.runs(changed)]
-            devices.copy_runs(flat, host, runs)
+            sums = block_checksums(flat, step)
+            old = kept.sums
+            if not self.compare or old is None or old.device != sums.device:
+                changed = np.arange(n)
+                devices.copy_runs(flat, host, [(0, flat.numel())])
+            else:
+                differs = (sums != old).any(dim=1)
+                changed = differs.nonzero().reshape(-1).cpu().numpy()
+                elems = step // host.element_size()
+                devices.copy_runs(
+                    flat, host, [(a * elems, b * elems) for a, b in blocks.runs(changed)]
+                )
+                if changed.size > DENSE * n:
+                    kept.rest = REST_SAVES
             kept.sums = sums
-            kept.stale[changed] = True
+        kept.stale[changed] = True
         self.copied.blocks += int(changed.size)
         self.copied.total += n
         self.copied.bytes += int(np.minimum(step, nbytes - changed.astype(np.int64) * step).sum())

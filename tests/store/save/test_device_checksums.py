@@ -13,6 +13,9 @@ from mpi4py import MPI
 from hpcckpt.store.file.reader import CheckpointReader
 from hpcckpt.store.io import blocks
 from hpcckpt.store.save.device_checksums import (
+    DENSE,
+    REST_SAVES,
+    WHOLE_BELOW,
     DeviceChecksums,
     _weights,
     block_checksums,
@@ -130,7 +133,7 @@ def copy_of(checks: DeviceChecksums, t: torch.Tensor, host: torch.Tensor | None 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_only_the_changed_blocks_are_copied(dtype):
-    checks = DeviceChecksums(on_cpu=True, block_bytes=BLOCK)
+    checks = DeviceChecksums(on_cpu=True, block_bytes=BLOCK, whole_below=0)
     t = values((200 * BLOCK // values((1,), dtype).element_size(),), dtype, 4)
     checks.begin()
     host = copy_of(checks, t)
@@ -155,7 +158,7 @@ def test_only_the_changed_blocks_are_copied(dtype):
 
 
 def test_a_full_save_copies_every_byte_and_refreshes_the_checksums():
-    checks = DeviceChecksums(on_cpu=True, block_bytes=BLOCK)
+    checks = DeviceChecksums(on_cpu=True, block_bytes=BLOCK, whole_below=0)
     t = values((10 * BLOCK,), torch.float32, 5)
     checks.begin()
     host = copy_of(checks, t)
@@ -169,7 +172,7 @@ def test_a_full_save_copies_every_byte_and_refreshes_the_checksums():
 
 
 def test_non_contiguous_empty_and_resized_tensors():
-    checks = DeviceChecksums(on_cpu=True, block_bytes=BLOCK)
+    checks = DeviceChecksums(on_cpu=True, block_bytes=BLOCK, whole_below=0)
     base = values((256, 64), torch.bfloat16, 6)
     view = base.T  # not contiguous: its C order is not its storage's
     checks.begin()
@@ -199,9 +202,53 @@ def test_non_contiguous_empty_and_resized_tensors():
     assert checks.copied.blocks == 0
 
 
+def test_small_tensors_are_copied_whole_and_stay_exact():
+    checks = DeviceChecksums(on_cpu=True, block_bytes=BLOCK)  # default whole_below
+    assert checks.whole_below == WHOLE_BELOW == 256 << 10 and checks.block_bytes == BLOCK
+    assert DeviceChecksums().block_bytes == 1 << 20  # the documented block
+    small = values((WHOLE_BELOW // 4 - 1,), torch.float32, 9)
+    host = torch.empty_like(small)
+    for _ in range(2):
+        checks.begin()
+        copy_of(checks, small, host)
+        assert (
+            checks.copied.blocks == checks.copied.total == blocks.nblocks(small.numel() * 4, BLOCK)
+        )
+    array = host.numpy()
+    small[5] = 1.0
+    checks.begin()
+    copy_of(checks, small, host)
+    assert torch.equal(host, small)
+    assert np.array_equal(checks.hashes(array, BLOCK), blocks.block_hashes(array, BLOCK))
+
+
+def test_a_tensor_rewritten_between_saves_is_copied_whole_for_a_while():
+    assert (DENSE, REST_SAVES) == (0.5, 4)  # as docs/torch.md says
+    checks = DeviceChecksums(on_cpu=True, block_bytes=BLOCK, whole_below=0)
+    t = values((40 * BLOCK // 4,), torch.float32, 10)
+    checks.begin()
+    host = copy_of(checks, t)
+    copied = []
+    for _ in range(REST_SAVES + 4):
+        t.neg_()  # every block
+        checks.begin()
+        copy_of(checks, t, host)
+        assert torch.equal(host, t)
+        copied.append(checks.copied.blocks)
+    assert copied == [40] * (REST_SAVES + 4)
+    found = []  # one block changed per save: copied whole until the rest is over
+    for _ in range(REST_SAVES + 2):
+        t[3] += 1.0
+        checks.begin()
+        copy_of(checks, t, host)
+        assert torch.equal(host, t)
+        found.append(checks.copied.blocks)
+    assert found[-1] == 1 and set(found) == {40, 1}
+
+
 @pytest.mark.parametrize("block_size", [BLOCK // 2 * 2, 1024 * 16, 4096 * 3])
 def test_host_hashes_are_recomputed_only_where_bytes_were_copied(block_size):
-    checks = DeviceChecksums(on_cpu=True, block_bytes=8192)
+    checks = DeviceChecksums(on_cpu=True, block_bytes=8192, whole_below=0)
     t = values((40_000,), torch.float32, 8)
     checks.begin()
     host = copy_of(checks, t)
@@ -236,7 +283,7 @@ def state_bytes(state) -> dict[str, bytes]:
 def test_staged_saves_copy_only_changed_blocks_and_restore_bit_identically(tmp_path):
     torch.manual_seed(0)
     model = Model()
-    checks = DeviceChecksums(on_cpu=True, block_bytes=BLOCK)
+    checks = DeviceChecksums(on_cpu=True, block_bytes=BLOCK, whole_below=0)
     buffers = HostBuffers(checks=checks)
     store = CheckpointStore(tmp_path, MPI.COMM_SELF, block_size=BLOCK, min_delta_saving=0)
     state = model.state_dict()
@@ -267,7 +314,7 @@ def test_staged_saves_copy_only_changed_blocks_and_restore_bit_identically(tmp_p
 def test_without_device_comparison_every_byte_is_copied(tmp_path):
     torch.manual_seed(1)
     state = Model().state_dict()
-    checks = DeviceChecksums(on_cpu=True, block_bytes=BLOCK)
+    checks = DeviceChecksums(on_cpu=True, block_bytes=BLOCK, whole_below=0)
     buffers = HostBuffers(checks=checks)
     total = sum(blocks.nblocks(v.numel() * v.element_size(), BLOCK) for v in state.values())
     exact = CheckpointStore(
