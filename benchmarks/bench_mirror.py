@@ -6,8 +6,15 @@ the application's compute, and what compression gives on real checkpoints.
     .venv/bin/python benchmarks/bench_mirror.py [--size 128M,1G] [--files 2] [--reps 3]
         [--json FILE] [--dir SCRATCH] [--mirror-dir DIR]
         [--skip throughput,slowdown,blocked,compression,index] [--etag-hash MD5|""]
+        [--methods boto3,mirror,copy,dir_mirror,...] [--blocked-mirrors s3,dir]
         [--index-sizes 10,1000]
         [--with-parts --parts 8M,16M,32M,64M --concurrency 1,2,4,8 --parts-reps 3]
+
+The three goals of the verified copy, at 2 x 128 MiB and at 2 x 1 GiB, in one run (the
+summary at the end, ``goals`` in the JSON)::
+
+    .venv/bin/python benchmarks/bench_mirror.py --size 128M,1G --reps 3 --etag-hash "" \
+        --skip slowdown,compression,index --methods boto3,mirror,copy,dir_mirror
 
 One process, no MPI (the mirror is one background thread of rank 0; the blocked time is
 that of one rank's ``save()``). Each ``--size`` (comma list) is a run of its own:
@@ -36,8 +43,14 @@ ratios per repetition then the median:
 - ``mirror_nosource``: ``mirror`` without the check of the source file;
 - ``copy``: ``shutil.copyfile`` of each file into ``--mirror-dir``, then ``fsync``: the
   peer of a directory mirror;
-- ``dir_mirror``: ``mirror.upload`` to a directory backend on ``--mirror-dir`` (read
-  once, checked, hashed, written from the same buffers, fsynced, renamed).
+- ``dir_mirror``: ``mirror.upload`` to a directory backend on ``--mirror-dir``: the
+  kernel copies (``sendfile``, as ``copyfile``; write-back started range by range), a
+  thread reads the destination behind it from the page cache and checks it (array blocks
+  against the checkpoint's hashes, other bytes against the source's, its xxh3 taken);
+  then fsynced, renamed, its manifest written;
+- ``dir_mirror_stream`` (only when named in ``--methods``): the same through the metered
+  stream a bandwidth cap or compression takes (read once, checked, hashed, written from
+  the same buffers), uncapped.
 
 ``throughput = bytes / seconds``; the goals are ``mirror / boto3 >= 0.9`` and
 ``dir_mirror / copy >= 0.9``. Copies are uncompressed here (``compress=None``).
@@ -49,9 +62,10 @@ while a background thread mirrors the files (as rank 0's mirror worker does, at 
 lowered priority), uncapped and capped at ``--cap``: slowdown = with / alone - 1.
 
 ``blocked``: ``Checkpointer.save`` (one process) of ``--size`` per save, ``--saves``
-saves ``--gap`` seconds apart, without a mirror and with the S3 mirror (every save
-mirrored in the background, so later saves run while the worker still copies): the
-seconds save() blocked, median per run, and their ratio (goal: at most 1.1).
+saves ``--gap`` seconds apart, without a mirror and with each of ``--blocked-mirrors``
+(``s3``, ``dir``: every save mirrored in the background, so later saves run while the
+worker still copies): the seconds save() blocked, median per run, and their ratio to
+no mirror (goal: at most 1.1).
 
 ``compression``: the ratio (stored / original bytes) and one core's throughput of zstd
 alone and of the mirror's encoder (zstd over byte-grouped floats, levels 1 and 3) on a
@@ -89,6 +103,17 @@ sys.path.insert(0, str(ROOT))
 import _util  # noqa: E402
 
 MiB = _util.MiB
+#: The throughput's methods (module docstring), in their report order.
+METHODS = [
+    "boto3",
+    "put_file",
+    "mirror",
+    "mirror_readback",
+    "mirror_nosource",
+    "copy",
+    "dir_mirror",
+    "dir_mirror_stream",
+]
 NOTES = [
     "S3 server: rclone serve s3 over a local folder, on this machine (loopback); its CPU "
     "competes with the client's on 2 cores shared by other work: figures are noisy",
@@ -163,6 +188,9 @@ class Bench:
         from hpcckpt.store.mirror.backend import DirectoryBackend
         from hpcckpt.store.mirror.s3 import S3Backend
 
+        class Streaming(DirectoryBackend):
+            kernel_copy = False  # the metered stream, as with a cap or compression
+
         self.clear()
         for old in self.mirror_dir.iterdir():
             shutil.rmtree(old)
@@ -177,6 +205,8 @@ class Bench:
                 _util.fsync_path(target / path.name)
             elif method == "dir_mirror":
                 mirror.upload(DirectoryBackend(target, compress=None), path)
+            elif method == "dir_mirror_stream":
+                mirror.upload(Streaming(target, compress=None), path)
             elif method == "boto3":
                 self.client.upload_file(str(path), self.bucket, f"{prefix}/{path.name}")
             elif method == "put_file":
@@ -192,15 +222,10 @@ class Bench:
         return time.perf_counter() - t0
 
     def throughput(self) -> dict[str, Any]:
-        methods = [
-            "boto3",
-            "put_file",
-            "mirror",
-            "mirror_readback",
-            "mirror_nosource",
-            "copy",
-            "dir_mirror",
-        ]
+        methods = [m for m in self.args.methods.split(",") if m]
+        unknown = set(methods) - set(METHODS)
+        if unknown:
+            raise SystemExit(f"--methods: unknown {sorted(unknown)}; known: {METHODS}")
         rng = random.Random(7)
         per_rep: list[dict[str, float]] = []
         for rep in range(self.args.reps):
@@ -215,16 +240,16 @@ class Bench:
             )
         out: dict[str, Any] = {"bytes": self.total, "samples": per_rep, "methods": {}}
         for m in methods:
-            peer = "copy" if m in ("copy", "dir_mirror") else "boto3"
+            peer = "copy" if m.startswith(("copy", "dir_")) else "boto3"
             secs = [r[m] for r in per_rep]
-            ratios = [r[peer] / r[m] for r in per_rep]
+            ratios = [r[peer] / r[m] for r in per_rep] if peer in methods else []
             out["methods"][m] = {
                 "peer": peer,
                 "median_s": median(secs),
                 "median_MBps": self.total / median(secs) / 1e6,
                 "min_s": min(secs),
                 "max_s": max(secs),
-                "ratio_to_peer": median(ratios),
+                "ratio_to_peer": median(ratios) if ratios else None,
                 "ratios": ratios,
             }
         return out
@@ -365,17 +390,23 @@ class Bench:
         n = _util.parse_size(self.args.size) // 8
         state = {"u": np.random.default_rng(3).random(n)}
         saves = self.args.saves
-        runs: dict[str, list[float]] = {"none": [], "s3": []}
-        drained: list[float] = []
+        mirrors = [m for m in self.args.blocked_mirrors.split(",") if m]
+        if set(mirrors) - {"s3", "dir"}:
+            raise SystemExit(f"--blocked-mirrors: give s3 and/or dir, not {mirrors}")
+        kinds = ["none", *mirrors]
+        runs: dict[str, list[float]] = {k: [] for k in kinds}
+        drained: dict[str, list[float]] = {k: [] for k in mirrors}
         for rep in range(self.args.reps):
-            for kind in ["none", "s3"] if rep % 2 == 0 else ["s3", "none"]:
+            for kind in kinds if rep % 2 == 0 else kinds[::-1]:
                 self.clear()
                 directory = self.root / f"blocked-{kind}-{rep}"
-                extra = (
-                    {"mirror": f"s3://{self.bucket}/blocked{rep}", "mirror_compress": None}
-                    if kind == "s3"
-                    else {}
-                )
+                extra: dict[str, Any] = {}
+                if kind == "s3":
+                    extra = {"mirror": f"s3://{self.bucket}/blocked{rep}", "mirror_compress": None}
+                elif kind == "dir":
+                    target = self.mirror_dir / f"blocked{rep}"
+                    target.mkdir(parents=True, exist_ok=True)
+                    extra = {"mirror": str(target), "mirror_compress": None}
                 ck = Checkpointer(directory, incremental=False, validate=None, keep_last=2, **extra)
                 times = []
                 for step in range(1, saves + 1):
@@ -386,22 +417,28 @@ class Bench:
                     time.sleep(self.args.gap)  # the application computes
                 t0 = time.perf_counter()
                 ck.finish()
-                if kind == "s3":
-                    drained.append(time.perf_counter() - t0)
+                if kind != "none":
+                    drained[kind].append(time.perf_counter() - t0)
+                    shutil.rmtree(self.mirror_dir / f"blocked{rep}", ignore_errors=True)
                 runs[kind].append(median(times))
                 shutil.rmtree(directory, ignore_errors=True)
-        ratio = [s / n_ for s, n_ in zip(runs["s3"], runs["none"], strict=True)]
-        out = {
+        ratios = {k: [s / n_ for s, n_ in zip(runs[k], runs["none"], strict=True)] for k in mirrors}
+        out: dict[str, Any] = {
             "saves_per_run": saves,
             "gap_s": self.args.gap,
             "median_blocked_s": {k: median(v) for k, v in runs.items()},
             "runs": runs,
-            "ratio_s3_to_none": median(ratio),
+            "ratios": ratios,
             "finish_wait_s": drained,
         }
+        for k in mirrors:
+            out[f"ratio_{k}_to_none"] = median(ratios[k])
         print(
-            f"  save() blocked: no mirror {median(runs['none']):.3f} s, S3 mirror "
-            f"{median(runs['s3']):.3f} s (ratio {median(ratio):.2f})",
+            f"  save() blocked: no mirror {median(runs['none']):.3f} s, "
+            + ", ".join(
+                f"{k} mirror {median(runs[k]):.3f} s (ratio {median(ratios[k]):.2f})"
+                for k in mirrors
+            ),
             flush=True,
         )
         return out
@@ -649,6 +686,32 @@ def index_figures(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def goals(result: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Item by item, each size: the verified copy against its plain tool (>= 0.9) and a
+    save() while the mirror copies against one with no mirror (<= 1.1)."""
+    rows = []
+    for size, here in result["sizes"].items():
+        methods = here.get("throughput", {}).get("methods", {})
+        blocked = here.get("blocked", {})
+        for what, value, goal in (
+            ("directory mirror / copyfile + fsync", methods.get("dir_mirror"), ">= 0.9"),
+            ("S3 mirror / boto3 upload_file", methods.get("mirror"), ">= 0.9"),
+            ("save() with the S3 mirror copying / none", blocked.get("ratio_s3_to_none"), "<= 1.1"),
+            (
+                "save() with the dir mirror copying / none",
+                blocked.get("ratio_dir_to_none"),
+                "<= 1.1",
+            ),
+        ):
+            if isinstance(value, dict):
+                value = value.get("ratio_to_peer")
+            met = None
+            if value is not None:
+                met = value >= 0.9 if goal.startswith(">=") else value <= 1.1
+            rows.append({"size": size, "what": what, "value": value, "goal": goal, "met": met})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
@@ -660,6 +723,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", default="1,2,4,8")
     ap.add_argument("--parts-reps", type=int, default=3)
     ap.add_argument("--cap", default="25M", help="the bandwidth cap of the slowdown case")
+    ap.add_argument(
+        "--methods",
+        default=",".join(m for m in METHODS if m != "dir_mirror_stream"),
+        help=f"throughput: comma list of {','.join(METHODS)}",
+    )
+    ap.add_argument(
+        "--blocked-mirrors", default="s3,dir", help="blocked: the mirrors a save runs beside"
+    )
     ap.add_argument("--saves", type=int, default=4, help="saves per blocked-time run")
     ap.add_argument("--gap", type=float, default=1.0, help="seconds between saves")
     ap.add_argument(
@@ -730,16 +801,26 @@ def main(argv: list[str] | None = None) -> int:
         if "throughput" in here:
             print(f"\nthroughput at {args.files} x {size} (median of {args.reps}):")
             for m, row in here["throughput"]["methods"].items():
+                ratio = row["ratio_to_peer"]
                 print(
-                    f"  {m:16} {row['median_MBps']:7.0f} MB/s   "
-                    f"{row['ratio_to_peer']:.2f} x {row['peer']}"
+                    f"  {m:17} {row['median_MBps']:7.0f} MB/s   "
+                    + ("-" if ratio is None else f"{ratio:.2f}")
+                    + f" x {row['peer']}"
                 )
         if "blocked" in here:
             b = here["blocked"]
-            print(
-                f"  save() while the S3 mirror copies: {b['ratio_s3_to_none']:.2f} x the "
-                "save() with no mirror"
-            )
+            for k in ("s3", "dir"):
+                if f"ratio_{k}_to_none" in b:
+                    print(
+                        f"  save() while the {k} mirror copies: {b[f'ratio_{k}_to_none']:.2f} x "
+                        "the save() with no mirror"
+                    )
+    result["goals"] = goals(result, args)
+    print(f"\ngoals ({args.files} files per size, median of {args.reps}):")
+    for row in result["goals"]:
+        met = {True: "met", False: "NOT met", None: "not measured"}[row["met"]]
+        value = "-" if row["value"] is None else f"{row['value']:.2f}"
+        print(f"  {row['size']:>5}  {row['what']:44} {value:>5}  (goal {row['goal']}) {met}")
     out = (
         Path(args.json)
         if args.json
