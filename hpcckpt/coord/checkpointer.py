@@ -330,6 +330,8 @@ class Checkpointer:
         result = self.store.restore(state, only=only, strict=strict)
         if self.buffers is not None:  # the first save's staging, populated in the background
             self.buffers.reserve(state, self.comm)
+        elif self.store.tier is not None:  # or its node-local data file
+            self.store.tier.reserve(state)
         set_aside = [] if self.store.tier is None else self.store.tier.take_set_aside()
         self._heartbeat.beat(None, force=True)  # back to compute
         self._calls.drain()

@@ -37,3 +37,35 @@ def test_restore_reserves_the_first_saves_staging_and_the_save_keeps_its_values(
         assert ck.restore(again) == 0
         assert again["u"].tobytes() == saved.tobytes() and again["t"] == 0.0
         ck.finish()
+
+
+def test_restore_reserves_the_node_local_data_file_and_the_first_cache_save_fills_it(tmp_path):
+    """With a cache on tmpfs, restore() with nothing to restore makes this rank's data file
+    of the state's size (its pages allocated in the background); the first save copies
+    into that file, and a restart restores the values at save() from the node-local copy."""
+    import shutil
+    import uuid
+    from pathlib import Path
+
+    from hpcckpt.store.tier import copies as fast_tier
+    from hpcckpt.store.tier.data_map import RESERVE_STEP
+
+    cache = Path("/dev/shm") / f"hpcckpt-test-{uuid.uuid4().hex[:8]}"
+    u = np.random.default_rng(2).random((4 << 20) // 8)
+    state = {"u": u}
+    common = {"every_steps": 1, "keep_last": None, "incremental": False, "validate": None}
+    try:
+        with Checkpointer(tmp_path, comm=MPI.COMM_SELF, cache=cache, **common) as ck:
+            assert ck.restore(state) is None
+            reserved = cache / fast_tier.data_name(RESERVE_STEP, 0)
+            inode = reserved.stat().st_ino
+            saved = u.copy()
+            ck.save(0, state)
+            u *= -2.0  # every array changes right after save() returns
+            assert (cache / fast_tier.data_name(0, 0)).stat().st_ino == inode
+            assert not reserved.exists()
+            ck.wait()
+            (copy,) = fast_tier.scan(cache, tmp_path, 0, 1)
+            assert fast_tier.load(copy)["u"].tobytes() == saved.tobytes()
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)

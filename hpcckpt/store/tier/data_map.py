@@ -9,22 +9,53 @@ another one (a new inode) or its size changed. Stores through a shared map of a 
 file system reach its pages at once, as ``pwrite`` does: the copy survives the process.
 Only for memory file systems (tmpfs, ramfs): on a disk the kernel would write-protect
 each cleaned page and fault it at the next save (:func:`maps_well`).
+
+Before a rank's first copy (at a restore) :meth:`DataMap.reserve` makes a data file of
+the state's size named as step :data:`RESERVE_STEP` and allocates and maps its pages in a
+background thread: the first save recycles it as it would a previous copy's file
+(:func:`.tier.copies.recycle` takes the newest) and copies into pages already there.
+Without a manifest it is never a copy; the tier's cleanup removes it like any other.
 """
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import stat
+import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from hpcckpt.store.io import blocks, filesystem, safety
 from hpcckpt.store.tier.copies import ALIGN, data_name
+from hpcckpt.store.tree import tensors
+from hpcckpt.store.tree.state_tree import is_stateful
 
 #: statfs magic numbers of the memory file systems.
 _MEMORY_MAGIC = {0x01021994: "tmpfs", 0x858458F6: "ramfs"}
+#: The step a reserved data file is named as: the newest, and one no job reaches.
+RESERVE_STEP = 10**10 - 1
+_MADV_POPULATE_WRITE = 23  # Linux 5.14; older kernels fault the pages in at the copy
+
+
+def file_bytes(value: Any) -> int:
+    """The size of the data file a copy of the state ``value`` takes (each array and
+    tensor rounded up to :data:`.tier.copies.ALIGN`), without encoding it."""
+    if isinstance(value, np.ndarray):
+        return -(-value.nbytes // ALIGN) * ALIGN
+    if tensors.is_tensor(value):
+        local = tensors.local_part(value) if tensors.is_dtensor(value) else value
+        return -(-tensors.nbytes(local) // ALIGN) * ALIGN
+    if is_stateful(value):
+        return file_bytes(value.state_dict())
+    if isinstance(value, dict):
+        return sum(file_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(file_bytes(v) for v in value)
+    return 0
 
 
 def maps_well(path: Path) -> bool:
@@ -43,10 +74,51 @@ class DataMap:
     def __init__(self) -> None:
         self._key: tuple[int, int, int] | None = None  # (device, inode, size) mapped
         self._area: mmap.mmap | None = None
+        self._reserving: threading.Thread | None = None
 
     def close(self) -> None:
         """Let the mapping go (unmapped once the last array viewing it is gone)."""
+        self._settle()
         self._key, self._area = None, None
+
+    def _settle(self) -> None:
+        if self._reserving is not None:
+            self._reserving.join()
+            self._reserving = None
+
+    def reserve(self, cache: Path, rank: int, size: int, mode: int) -> Path | None:
+        """Make this rank's data file of ``size`` bytes for its first copy, named as step
+        :data:`RESERVE_STEP`; its pages are allocated and mapped by a background thread.
+        The file made (None: nothing to reserve, or it could not be made)."""
+        if size <= 0:
+            return None
+        self.close()
+        path = cache / data_name(RESERVE_STEP, rank)
+        try:
+            safety.remove_leftover(path)
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CREAT | os.O_EXCL, mode)
+        except OSError:
+            return None
+        try:
+            os.ftruncate(fd, size)
+            st = os.fstat(fd)
+            prot = mmap.PROT_READ | mmap.PROT_WRITE
+            area = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=prot)
+        except OSError:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return None
+        os.close(fd)
+        self._key, self._area = (st.st_dev, st.st_ino, size), area
+
+        def populate() -> None:
+            with contextlib.suppress(OSError):  # the copy faults in what is not there
+                area.madvise(_MADV_POPULATE_WRITE)
+
+        self._reserving = threading.Thread(target=populate, name="hpcckpt-reserve", daemon=True)
+        self._reserving.start()
+        return path
 
     def write(
         self,
@@ -63,6 +135,7 @@ class DataMap:
         """:func:`.tier.copies.write_data` through the map: (arrays viewing the copy in the
         data file, block hashes (``hashed``; else none), offsets). With ``reuse`` the data
         file of ``step`` is already there (recycled) and written over in place."""
+        self._settle()
         path = cache / data_name(step, rank)
         offsets, size = {}, 0
         for name, src in arrays.items():

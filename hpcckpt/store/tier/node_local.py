@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from hpcckpt.store.results import RestoreResult, SaveResult
 from hpcckpt.store.tier import copies as fast_tier
 from hpcckpt.store.tier import rebuild as local_restore
 from hpcckpt.store.tier import redundancy
-from hpcckpt.store.tier.data_map import DataMap, maps_well
+from hpcckpt.store.tier.data_map import DataMap, file_bytes, maps_well
 from hpcckpt.store.tier.options import TierOptions
 from hpcckpt.store.tree.encoding import Encoder
 from hpcckpt.store.tree.matching import check_fits, check_keys, key_differences
@@ -163,6 +164,29 @@ class NodeLocalTier:
             hashed=hashed,
             reuse=reuse,
         )
+
+    def reserve(self, state: Any) -> int:
+        """Before this rank's first copy (a restore; not collective): on a memory file
+        system, the data file of ``state``'s copy made and its pages allocated in the
+        background (:meth:`.tier.data_map.DataMap.reserve`), when the first save would
+        otherwise make a new one (no data file of this rank to recycle, no redundancy).
+        The bytes reserved (0: none)."""
+        size = file_bytes(state)
+        if self._holds_newest or self._sets is not None or not size:
+            return 0
+        if not maps_well(self.path) or any(self.path.glob(f"ckpt-*.rank{self.rank}.data")):
+            return 0
+        try:
+            safety.make_directory(self.path, self.place.dir_mode)
+            room = os.statvfs(self.path)
+            if room.f_bavail * room.f_frsize < size:
+                return 0
+        except OSError:
+            return 0
+        if self._data_map is None:
+            self._data_map = DataMap()
+        made = self._data_map.reserve(self.path, self.rank, size, self.place.file_mode)
+        return 0 if made is None else size
 
     def seals_alone(self) -> bool:
         """Whether a staged save's copy may be sealed by each rank on its own, in the

@@ -210,3 +210,41 @@ def test_on_tmpfs_staged_saves_write_the_copy_through_one_mapping_and_keep_save_
         again.close()
     finally:
         shutil.rmtree(cache, ignore_errors=True)
+
+
+def test_a_reserved_data_file_becomes_the_first_copy_in_the_same_mapping(tmp_path):
+    """reserve (a restore with nothing on the tier) makes this rank's data file of the
+    state's size on tmpfs, its pages allocated in the background; the first staged save
+    recycles that very file (same inode, same mapping) and its copy restores bit for bit.
+    Nothing is reserved when a data file is there to recycle, or off a memory file system."""
+    import shutil
+    import uuid
+    from pathlib import Path
+
+    from hpcckpt.store.tier.data_map import RESERVE_STEP, maps_well
+
+    cache = Path("/dev/shm") / f"hpcckpt-test-{uuid.uuid4().hex[:8]}"
+    try:
+        store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, cache=cache, incremental=False)
+        state = {"u": np.arange(300001.0), "v": np.full(7, 3), "k": 1}
+        size = store.tier.reserve(state)
+        assert size == -(-2400008 // 4096) * 4096 + 4096  # each array rounded up to 4 KiB
+        reserved = cache / fast_tier.data_name(RESERVE_STEP, 0)
+        assert os.stat(reserved).st_size == size
+        inode, area = os.stat(reserved).st_ino, store.tier._data_map._area
+        store.finish_save(store.begin_save(4, state))
+        assert sorted(os.listdir(cache)) == [
+            fast_tier.data_name(4, 0),
+            fast_tier.manifest_name(4, 0),
+        ]
+        assert os.stat(cache / fast_tier.data_name(4, 0)).st_ino == inode
+        assert store.tier._data_map._area is area
+        (copy,) = fast_tier.scan(cache, store.directory, 0, 1)
+        assert fast_tier.load(copy)["u"].tobytes() == state["u"].tobytes()
+        assert store.tier.reserve(state) == 0  # a data file to recycle already
+        store.close()
+        disk = CheckpointStore(tmp_path / "ck2", MPI.COMM_SELF, cache=tmp_path / "c2")
+        assert disk.tier.reserve(state) == (size if maps_well(tmp_path) else 0)
+        disk.close()
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
