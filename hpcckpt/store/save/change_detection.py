@@ -137,12 +137,14 @@ class ChangeDetector:
         method = "kernel" if out else "hashes"
         return out, Finding(method, tracker.scan.pages, hashed, tracker.scan.seconds)
 
-    def compare_on_device(self, last: ChainState | None, policy: ChainPolicy) -> bool:
-        """Whether a staged save copies only the blocks of device tensors whose checksums
-        changed on the device (:mod:`.save.device_checksums`): not with ``"hashes"``
-        (every byte copied and hashed), nor for a save full by count, which copies every
-        byte and so refreshes the checksums."""
-        return self.mode != "hashes" and not policy.full_by_count(last)
+    def device_copies(self, last: ChainState | None, policy: ChainPolicy) -> str:
+        """What a staged save copies of device tensors (:mod:`.save.device_checksums`):
+        ``"changed"``, the blocks whose checksums changed on the device; ``"all"`` for a
+        save full by count (every byte, the checksums refreshed); ``"off"`` with
+        ``"hashes"`` (every byte copied and hashed, no checksums)."""
+        if self.mode == "hashes":
+            return "off"
+        return "all" if policy.full_by_count(last) else "changed"
 
     def audit(self, hashes: dict[str, np.ndarray], last: ChainState | None) -> str | None:
         """After a save that hashed tracked arrays in full: a block whose hash changed

@@ -304,7 +304,7 @@ class Saver:
         final, partial = self._names(step)
         if buffers is not None:  # device tensors are copied straight into its buffers
             buffers.reset_peak()
-            with buffers.lending(self.changes.compare_on_device(self.last, self.chain_policy)):
+            with buffers.lending(self.changes.device_copies(self.last, self.chain_policy)):
                 encoded, parent = self._prepare(step, state, copy if state is None else None)
         else:
             encoded, parent = self._prepare(step, state, copy if state is None else None)

@@ -63,6 +63,10 @@ _CHUNK_WORDS = 8 << 20
 #: Tensors smaller than this are copied whole: the copy costs less than the kernels'
 #: launches and the wait for their verdict (tens of microseconds per tensor).
 WHOLE_BELOW = 256 << 10
+#: What a save's copies of lent buffers do (:meth:`DeviceChecksums.begin`): only the
+#: blocks whose checksums changed; every byte, checksummed afresh (a full save); every
+#: byte, no checksums at all (exact hashing asked for).
+COPIES = ("changed", "all", "off")
 #: A tensor whose blocks more than this fraction changed since its last save is copied
 #: whole, without checksums, for its next REST_SAVES saves (it is rewritten between
 #: saves: the checksums would only add their cost to the copy), then compared again.
@@ -168,7 +172,7 @@ class DeviceChecksums:
     """The device checksums of the host buffers a staged save lends (one per tensor).
 
     :meth:`copy` is the device-to-host copy of a lent buffer: whole the first time (or
-    with ``compare=False``), else only the blocks whose checksum changed.
+    with ``"all"`` or ``"off"``), else only the blocks whose checksum changed.
     :meth:`hashes` gives the buffer's xxh3 block hashes, recomputed only where bytes
     were copied since. ``on_cpu``: CPU tensors too (tests; a save never needs it).
     Tensors under ``whole_below`` bytes are copied whole (:data:`WHOLE_BELOW`).
@@ -180,8 +184,8 @@ class DeviceChecksums:
         self.on_cpu = on_cpu
         self.block_bytes = blocks.check_block_size(block_bytes)
         self.whole_below = whole_below
-        #: Whether copies compare with the kept checksums (False: whole copies, fresh sums).
-        self.compare = True
+        #: This save's copies, one of :data:`COPIES`.
+        self.copies = "changed"
         #: This save's copies (reset by :meth:`begin`).
         self.copied = Copied()
         self._kept: dict[int, _Kept] = {}  # host data_ptr -> what its bytes are
@@ -190,9 +194,11 @@ class DeviceChecksums:
         """Whether ``tensor``'s host copies go through here."""
         return self.on_cpu or not devices.on_host(tensor)
 
-    def begin(self, compare: bool = True) -> None:
-        """A save starts: count its copies anew; ``compare=False`` copies every byte."""
-        self.compare = compare
+    def begin(self, copies: str = "changed") -> None:
+        """A save starts: count its copies anew; ``copies``: one of :data:`COPIES`."""
+        if copies not in COPIES:
+            raise ValueError(f"copies must be one of {', '.join(COPIES)}, not {copies!r}")
+        self.copies = copies
         self.copied = Copied()
         self._kept = {p: k for p, k in self._kept.items() if k.host() is not None}
 
@@ -221,7 +227,8 @@ class DeviceChecksums:
         if kept is None or kept.block != step:
             kept = _Kept(weakref.ref(host), None, step, stale=np.ones(n, bool))
             self._kept[int(host.data_ptr())] = kept
-        if nbytes < self.whole_below or (self.compare and kept.rest > 0):
+        changing = self.copies == "changed"
+        if nbytes < self.whole_below or self.copies == "off" or (changing and kept.rest > 0):
             kept.rest = max(0, kept.rest - 1)
             kept.sums = None  # the next comparing save computes them afresh
             changed = np.arange(n)
@@ -229,7 +236,7 @@ class DeviceChecksums:
         else:
             sums = block_checksums(flat, step)
             old = kept.sums
-            if not self.compare or old is None or old.device != sums.device:
+            if not changing or old is None or old.device != sums.device:
                 changed = np.arange(n)
                 devices.copy_runs(flat, host, [(0, flat.numel())])
             else:

@@ -262,12 +262,13 @@ class HostBuffers:
         self.peak = max(self.peak, self.nbytes)
 
     @contextlib.contextmanager
-    def lending(self, compare: bool = True) -> Any:
+    def lending(self, copies: str = "changed") -> Any:
         """Within the block (a save's encoding), device tensors are copied to the host
         into buffers of this object (:func:`hpcckpt.store.tree.devices.host_buffers`):
-        only their changed blocks, unless ``compare`` is False (every byte)."""
+        only their changed blocks, or every byte (``copies``:
+        :data:`hpcckpt.store.save.device_checksums.COPIES`)."""
         self._taken, self._lent_now = {}, {}
-        self.checks.begin(compare)
+        self.checks.begin(copies)
         with devices.host_buffers(self.lend, self.checks.copy, cpu=self.checks.on_cpu):
             yield
 

@@ -166,9 +166,33 @@ def test_a_full_save_copies_every_byte_and_refreshes_the_checksums():
     checks.begin()
     copy_of(checks, t, host)
     assert checks.copied.blocks == 0 and host[0] == 99.0
-    checks.begin(compare=False)
+    checks.begin("all")
     copy_of(checks, t, host)
     assert checks.copied.blocks == checks.copied.total and torch.equal(host, t)
+
+
+def test_exact_hashing_asked_for_copies_every_byte_without_checksums(monkeypatch):
+    checks = DeviceChecksums(on_cpu=True, block_bytes=BLOCK, whole_below=0)
+    with pytest.raises(ValueError, match="copies must be one of changed, all, off"):
+        checks.begin("some")
+    t = values((10 * BLOCK,), torch.float32, 11)
+    host = torch.empty_like(t)
+    computed = []
+    monkeypatch.setattr(
+        "hpcckpt.store.save.device_checksums.block_checksums",
+        lambda flat, step: computed.append(step) or block_checksums(flat, step),
+    )
+    for _ in range(2):
+        checks.begin("off")
+        copy_of(checks, t, host)
+        assert checks.copied.blocks == checks.copied.total == 40 and torch.equal(host, t)
+    assert computed == []  # no kernels run
+    counts = []
+    for _ in range(2):  # comparing again: the first has no sums to compare with
+        checks.begin("changed")
+        copy_of(checks, t, host)
+        counts.append(checks.copied.blocks)
+    assert counts == [40, 0] and len(computed) == 2
 
 
 def test_non_contiguous_empty_and_resized_tensors():
