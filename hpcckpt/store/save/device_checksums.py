@@ -42,7 +42,6 @@ path on CPU tensors with ``on_cpu=True``.
 
 from __future__ import annotations
 
-import logging
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,8 +50,6 @@ import numpy as np
 
 from hpcckpt.store.io import blocks
 from hpcckpt.store.tree import devices
-
-log = logging.getLogger("hpcckpt.store")
 
 #: Bytes per checksummed block: the store's default block, so that on default settings
 #: one changed checksum block is one changed file block.
@@ -186,7 +183,7 @@ class DeviceChecksums:
         self.whole_below = whole_below
         #: This save's copies, one of :data:`COPIES`.
         self.copies = "changed"
-        #: This save's copies (reset by :meth:`begin`).
+        #: What this save's copies moved (reset by :meth:`begin`).
         self.copied = Copied()
         self._kept: dict[int, _Kept] = {}  # host data_ptr -> what its bytes are
 
