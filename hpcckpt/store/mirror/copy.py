@@ -4,10 +4,11 @@ the mirror holds, pull one back, mark a copy bad.
 On the mirror a checkpoint ``ckpt-<step>.h5`` is three objects under the backend's root:
 
 - ``ckpt-<step>.h5``: the checkpoint file's bytes, as in the directory;
-- ``ckpt-<step>.h5.manifest.json``: written last, only after every byte that arrived was
-  read back from the mirror and its xxh3-64 matched that of the local file, which was
-  itself checked against the checkpoint's own array checksums first. Without it the data
-  object is an upload in progress or a cut one, never a good checkpoint;
+- ``ckpt-<step>.h5.manifest.json``: written last, only after what arrived was known to
+  be the checkpoint's bytes (the store checked a checksum on receipt, a directory's copy
+  was checked at its destination, or it was read back and compared), the bytes themselves
+  checked against the checkpoint's own array checksums. Without it the data object is an
+  upload in progress or a cut one, never a good checkpoint;
 - ``ckpt-<step>.h5.bad``: a copy found damaged (at a pull or a verify): skipped from then on.
 
 An incremental checkpoint is mirrored with its chain: each file of the chain is a
@@ -438,13 +439,14 @@ def upload(
     """Mirror one committed checkpoint of a directory, with the files of its chain the
     mirror lacks (oldest first). Each file is read once: checked against its own
     checksums (``verify_source``) and hashed as its bytes are sent (compressed where
-    the backend's ``compress`` says); what arrived is checked by the store on receipt,
-    or read back and compared where the store checks nothing; only then it gets its
+    the backend's ``compress`` says), or, to a directory, copied by the kernel and
+    checked at its destination; what arrived is checked by the store on receipt, or
+    read back and compared where the store checks nothing; only then it gets its
     manifest. ``known``: the checkpoint and its chain as the mirror holds them (the index's
     :func:`~.mirror.index.confirm`), instead of listing every manifest.
 
     CheckpointError when the local checkpoint (or a file it needs) is missing or bad;
-    MirrorCopyBad when the bytes read back differ; MirrorUnavailable from the backend
+    MirrorCopyBad when the bytes read back or copied differ; MirrorUnavailable from the backend
     (also when the store refused a part for its checksum: damaged on the way).
     """
     t0 = time.perf_counter()

@@ -265,7 +265,7 @@ def copy_checked(
     writing) with ``copy_range(src, dst, offset, count) -> bytes copied``, and check the
     destination as it fills, every byte of it read back from the page cache once copied:
     array blocks against ``check``'s hashes, the bytes outside them against the source's
-    (a few KiB of metadata read again), the whole file's xxh3-64 into ``seen``.
+    (metadata, trees and hash tables read again), the whole file's xxh3-64 into ``seen``.
 
     Two threads: a helper copies each range, starts its write-back (the final fsync
     then waits for less) and hashes it whole; this one checks the blocks behind it.
@@ -311,7 +311,7 @@ def copy_checked(
             with cond:
                 while state["copied"] <= pos and not state["ended"]:
                     cond.wait()
-                upto = state["copied"]
+                upto = min(state["copied"], pos + chunk)  # bounded: the gaps are read whole
             if upto <= pos:
                 break  # the copy failed: raised below
             with _mapped(dst, pos, upto - pos) as piece:
