@@ -71,3 +71,31 @@ def test_a_meta_tensor_in_a_state_is_refused_by_name():
 
     with pytest.raises(TypeError, match=r"state\['w'\].*meta device"):
         encode({"w": torch.empty(2, device="meta")})
+
+
+def test_lent_buffers_take_cpu_tensors_only_when_asked_and_the_lenders_copy_runs():
+    t = torch.arange(10.0)
+    lent, copied = [], []
+
+    def lend(tensor):
+        lent.append(devices.empty_host(tensor))
+        return lent[-1]
+
+    with devices.host_buffers(lend, lambda src, host: copied.append(host) or host.copy_(src)):
+        assert devices.to_host(t).data_ptr() == t.data_ptr()  # a CPU tensor: itself
+    assert lent == [] and copied == []
+    with devices.host_buffers(
+        lend, lambda src, host: copied.append(host) or host.copy_(src), cpu=True
+    ):
+        host = devices.to_host(t)
+        assert devices.to_host(t, out=torch.empty(10)).data_ptr() == t.data_ptr()  # as before
+    assert host is lent[0] is copied[0] and host.data_ptr() != t.data_ptr()
+    assert torch.equal(host, t)
+
+
+def test_copy_runs_copies_only_the_ranges_given():
+    src = torch.arange(12, dtype=torch.int16)
+    host = torch.full((3, 4), -1, dtype=torch.int16)
+    devices.copy_runs(src, host, [(1, 3), (8, 12)])
+    want = torch.tensor([-1, 1, 2, -1, -1, -1, -1, -1, 8, 9, 10, 11], dtype=torch.int16)
+    assert torch.equal(host.reshape(-1), want)
