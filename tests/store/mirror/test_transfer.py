@@ -317,3 +317,24 @@ def test_a_bandwidth_cap_or_compression_keeps_the_metered_stream(tmp_path):
         assert backend.copied == 0 and backend.streamed == 1
         got = mirror.pull(backend, path.name, tmp_path / f"back-{backend.root.name}")
         assert got.read_bytes() == path.read_bytes()
+
+
+def test_an_incremental_file_copied_by_the_kernel_is_checked_byte_for_byte(tmp_path):
+    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, max_chain=4)
+    u = np.random.default_rng(0).random(2_000_000)
+    store.save(1, {"u": u})
+    u[:1000] += 1.0
+    delta = store.save(2, {"u": u})
+    assert delta.kind == "incremental" and not SourceCheck(delta.path).runs  # no plain blocks
+    size = delta.path.stat().st_size
+    (tmp_path / "m").mkdir()
+    backend = DamagedAt(tmp_path / "m", size // 2)
+    with pytest.raises(mirror.MirrorCopyBad, match="differ from the source's"):
+        mirror.upload(backend, delta.path)  # its base first, through the metered stream
+    assert [m.step for m in mirror.list_mirrored(backend) if m.good] == [1]
+    assert backend.times == 0 and backend.streamed == 1
+    up = mirror.upload(backend, delta.path)
+    assert up.files == (delta.path.name,) and up.already == ("ckpt-0000000001.h5",)
+    assert backend.streamed == 1 and mirror.newest_good(backend).step == 2
+    got = mirror.pull(backend, 2, tmp_path / "back")
+    assert got.read_bytes() == delta.path.read_bytes()
