@@ -98,7 +98,7 @@ def _weights(device: Any, nwords: int) -> Any:
 
 def _as_bytes(tensor: Any) -> Any:
     """uint8[nbytes]: ``tensor``'s C-order bytes on its device (a copy only when needed)."""
-    flat = tensor.detach().contiguous().reshape(-1)
+    flat = tensor.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
     torch = _torch()
     try:
         return flat.view(torch.uint8)
@@ -217,7 +217,8 @@ class DeviceChecksums:
         self.copied.tensors += 1
         if nbytes == 0:
             return
-        flat = tensor.detach().contiguous().reshape(-1)  # C order, once for sums and copies
+        # the values in C order (conjugate and negative views resolved), once for sums and copies
+        flat = tensor.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
         step = blocks.block_elems(host.element_size(), self.block_bytes) * host.element_size()
         n = blocks.nblocks(nbytes, step)
         kept = self._entry(host)

@@ -208,6 +208,16 @@ def test_non_contiguous_empty_and_resized_tensors():
     assert checks.copied.blocks == 1
     assert torch.equal(host.view(torch.int16), view.contiguous().view(torch.int16))
 
+    z = torch.randn(3000, dtype=torch.complex64)
+    conj = z.conj()  # a conjugate view: its values, not its storage, are copied
+    checks.begin()
+    zhost = copy_of(checks, conj)
+    assert torch.equal(zhost.resolve_conj(), z.conj().resolve_conj()) and not zhost.is_conj()
+    z[2999] = 5.0
+    checks.begin()
+    copy_of(checks, conj, zhost)
+    assert checks.copied.blocks == 1 and torch.equal(zhost, z.conj().resolve_conj())
+
     empty = torch.empty(0, 5)
     checks.begin()
     copy_of(checks, empty)
