@@ -1,11 +1,13 @@
-"""DDP training (gloo, CPU, no MPI) through hpcckpt's Checkpointer on the local 2-node
-Slurm, launched as PyTorch users launch it, by the templates that show it:
+"""DDP and FSDP2 training (gloo, CPU, no MPI) through hpcckpt's Checkpointer on the local
+2-node Slurm, launched as PyTorch users launch it, by the templates that show it:
 ``hpcckpt srun -- torchrun --nnodes=2 ...`` (``sbatch-templates/torchrun.sbatch``) and
 ``hpcckpt srun -- python train.py``, ranks from ``SLURM_*`` (``srun-torch.sbatch``).
 
-Slurm's time-limit warning (``--signal=B:USR1@55``) stops the first run; the checkpoint
-commits, the job is requeued and resumes; every step's loss on both ranks, the parameters
-and AdamW's moments are bit-identical to an uninterrupted torchrun run outside Slurm.
+Slurm's time-limit warning (``--signal=B:USR1@55``) or a worker's crash stops the first
+run; the checkpoint commits, the job is requeued and resumes; every step's loss on both
+ranks, the parameters and AdamW's moments (gathered whole and each rank's shards), each
+rank's random generators and data position are bit-identical to an uninterrupted torchrun
+run outside Slurm.
 The first run sleeps 0.5 s per step (only the first: no number changes), so the warning
 always finds it training; once the job was requeued the test raises its limit to 10
 minutes, so the second run finishes.
@@ -37,20 +39,29 @@ STEPS, EVERY = 120, 50
 TRAIN = f"{APP} --steps {STEPS} --every {EVERY}"
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict:
+def torchrun_reference(root: Path, *extra: str) -> dict:
     """The uninterrupted run: torchrun, 2 workers, outside Slurm."""
     if not TORCHRUN.exists():
         pytest.fail(f"{TORCHRUN} not found: install torch (make setup does)")
-    root = tmp_path_factory.mktemp("torch-ref")
-    env = cluster_env_free()
     r = subprocess.run(
-        [str(TORCHRUN), "--nproc-per-node=2", *TRAIN.split(), "--ckpt-dir", str(root / "ck"),
-         "--out", str(root / "ref.json")],
-        env=env, capture_output=True, text=True, timeout=300, cwd=str(root),
+        [str(TORCHRUN), "--nproc-per-node=2", *TRAIN.split(), *extra, "--ckpt-dir",
+         str(root / "ck"), "--out", str(root / "ref.json")],
+        env=cluster_env_free(), capture_output=True, text=True, timeout=300, cwd=str(root),
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads((root / "ref.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    """The uninterrupted DDP run."""
+    return torchrun_reference(tmp_path_factory.mktemp("torch-ref"))
+
+
+@pytest.fixture(scope="module")
+def fsdp_reference(tmp_path_factory) -> dict:
+    """The uninterrupted FSDP2 run."""
+    return torchrun_reference(tmp_path_factory.mktemp("fsdp-ref"), "--fsdp")
 
 
 def cluster_env_free() -> dict[str, str]:
@@ -119,7 +130,11 @@ def check_resumed_bit_identically(
     assert [len(h) for h in got["losses"]] == [STEPS, STEPS]
     assert got["losses"] == ref["losses"]  # every step, both ranks, bit for bit
     assert got["params"] == ref["params"]
+    assert got["each_moment"] == ref["each_moment"]  # which, if one differs
     assert got["moments"] == ref["moments"]
+    assert got["local"] == ref["local"]  # each rank's parameters and moments (its shards)
+    assert got["rng"] == ref["rng"]  # each rank's torch, numpy and Python generators
+    assert got["data"] == ref["data"]  # each rank's sampler: epoch and position
     return got
 
 
@@ -170,3 +185,36 @@ def test_torchrun_worker_crash_torchrun_restarts_or_hpcckpt_requeues(
         assert int(info["Restarts"]) == 1, (info, text[-5000:])
         assert [e["cause"] for e in requeues] == ["crash"], requeues
         assert "torchrun restarted its workers" not in text
+
+
+def test_fsdp2_torchrun_two_nodes_time_limit_checkpoint_requeue_resume(
+    slurm_cluster_nodes, tmp_path, fsdp_reference
+):
+    """FSDP2 (``fully_shard``: DTensor parameters and moments, each rank its rows) under
+    the torchrun template: the warning stops it, each rank writes its own shards, the
+    requeued run restores them into an optimizer that has not stepped yet."""
+    info, text, out = run_job(slurm_cluster_nodes, tmp_path, "torchrun",
+                              app=("--fsdp", "--first-run-sleep", "0.5"))  # fmt: skip
+    got = check_resumed_bit_identically(info, text, out, tmp_path / "ckpt", fsdp_reference)
+    assert got["launched_by"] == "torchrun"
+    assert got["local"][0] != got["local"][1]  # sharded, not replicated
+    line = forwarded_line(text)
+    assert "by a signaller on every node (n1: rank " in line and "; n2: rank " in line, line
+
+
+def test_fsdp2_srun_launched_ranks_worker_crash_requeue_resume(
+    slurm_cluster_nodes, tmp_path, fsdp_reference
+):
+    """FSDP2 under the srun-torch template: rank 1 dies at step 60 (the last checkpoint:
+    step 49); srun ends the step (``--kill-on-bad-exit``), the wrapper requeues (a crash
+    with progress) and the training resumes at step 49, bit-identical."""
+    info, text, out = run_job(slurm_cluster_nodes, tmp_path, "srun-torch",
+                              app=("--fsdp", "--crash-at", "60", "1"), time="8")  # fmt: skip
+    got = check_resumed_bit_identically(
+        info, text, out, tmp_path / "ckpt", fsdp_reference, resumed_at=49
+    )
+    assert got["launched_by"] == "srun"
+    assert "rank 1: crashing at step 60" in text, text
+    assert int(info["Restarts"]) == 1, (info, text[-5000:])
+    requeues = [e for e in read_events(tmp_path / "ckpt") if e["event"] == "requeue"]
+    assert [e["cause"] for e in requeues] == ["crash"], requeues

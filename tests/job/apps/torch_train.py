@@ -5,19 +5,20 @@ torchrun or by plain ``srun`` (rank and size from ``SLURM_PROCID``/``SLURM_NTASK
     srun --mpi=none -n 2 python torch_train.py ...   # MASTER_ADDR, MASTER_PORT exported
 
 The state: the model, AdamW (its moments), the cosine schedule, this rank's random
-generators (dropout), its sampler (the data position), the step and this rank's loss at
-every step. ``--fsdp``: the model is sharded with FSDP2's ``fully_shard`` (its parameters
-and AdamW's moments DTensors, each rank a band of rows; the last layer's single row on
-rank 0 only) instead of replicated by DDP. ``--first-run-sleep S``: seconds per step in a
-job's first run only (not a requeued one), so that a time-limit warning always finds it
-training; it changes no number. ``--crash-at STEP RANK``: in the job's first run and
-torchrun's first start, rank RANK exits 3 at STEP (after that step's checkpoint, if one
-is due). ``--only KEYS``: restore just those keys (comma-separated; a resume on another
-world size), the rest starts afresh. ``--out`` (rank 0, at the finish): every rank's
-losses, sha256 of the parameters and of the optimizer's moments (gathered whole), of each
-rank's shards, of each rank's random generators, each rank's data position, the same
-parameter and moment hashes at each checkpoint this run saved (``saved``) and right after
-its restore (``restored``), where the run resumed and how the ranks were started.
+generators (torch's for dropout, numpy's and Python's for a jitter of the inputs), its
+sampler (the data position), the step and this rank's loss at every step. ``--fsdp``:
+the model is sharded with FSDP2's ``fully_shard`` (its parameters and AdamW's moments
+DTensors, each rank a band of rows; the last layer's single row on rank 0 only) instead
+of replicated by DDP. ``--first-run-sleep S``: seconds per step in a job's first run only
+(not a requeued one), so that a time-limit warning always finds it training; it changes
+no number. ``--crash-at STEP RANK``: in the job's first run and torchrun's first start,
+rank RANK exits 3 at STEP (after that step's checkpoint, if one is due). ``--only KEYS``:
+restore just those keys (comma-separated; a resume on another world size), the rest
+starts afresh. ``--out`` (rank 0, at the finish): every rank's losses, sha256 of the
+parameters and of the optimizer's moments (gathered whole; ``each_moment`` per tensor),
+of each rank's shards, of each rank's random generators, each rank's data position, the
+same parameter and moment hashes at each checkpoint this run saved (``saved``) and right
+after its restore (``restored``), where the run resumed and how the ranks were started.
 """
 
 from __future__ import annotations
@@ -95,19 +96,24 @@ def hashes(model: torch.nn.Module, optim: torch.optim.Optimizer) -> dict[str, st
     """sha256 of the parameters and of the moments, gathered whole (the same on every rank
     and world size)."""
     params = [whole(p) for _, p in sorted(model.named_parameters())]
+    each = [whole(m) for m in moments(optim)]
     return {
         "params": fingerprint(params),
-        "moments": fingerprint([whole(m) for m in moments(optim)]),
+        "moments": fingerprint(each),
+        "each_moment": [fingerprint([m])[:16] for m in each],  # which one, when they differ
     }
 
 
-def rng_hash() -> str:
-    """sha256 of this rank's torch, numpy and Python generators."""
-    h = hashlib.sha256(torch.get_rng_state().numpy().tobytes())
+def rng_hashes() -> dict[str, str]:
+    """sha256 of each of this rank's generators: torch's, numpy's and Python's."""
     numpy_state = np.random.get_state(legacy=False)
-    h.update(json.dumps(numpy_state, default=lambda a: a.tolist(), sort_keys=True).encode())
-    h.update(repr(random.getstate()).encode())
-    return h.hexdigest()
+    return {
+        "torch": fingerprint([torch.get_rng_state()]),
+        "numpy": hashlib.sha256(
+            json.dumps(numpy_state, default=lambda a: a.tolist(), sort_keys=True).encode()
+        ).hexdigest(),
+        "python": hashlib.sha256(repr(random.getstate()).encode()).hexdigest(),
+    }
 
 
 def build(args: argparse.Namespace) -> torch.nn.Module:
@@ -137,6 +143,8 @@ def main() -> None:
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(optim, T_max=args.steps)
     sampler = ResumableSampler(len(x_all), size, rank, shuffle=True, seed=1)
     torch.manual_seed(1000 + rank)  # each rank its own dropout masks
+    random.seed(2000 + rank)  # and input jitter: all three generators in every loss
+    np.random.seed(3000 + rank)
     state = {
         "model": model,
         "optim": optim,
@@ -173,7 +181,8 @@ def main() -> None:
             sampler.set_epoch(sampler.epoch + 1)
         idx = torch.tensor(list(sampler)[:16])
         optim.zero_grad()
-        loss = torch.nn.functional.mse_loss(net(x_all[idx]), y_all[idx])
+        jitter = 1e-3 * (random.gauss(0.0, 1.0) + float(np.random.standard_normal()))
+        loss = torch.nn.functional.mse_loss(net(x_all[idx] + jitter), y_all[idx])
         loss.backward()
         optim.step()
         sched.step()
@@ -199,7 +208,7 @@ def main() -> None:
         mine = {
             "losses": state["history"],
             "local": fingerprint([local(t) for t in params + moments(optim)]),
-            "rng": rng_hash(),
+            "rng": rng_hashes(),
             "data": sampler.state_dict(),
         }
         dist.all_gather_object(per_rank, mine)
