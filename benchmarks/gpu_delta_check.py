@@ -19,8 +19,9 @@ its dirty blocks, and the blocked time (``begin_save``); per phase the medians, 
 a bare pinned copy of the whole state and the checksum kernels alone. Checked: after
 each phase both stores restore the live state bit for bit (through the chain of
 deltas), the device mode copies no more blocks than changed, and on a GPU the checksum
-kernels give the CPU's sums for every dtype. Exit 0 when the checks pass, 1 when one
-fails, 2 without CUDA (``--device cuda``).
+kernels give the CPU's sums for every dtype, and a save while the GPU has almost no
+memory free (the checksums cannot run: tensors copied whole) succeeds and restores
+exactly. Exit 0 when the checks pass, 1 when one fails, 2 without CUDA (``--device cuda``).
 """
 
 from __future__ import annotations
@@ -79,6 +80,59 @@ def _kernels_match_the_cpu(dev: Any) -> dict[str, bool]:
             torch.equal(block_checksums(on_dev).cpu(), block_checksums(host))
         )
     return out
+
+
+def _device_full_save(dev: Any, model: Any, optim: Any, train_head: Any, root: Path) -> dict:
+    """An incremental save while the GPU has almost no memory free: the checksums cannot
+    run there, so the tensors are copied whole; the save must succeed and restore exactly."""
+    import torch
+    from mpi4py import MPI
+
+    from hpcckpt.store import CheckpointStore, HostBuffers
+
+    state = {"model": model, "optim": optim}
+    store = CheckpointStore(root / "device-full", MPI.COMM_SELF, min_delta_saving=0)
+    buffers = HostBuffers()
+    store.finish_save(store.begin_save(0, state, buffers=buffers))
+    train_head()
+    torch.cuda.synchronize(dev)
+    torch.cuda.empty_cache()
+    hog, size = [], torch.cuda.mem_get_info(dev)[0]
+    while size > 4 << 20:  # fill the device: what is left is under the sums' 64 MiB
+        try:
+            hog.append(torch.empty(size, dtype=torch.uint8, device=dev))
+        except torch.OutOfMemoryError:
+            size //= 2
+    free = torch.cuda.mem_get_info(dev)[0]
+    row: dict[str, Any] = {"free_bytes_during_save": free}
+    try:
+        res = store.finish_save(store.begin_save(1, state, buffers=buffers))
+        row.update(kind=res.kind, bytes_copied=buffers.checks.copied.bytes)
+    except Exception as exc:  # reported: the check fails
+        row["error"] = repr(exc)
+    finally:
+        del hog
+        torch.cuda.empty_cache()
+    if "error" not in row:
+        want = [_bits(t) for t in _tensors(model, optim)]
+        with torch.no_grad():
+            for t in _tensors(model, optim):
+                t.zero_()
+        back = CheckpointStore(store.directory, MPI.COMM_SELF).restore(state)
+        got = [_bits(t) for t in _tensors(model, optim)]
+        row["restored_bit_identical"] = (
+            back is not None
+            and back.step == 1
+            and len(got) == len(want)
+            and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+        )
+    big = sum(p.numel() * p.element_size() for p in model.parameters() if p.numel() >= 2**20)
+    row["passed"] = bool(
+        row.get("restored_bit_identical")
+        and row.get("kind") == "incremental"
+        and row.get("bytes_copied", 0) >= big  # copied whole: the sums could not run
+    )
+    return row
 
 
 def main() -> int:
@@ -222,6 +276,11 @@ def main() -> int:
                 f"restored bit-identical: {restored[m]}",
                 flush=True,
             )
+    if dev.type == "cuda":
+        out["device_full"] = _device_full_save(dev, model, optim, train_head, root)
+        ok = ok and out["device_full"]["passed"]
+        print(f"device full: {out['device_full']}", flush=True)
+        held = _tensors(model, optim)
     # the yardsticks: a bare pinned copy of the whole state, the checksum kernels alone
     pin = dev.type == "cuda"
     dst = [torch.empty(t.shape, dtype=t.dtype, pin_memory=pin) for t in held]

@@ -42,6 +42,7 @@ path on CPU tensors with ``on_cpu=True``.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,12 +52,15 @@ import numpy as np
 from hpcckpt.store.io import blocks
 from hpcckpt.store.tree import devices
 
+log = logging.getLogger("hpcckpt.store")
+
 #: Bytes per checksummed block: the store's default block, so that on default settings
 #: one changed checksum block is one changed file block.
 BLOCK_BYTES = blocks.DEFAULT_BLOCK_SIZE
 #: Words widened to int64 at a time (bounds the device memory the sums borrow: 8 bytes
-#: per word for the widened words and 24 for the three products, 256 MiB at this size).
-_CHUNK_WORDS = 8 << 20
+#: per word for the widened words and 24 for the three products, 64 MiB at this size;
+#: where even that is not free, the tensor is copied whole).
+_CHUNK_WORDS = 2 << 20
 #: Tensors smaller than this are copied whole: the copy costs less than the kernels'
 #: launches and the wait for their verdict (tens of microseconds per tensor).
 WHOLE_BELOW = 256 << 10
@@ -77,6 +81,12 @@ def _torch() -> Any:
     import torch  # only reached with a tensor in hand
 
     return torch
+
+
+def _out_of_memory() -> type[BaseException]:
+    """What torch raises when a device allocation fails."""
+    torch = _torch()
+    return getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
 
 
 _WEIGHTS: dict[tuple[str, int], Any] = {}
@@ -217,8 +227,6 @@ class DeviceChecksums:
         self.copied.tensors += 1
         if nbytes == 0:
             return
-        # the values in C order (conjugate and negative views resolved), once for sums and copies
-        flat = tensor.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
         step = blocks.block_elems(host.element_size(), self.block_bytes) * host.element_size()
         n = blocks.nblocks(nbytes, step)
         kept = self._entry(host)
@@ -229,28 +237,48 @@ class DeviceChecksums:
         if nbytes < self.whole_below or self.copies == "off" or (changing and kept.rest > 0):
             kept.rest = max(0, kept.rest - 1)
             kept.sums = None  # the next comparing save computes them afresh
-            changed = np.arange(n)
-            devices.copy_runs(flat, host, [(0, flat.numel())])
+            changed = self._whole(tensor, host, n)
         else:
-            sums = block_checksums(flat, step)
-            old = kept.sums
-            if not changing or old is None or old.device != sums.device:
-                changed = np.arange(n)
-                devices.copy_runs(flat, host, [(0, flat.numel())])
+            try:
+                flat, sums, changed, compared = self._compare(tensor, kept, step, changing)
+            except _out_of_memory() as exc:  # the device is full: copy as without checksums
+                log.info("device checksums skipped for a tensor, its device is full: %s", exc)
+                kept.sums, kept.rest = None, REST_SAVES
+                changed = self._whole(tensor, host, n)
             else:
-                differs = (sums != old).any(dim=1)
-                changed = differs.nonzero().reshape(-1).cpu().numpy()
                 elems = step // host.element_size()
                 devices.copy_runs(
                     flat, host, [(a * elems, b * elems) for a, b in blocks.runs(changed)]
                 )
-                if changed.size > DENSE * n:
+                if compared and changed.size > DENSE * n:
                     kept.rest = REST_SAVES
-            kept.sums = sums
+                kept.sums = sums
         kept.stale[changed] = True
         self.copied.blocks += int(changed.size)
         self.copied.total += n
         self.copied.bytes += int(np.minimum(step, nbytes - changed.astype(np.int64) * step).sum())
+
+    @staticmethod
+    def _whole(tensor: Any, host: Any, n: int) -> np.ndarray:
+        """Copy every value (no device memory taken); the blocks copied: all ``n``."""
+        devices.copy_to_host(tensor.detach(), host)
+        return np.arange(n)
+
+    @staticmethod
+    def _compare(
+        tensor: Any, kept: _Kept, step: int, changing: bool
+    ) -> tuple[Any, Any, np.ndarray, bool]:
+        """``tensor``'s values in C order on its device, their checksums, the blocks to
+        copy (those whose checksums differ from ``kept``'s; all unless ``changing``), and
+        whether they were compared."""
+        # conjugate and negative views resolved: the values are compared and copied
+        flat = tensor.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
+        sums = block_checksums(flat, step)
+        old = kept.sums
+        if not changing or old is None or old.device != sums.device:
+            return flat, sums, np.arange(sums.shape[0]), False
+        changed = (sums != old).any(dim=1).nonzero().reshape(-1).cpu().numpy()
+        return flat, sums, changed, True
 
     def hashes(self, array: np.ndarray, block_size: int) -> np.ndarray | None:
         """The xxh3 block hashes of ``array`` (a lent buffer's numpy view, whole), computed

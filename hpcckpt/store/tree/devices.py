@@ -129,17 +129,24 @@ def to_host(tensor: Any, out: Any = None) -> Any:
     if host is None:
         host = empty_host(t)
     _check_fit(host, t)
-    if pinned(t):
+    copy_to_host(t, host)
+    return host
+
+
+def copy_to_host(tensor: Any, host: Any) -> None:
+    """Copy every value of ``tensor`` (any device, any strides) into ``host`` (a CPU
+    tensor of its shape and dtype); returns once they are there. For CUDA the copy is
+    issued on the tensor's current stream and waited for with an event."""
+    if pinned(tensor):
         torch = _torch()
-        stream = torch.cuda.current_stream(t.device)
+        stream = torch.cuda.current_stream(tensor.device)
         with torch.cuda.stream(stream):
-            host.copy_(t, non_blocking=True)
+            host.copy_(tensor, non_blocking=True)
             done = torch.cuda.Event()
             done.record(stream)
         done.synchronize()  # the bytes in `host` are the values at this call
     else:
-        host.copy_(t)
-    return host
+        host.copy_(tensor)
 
 
 def _check_fit(host: Any, t: Any) -> None:
