@@ -66,7 +66,14 @@ from hpcckpt.store.save import staging_budget
 from hpcckpt.store.save.change_detection import ChangeDetector
 from hpcckpt.store.save.options import IncrementalOptions
 from hpcckpt.store.save.staging import BackgroundWrite, HostBuffers
-from hpcckpt.store.save.staging_modes import HostCopy, NodeLocal, Pieces, Redrain, StagingMode
+from hpcckpt.store.save.staging_modes import (
+    HostCopy,
+    NodeLocal,
+    Pieces,
+    Redrain,
+    Staged,
+    StagingMode,
+)
 from hpcckpt.store.tier import copies as fast_tier
 from hpcckpt.store.tier.node_local import NodeLocalTier
 from hpcckpt.store.tree.encoding import Encoded, Encoder
@@ -319,15 +326,20 @@ class Saver:
             mode = self._in_memory(buffers, encoded.arrays, parent)  # or StagingRefused
             if mode.hash_later:
                 parent = None  # a full file (no parent, or deltas have not paid lately)
-        uid = self.agreement.from_root(_new_uid)
-        error: BaseException | None = None
+        # In memory the uid comes with the file's plan and a failed copy is agreed on with
+        # the file's creation: two collectives fewer in the blocked window.
+        in_memory = mode.name is not None
+        uid = None if in_memory else self.agreement.from_root(_new_uid)
+        stage_error: BaseException | None = None
         staged = None
         try:
             staged = mode.stage(step, encoded.arrays)
         except Exception as exc:  # every rank must reach the agreement below
-            error = exc
-        self.agreement.agree(error, f"staging checkpoint of step {step}{mode.where}")
-        assert staged is not None
+            stage_error = exc
+        if not in_memory:
+            self.agreement.agree(stage_error, f"staging checkpoint of step {step}{mode.where}")
+        if staged is None:  # the file is created all the same, then discarded by every rank
+            staged = Staged(encoded.arrays)
         uid = staged.uid or uid
         mode.staged(step, uid, encoded.tree, encoded.arrays, staged, encoded.replicated)
         faults.fault_point("stage.written")
@@ -336,7 +348,10 @@ class Saver:
             hashes=staged.hashes or None, uid=uid, hash_while_writing=mode.hash_later,
         )  # fmt: skip
         error = safety.explain_write_error(error, self.directory, encoded.state_bytes)  # ENOSPC
-        self._agree_or_discard(error, f"creating the file of checkpoint of step {step}", partial)
+        what = f"creating the file of checkpoint of step {step}"
+        if in_memory:
+            what = f"staging checkpoint of step {step}{mode.where} and {what}"
+        self._agree_or_discard(stage_error or error, what, partial)
         assert written is not None
         self._learn(written, parent if mode.name == "copy" else None)
         writer = mode.start(

@@ -310,3 +310,26 @@ def test_after_a_delta_that_did_not_pay_the_next_saves_go_full_hashed_later(tmp_
     step = 3 + commit.FULL_AFTER_CHANGED
     assert save(step)[:2] == ("incremental", True)
     restores_bit_exactly(store.directory, step, state)
+
+
+@pytest.mark.mpi
+def test_a_copy_failing_on_one_rank_fails_the_staged_save_on_every_rank(tmp_path):
+    """In host memory a failed copy is agreed on with the file's creation (no collective
+    of its own): every rank raises the same error naming the rank, no file is left, and
+    the next staged save commits and restores exactly."""
+    from pathlib import Path
+
+    from tests.mpi_helpers import mpirun, rank_reports
+
+    app = Path(__file__).parents[1] / "apps" / "stage_fail_app.py"
+    r = mpirun(3, [app, tmp_path / "ck"], timeout=180)
+    assert r.returncode == 0, r.stderr
+    reports = rank_reports(r.stdout, 3)
+    for rep in reports:
+        assert rep["raised"] is not None and "rank 1" in rep["raised"], rep
+        assert "staging checkpoint of step 1 in memory" in rep["raised"], rep
+        assert "MemoryError" in rep["raised"] or "no memory" in rep["raised"], rep
+        assert rep["left"] == [], rep
+        assert rep["committed"] == layout.checkpoint_name(2)
+        assert rep["restored"] == 2 and rep["exact"]
+    assert len({rep["raised"] for rep in reports}) == 1
