@@ -1,7 +1,7 @@
 """FSDP2 model + AdamW: hpcckpt against torch.distributed.checkpoint (DCP), same run.
 
     python benchmarks/bench_fsdp.py [--size 256M] [--repeat 3] [--root DIR] [--json FILE]
-        [--no-drop-caches]
+        [--no-drop-caches] [--profile DIR] [--phases]
 
 An MLP of 4 square layers, each sharded with ``fully_shard`` (FSDP2, gloo on the CPU),
 and its AdamW state after a step: about ``--size`` bytes of parameters and moments per
@@ -29,11 +29,17 @@ Every restore is checked: an exact, order-free fingerprint of every parameter an
 optimizer tensor (the sum of their bits) equals the saved state's. Times are the slowest
 rank's, medians over the repetitions; ratios hpcckpt / DCP are of those medians, same
 run. Writes ``benchmarks/results/fsdp-<UTC time>.json`` (or ``--json``) and prints a table.
+``--profile DIR`` writes a cProfile of each rank's timed hpcckpt restores, per phase
+(``DIR/restore-<phase>-rank<r>.prof``; the profiler slows them: times are then not the
+figures to report). ``--phases`` prints where each rank's hpcckpt restores spent their
+time, phase by phase (the steps of ``bench_phases.py --checkpointer``: medians of each
+rank's milliseconds; the phases nest, so the rows do not add up).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
 import shutil
@@ -62,6 +68,8 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--root", default=os.environ.get("HPCCKPT_BENCH_DIR", "/var/tmp/hpcckpt-bench"))
     ap.add_argument("--json", help="where to write the results (default benchmarks/results/)")
     ap.add_argument("--no-drop-caches", action="store_true", help="restores read warm")
+    ap.add_argument("--profile", help="cProfile each rank's hpcckpt restores into this folder")
+    ap.add_argument("--phases", action="store_true", help="time the restores' phases per rank")
     ap.add_argument("--worker", choices=sorted(PHASES), help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     return ap.parse_args()
@@ -84,6 +92,8 @@ def drive(args: argparse.Namespace) -> None:
             argv += [__file__, "--worker", phase, "--out", str(out), "--root", str(args.root)]
             argv += ["--size", args.size, "--repeat", str(args.repeat)]
             argv += ["--no-drop-caches"] if args.no_drop_caches else []
+            argv += ["--profile", str(Path(args.profile).resolve())] if args.profile else []
+            argv += ["--phases"] if args.phases else []
             t0 = time.perf_counter()
             proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
             if proc.returncode != 0:
@@ -108,6 +118,8 @@ def drive(args: argparse.Namespace) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print_table(doc)
+    if args.phases:
+        print_phases(doc)
     print(f"written {out}")
     failed = [k for p in results.values() for k, ok in p["checks"].items() if not ok]
     if failed:
@@ -148,6 +160,23 @@ def print_table(doc: dict[str, Any]) -> None:
     for r in doc["summary"]:
         ratio = f"{r['hpcckpt_vs_dcp']:.2f}x" if r["hpcckpt_vs_dcp"] else "-"
         print(f"{r['what']:32s} {r['hpcckpt_s']:8.3f}s {r['dcp_s']:8.3f}s {ratio:>12s}")
+
+
+def print_phases(doc: dict[str, Any]) -> None:
+    """Each restore row's phases: the median over the repetitions of each rank's ms."""
+    import bench_phases
+
+    table = bench_phases.CHECKPOINTER + bench_phases.RESTORE
+    labels = [*dict.fromkeys(label for *_, label, _ in table), "other", "total"]
+    for phase, what in (("main", "same ranks"), ("one", "2 -> 1"), ("two", "1 -> 2")):
+        ranks = doc["phases"][phase].get("restore_phases") or []
+        print(f"\nhpcckpt restore, {what}: ms per phase, median over the repetitions")
+        print("| phase | " + " | ".join(f"rank {r}" for r in range(len(ranks))) + " |")
+        for label in labels:
+            cells = [[rep["ms"][label] for rep in reps if label in rep["ms"]] for reps in ranks]
+            if any(cells):
+                shown = " | ".join(f"{statistics.median(c):.1f}" if c else "" for c in cells)
+                print(f"| {label} | {shown} |")
 
 
 # -- the workers ---------------------------------------------------------------------------
@@ -241,10 +270,45 @@ def work(args: argparse.Namespace) -> None:
     def record(tool: str, op: str, seconds: float) -> None:
         runs[tool].setdefault(op, []).append(seconds)
 
+    profile = cProfile.Profile() if args.profile and args.worker else None
+    clock = None
+    timings: list[dict[str, Any]] = []  # this rank's phases of each hpcckpt restore
+    if args.phases:
+        import bench_phases
+
+        clock = bench_phases.Clock()
+        bench_phases.install(clock, checkpointer=True)
+
     def restore_check(tool: str, load: Any, expected: list[int], label: str) -> None:
         scramble()
         cold()
-        record(tool, "restore", _util.timed(comm, load))
+        if profile is not None and tool == "hpcckpt":
+            inner = load
+
+            def load() -> None:
+                profile.enable()
+                try:
+                    inner()
+                finally:
+                    profile.disable()
+
+        if clock is not None and tool == "hpcckpt":
+            untimed, span = load, []
+
+            def load() -> None:
+                clock.take()
+                span.append(time.perf_counter())
+                try:
+                    untimed()
+                finally:
+                    span.append(time.perf_counter())
+
+            seconds = _util.timed(comm, load)
+            table = bench_phases.RESTORE + bench_phases.CHECKPOINTER
+            timings.append(bench_phases.summarize(clock.take(), *span, table))
+        else:
+            seconds = _util.timed(comm, load)
+        record(tool, "restore", seconds)
         ok = fingerprint() == expected
         checks[f"{label} {tool}"] = checks.get(f"{label} {tool}", True) and ok
 
@@ -312,6 +376,10 @@ def work(args: argparse.Namespace) -> None:
         if rank == 0:
             (target / "expected.json").write_text(json.dumps(want))
         comm.Barrier()
+    if profile is not None:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
+        profile.dump_stats(Path(args.profile) / f"restore-{args.worker}-rank{rank}.prof")
+    timings_all = comm.gather(timings, root=0)
     if rank == 0:
         doc = {
             "phase": args.worker,
@@ -322,6 +390,7 @@ def work(args: argparse.Namespace) -> None:
             "runs": runs,
             "checks": checks,
             "torch": torch.__version__,
+            "restore_phases": timings_all if args.phases else None,
         }
         Path(args.out).write_text(json.dumps(doc, indent=1))
     else:

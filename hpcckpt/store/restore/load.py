@@ -146,33 +146,42 @@ class Loader:
         """Read and verify this rank's tree and arrays of ``entry`` (with ``only``: of
         those top-level keys); collective. The planned read when every rank takes what
         it saved; the general one (every rank opens the file) to reshard."""
-        plan, agree_first = self._plans(entry)
-        if plan is not None:
-            loaded = self._load_planned(plan, state, targets, only, agree_first)
-            if loaded is not None:
-                return loaded
-        return self._load_general(entry, state, targets, only)
+        plan, agree_first, validated = self._plans(entry)
+        try:
+            if plan is not None:
+                loaded = self._load_planned(plan, state, targets, only, agree_first)
+                if loaded is not None:
+                    return loaded
+            return self._load_general(entry, state, targets, only, validated)
+        finally:
+            if validated is not None:
+                validated.close()
 
-    def _plans(self, entry: layout.Entry) -> tuple[read_plan.RankPlan | None, bool]:
+    def _plans(
+        self, entry: layout.Entry
+    ) -> tuple[read_plan.RankPlan | None, bool, CheckpointReader | None]:
         """Rank 0 validates ``entry`` once and sends each rank its read plan (one scatter),
         and whether the ranks must agree on their rows before reading (distributed arrays).
 
         Raises CorruptCheckpoint (or Refused) on every rank when rank 0 finds it unusable.
         No plan (None everywhere) when the rank count changed or a dataset is not raw.
+        Rank 0 also returns its reader, still open, for a general read to take instead
+        of validating the file a second time (the caller closes it); None elsewhere.
         """
         out: list[Any] | None = None
+        reader: CheckpointReader | None = None
         if self.rank == 0:
             n = self.nranks
             try:
-                with CheckpointReader(entry.path, direct_io=self.read_path.direct_io) as reader:
-                    plans: list[Any] = [None] * n
-                    if reader.nranks == n:
-                        plans = read_plan.plans(reader) or plans
-                    agree = bool(self.splits) or any(
-                        info.distributed or info.dtensor_shape is not None
-                        for info in reader.arrays.values()
-                    )
-                    out = [(p, None, agree) for p in plans]
+                reader = CheckpointReader(entry.path, direct_io=self.read_path.direct_io)
+                plans: list[Any] = [None] * n
+                if reader.nranks == n:
+                    plans = read_plan.plans(reader) or plans
+                agree = bool(self.splits) or any(
+                    info.distributed or info.dtensor_shape is not None
+                    for info in reader.arrays.values()
+                )
+                out = [(p, None, agree) for p in plans]
             except CorruptCheckpoint as exc:
                 culprits = exc.culprit if isinstance(exc.culprit, list) else [exc.culprit]
                 found = ("corrupt", str(exc), [str(c) for c in culprits if c])
@@ -184,13 +193,23 @@ class Loader:
                 # a checkpoint bad for what may be a bug or a passing fault.
                 why = f"reading {entry.path.name}: {type(exc).__name__}: {exc}"
                 out = [(None, ("fatal", why, []), False)] * n
-        plan, found, agree = self.agreement.comm.scatter(out)
+            if out[0][1] is not None and reader is not None:
+                reader.close()
+                reader = None
+        try:
+            plan, found, agree = self.agreement.comm.scatter(out)
+        except BaseException:
+            if reader is not None:
+                reader.close()
+            raise
         if found is not None:
+            if reader is not None:
+                reader.close()
             kind, why, culprits = found
             if kind == "fatal":
                 raise Refused(why)
             raise CorruptCheckpoint(why, culprit=culprits)
-        return plan, agree
+        return plan, agree, reader
 
     def _load_planned(
         self,
@@ -276,14 +295,17 @@ class Loader:
         state: dict[str, Any],
         targets: Targets,
         only: tuple[str, ...] | None = None,
+        validated: CheckpointReader | None = None,
     ) -> Loaded:
-        """The restore where every rank opens the file: any rank count, any rows."""
+        """The restore where every rank opens the file: any rank count, any rows.
+        ``validated``: this rank's reader of ``entry``, open (rank 0's from the plans;
+        the caller closes it)."""
         reader = None
         problem = fatal = culprit = None
         requests: dict[str, tuple[Any, ...]] = {}
         boxes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # DTensors: this rank's
         try:
-            reader = CheckpointReader(entry.path, direct_io=self.read_path.direct_io)
+            reader = validated or CheckpointReader(entry.path, direct_io=self.read_path.direct_io)
             parts = None if only is None else {escape(k) for k in only}
             wanted = [n for n in reader.arrays if parts is None or n.split("/")[0] in parts]
             same = reader.nranks == self.nranks
@@ -377,7 +399,7 @@ class Loader:
             self.agreement.findings(found.problem, found.fatal, None, found.culprit)
             return Loaded(tree, arrays, saved, chain_state)
         finally:
-            if reader is not None:
+            if reader is not None and reader is not validated:
                 reader.close()
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from hpcckpt.store.errors import CheckpointError, CorruptCheckpoint
 from hpcckpt.store.file.format import INCREMENTAL, dataset_name
 from hpcckpt.store.file.reader import CheckpointReader
-from hpcckpt.store.io import blocks
+from hpcckpt.store.io import blocks, direct_io
 from hpcckpt.store.tree import sharded, tensors
 
 
@@ -162,20 +162,19 @@ class PieceReader:
         r = self.reader
         offset = at + b0 * elems * buf.itemsize
         view = memoryview(buf).cast("B")
-        got = 0
-        while got < len(view):
-            n = os.preadv(fd, [view[got:]], offset + got)
-            if n <= 0:
-                break
-            got += n
-        self.bytes_read += got
-        if got != len(view):
+        if offset + len(view) > os.fstat(fd).st_size:
             raise CorruptCheckpoint(
                 f"{r.path.name}: DTensor {name!r} of rank {rank} ends past the end of the file",
                 culprit=r.path,
             )
+        # Each piece hashed while the next is read, past the page cache when cold: as
+        # the planned read of the same bytes (a reshard's read costs no pass of its own).
+        got = direct_io.read_hashed(
+            r.path, offset, view, elems * buf.itemsize, fd=fd, direct=r.direct_io
+        )
+        self.bytes_read += len(view)
         want = hashes[b0 : b0 + -(-buf.size // elems)]
-        bad = np.nonzero(blocks.block_hashes(buf, r.block_size) != want)[0]
+        bad = np.nonzero(got != want)[0]
         if bad.size:
             raise CorruptCheckpoint(
                 f"{r.path.name}: array {name!r} of rank {rank}, block {b0 + int(bad[0])}, "
