@@ -200,3 +200,36 @@ def test_a_save_over_a_step_marked_bad_clears_the_mark_and_says_so(tmp_path, cap
         (2, "ckpt-0000000002.h5", "rank 0's state tree fails its checksum")
     ]
     assert kinds[kinds.index("bad_mark_cleared") - 1] == "checkpoint"  # of that save
+
+
+def test_restore_beats_restore_while_the_store_reads_then_compute(tmp_path):
+    import threading
+    import time
+
+    from hpcckpt.rundir.heartbeat import read_heartbeats
+
+    ck = Checkpointer(tmp_path, comm=MPI.COMM_SELF, every_steps=1)
+    try:
+        ck.save(1, {"u": np.arange(10.0)})
+        seen: list[str] = []
+        inner = ck.store.restore
+
+        def restore(*args, **kwargs):
+            # the hang watch's "restore" lands while the store is reading (from a thread)
+            end = time.monotonic() + 10
+            while time.monotonic() < end:
+                beat = read_heartbeats(tmp_path).get(0)
+                if beat is not None and beat.phase == "restore":
+                    seen.append(beat.phase)
+                    break
+                time.sleep(0.01)
+            return inner(*args, **kwargs)
+
+        ck.store.restore = restore
+        state = {"u": np.zeros(10)}
+        assert ck.restore(state) == 1 and np.array_equal(state["u"], np.arange(10.0))
+        assert seen == ["restore"]
+        assert read_heartbeats(tmp_path)[0].phase == "compute"
+        assert not [t for t in threading.enumerate() if t.name == "hpcckpt-beat"]
+    finally:
+        ck.close()
