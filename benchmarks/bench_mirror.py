@@ -227,30 +227,52 @@ class Bench:
         if unknown:
             raise SystemExit(f"--methods: unknown {sorted(unknown)}; known: {METHODS}")
         rng = random.Random(7)
-        per_rep: list[dict[str, float]] = []
+        per_rep: list[dict[str, float | None]] = []
+        errors: list[str] = []
         for rep in range(self.args.reps):
             order = methods[:]
             rng.shuffle(order)
-            times = {m: self.run_method(m, f"tp{rep}") for m in order}
+            times: dict[str, float | None] = {}
+            for m in order:
+                try:
+                    times[m] = self.run_method(m, f"tp{rep}")
+                except Exception as exc:  # noqa: BLE001 (one failed call: noted, the run goes on)
+                    times[m] = None
+                    errors.append(f"rep {rep + 1} {m}: {type(exc).__name__}: {exc}")
+                    print(f"  rep {rep + 1}: {m} failed: {exc}", flush=True)
             per_rep.append(times)
             print(
                 f"  rep {rep + 1}: "
-                + "  ".join(f"{m} {self.total / times[m] / 1e6:.0f} MB/s" for m in methods),
+                + "  ".join(
+                    f"{m} " + ("failed" if t is None else f"{self.total / t / 1e6:.0f} MB/s")
+                    for m in methods
+                    for t in [times[m]]
+                ),
                 flush=True,
             )
-        out: dict[str, Any] = {"bytes": self.total, "samples": per_rep, "methods": {}}
+        out: dict[str, Any] = {
+            "bytes": self.total,
+            "samples": per_rep,
+            "errors": errors,
+            "methods": {},
+        }
         for m in methods:
             peer = "copy" if m.startswith(("copy", "dir_")) else "boto3"
-            secs = [r[m] for r in per_rep]
-            ratios = [r[peer] / r[m] for r in per_rep] if peer in methods else []
+            secs = [t for r in per_rep if (t := r[m]) is not None]
+            ratios = [
+                pt / t
+                for r in per_rep
+                if (t := r[m]) is not None and (pt := r.get(peer)) is not None
+            ]
             out["methods"][m] = {
                 "peer": peer,
                 "median_s": median(secs),
-                "median_MBps": self.total / median(secs) / 1e6,
-                "min_s": min(secs),
-                "max_s": max(secs),
+                "median_MBps": self.total / median(secs) / 1e6 if secs else float("nan"),
+                "min_s": min(secs, default=float("nan")),
+                "max_s": max(secs, default=float("nan")),
                 "ratio_to_peer": median(ratios) if ratios else None,
                 "ratios": ratios,
+                "failed": sum(r[m] is None for r in per_rep),
             }
         return out
 
