@@ -24,6 +24,7 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import xxhash
@@ -152,12 +153,23 @@ def read_hashed(
             for j in range(nblk):
                 hashes[j] = digest(out[j * block_bytes : (j + 1) * block_bytes])
             return hashes
-        ready: queue.Queue[int | None] = queue.Queue()
+        # Items: the bytes in place so far; (at, n, shift): n bytes read shift bytes past
+        # ``at``, to move in place first (here, while the next piece is read); an Event:
+        # set once every move before it is done.
+        ready: queue.Queue[Any] = queue.Queue()
+        addr = np.frombuffer(out, dtype=np.uint8).ctypes.data if len(out) else 0
 
         def hash_pieces() -> None:
             digest = xxhash.xxh3_64_intdigest
             first = 0  # the blocks before it are hashed
             while (end := ready.get()) is not None:
+                if isinstance(end, threading.Event):
+                    end.set()
+                    continue
+                if isinstance(end, tuple):
+                    at, moved, shift = end
+                    ctypes.memmove(addr + at, addr + at + shift, moved)
+                    end = at + moved
                 last = nblk if end >= len(out) else end // block_bytes  # whole blocks in place
                 for j in range(first, last):
                     hashes[j] = digest(out[j * block_bytes : (j + 1) * block_bytes])
@@ -167,7 +179,13 @@ def read_hashed(
         hasher.start()
         try:
             if direct_fd >= 0:
-                _read_shifted(direct_fd, fd, out, offset, path, ready.put)
+
+                def settle() -> None:
+                    moved = threading.Event()
+                    ready.put(moved)
+                    moved.wait()
+
+                _read_shifted(direct_fd, fd, out, offset, path, ready.put, ready.put, settle)
             else:
                 done = 0
                 while done < len(out):
@@ -233,6 +251,8 @@ def _read_shifted(
     offset: int,
     path: str | os.PathLike[str],
     ready: Callable[[int], None],
+    move: Callable[[tuple[int, int, int]], None] | None = None,
+    settle: Callable[[], None] | None = None,
 ) -> int:
     """Fill ``out`` from ``offset`` with ``O_DIRECT`` reads into ``out`` itself; the
     number of bytes read past the page cache.
@@ -243,7 +263,10 @@ def _read_shifted(
     buffer to fault in, one memory move, and the bytes it lands on are not placed yet.
     The unaligned first bytes and the last ``shift`` or so go through the page cache,
     as does the rest after a short or refused direct read. ``ready(n)``: the first
-    ``n`` bytes are in place.
+    ``n`` bytes are in place. With ``move``, each move is handed on as ``move((at, n,
+    shift))`` (done by another thread while the next piece is read; the pieces' spans
+    do not overlap) instead of being made here, and ``settle()`` returns once those are
+    done, before the last bytes are read over the last piece's shifted tail.
     """
     n = len(out)
     addr = np.frombuffer(out, dtype=np.uint8).ctypes.data
@@ -263,12 +286,17 @@ def _read_shifted(
             break  # direct reads refused after all (a larger block size): the cache
         if got <= 0:
             break
-        if shift:
+        if shift and move is not None:
+            move((done, got, shift))
+        elif shift:
             ctypes.memmove(addr + done, addr + done + shift, got)
         done += got
-        ready(done)
+        if not shift or move is None:
+            ready(done)
         if got < want:
             break
+    if move is not None and settle is not None:
+        settle()
     pread_all(fd, out[done:], offset + done, path)
     ready(n)
     return done - head

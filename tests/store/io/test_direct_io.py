@@ -6,6 +6,7 @@ import errno
 import fcntl
 import mmap
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -236,6 +237,38 @@ def test_a_direct_read_lands_exactly_for_any_alignment_of_memory_and_file(
     assert (guard[: base + mem_shift] == 0xA5).all()
     assert (guard[base + mem_shift + nbytes :] == 0xA5).all()
     assert shifted_calls == ([(file_offset, True)] if takes_direct(tmp_path) else [])
+
+
+def test_the_pieces_are_moved_in_place_by_the_hashing_thread(
+    tmp_path, shifted_calls, uncached, monkeypatch
+):
+    """The reading thread goes on to the next direct read while the last piece is moved
+    into place (and hashed) beside it."""
+    from hpcckpt.store.io import blocks
+
+    if not takes_direct(tmp_path):
+        pytest.fail(f"{tmp_path} takes no direct reads: this test needs a file system that does")
+    nbytes = 100 * KiB + 5
+    payload = data(nbytes, 13)
+    path = tmp_path / "f"
+    path.write_bytes(b"h" * 400 + payload.tobytes() + b"tail" * 1000)
+    uncached(path)
+    guard = np.full(nbytes + 8192, 0xA5, dtype=np.uint8)
+    base = -guard.ctypes.data % ALIGN
+    out = guard[base + 64 : base + 64 + nbytes]  # as a torch tensor's memory: shifted
+    movers = []
+    real = direct_io.ctypes.memmove
+
+    def memmove(*args):
+        movers.append(threading.current_thread().name)
+        return real(*args)
+
+    monkeypatch.setattr(direct_io.ctypes, "memmove", memmove)
+    got = direct_io.read_hashed(path, 400, memoryview(out), 8 * KiB)
+    assert out.tobytes() == payload.tobytes()
+    assert np.array_equal(got, blocks.block_hashes(payload, 8 * KiB))
+    assert (guard[: base + 64] == 0xA5).all() and (guard[base + 64 + nbytes :] == 0xA5).all()
+    assert len(movers) >= 8 and set(movers) == {"hpcckpt-hash"}, movers  # 12 KiB pieces
 
 
 def test_bytes_in_the_page_cache_are_read_through_it(tmp_path, shifted_calls, uncached):
