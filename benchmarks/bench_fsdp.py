@@ -33,7 +33,9 @@ run. Writes ``benchmarks/results/fsdp-<UTC time>.json`` (or ``--json``) and prin
 (``DIR/restore-<phase>-rank<r>.prof``; the profiler slows them: times are then not the
 figures to report). ``--phases`` prints where each rank's hpcckpt restores spent their
 time, phase by phase (the steps of ``bench_phases.py --checkpointer``: medians of each
-rank's milliseconds; the phases nest, so the rows do not add up).
+rank's milliseconds; the phases nest, so the rows do not add up). Each rank's peak
+resident memory is printed too: check it against the machine before a larger ``--size``
+(about 2.5x the state per rank in ``main``, whose async saves keep their staging).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import argparse
 import cProfile
 import json
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -160,6 +163,12 @@ def print_table(doc: dict[str, Any]) -> None:
     for r in doc["summary"]:
         ratio = f"{r['hpcckpt_vs_dcp']:.2f}x" if r["hpcckpt_vs_dcp"] else "-"
         print(f"{r['what']:32s} {r['hpcckpt_s']:8.3f}s {r['dcp_s']:8.3f}s {ratio:>12s}")
+    peaks = {p: v.get("peak_rss_per_rank") for p, v in doc["phases"].items()}
+    if all(peaks.values()):  # how much memory a run at this size needs (--size 2G: check)
+        shown = ", ".join(
+            f"{p} {'+'.join(f'{x / _util.GiB:.1f}' for x in v)}" for p, v in peaks.items()
+        )
+        print(f"peak resident memory per rank, GiB: {shown}")
 
 
 def print_phases(doc: dict[str, Any]) -> None:
@@ -380,6 +389,7 @@ def work(args: argparse.Namespace) -> None:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
         profile.dump_stats(Path(args.profile) / f"restore-{args.worker}-rank{rank}.prof")
     timings_all = comm.gather(timings, root=0)
+    peaks = comm.gather(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, root=0)
     if rank == 0:
         doc = {
             "phase": args.worker,
@@ -391,6 +401,7 @@ def work(args: argparse.Namespace) -> None:
             "checks": checks,
             "torch": torch.__version__,
             "restore_phases": timings_all if args.phases else None,
+            "peak_rss_per_rank": peaks,
         }
         Path(args.out).write_text(json.dumps(doc, indent=1))
     else:

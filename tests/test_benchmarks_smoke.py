@@ -309,8 +309,15 @@ def test_bench_fsdp_compares_hpcckpt_with_dcp_and_checks_every_restore(tmp_path:
     out = tmp_path / "fsdp.json"
     argv = [str(BENCH / "bench_fsdp.py"), "--size", "2M", "--repeat", "1"]
     argv += ["--root", str(tmp_path / "scratch"), "--no-drop-caches", "--json", str(out)]
-    _run(argv, timeout=300)
+    _run([*argv, "--phases"], timeout=300)
     doc = json.loads(out.read_text())
+    reads = {"main": "read + hash the data", "one": "general read (every rank opens)"}
+    for phase in doc["phases"].values():  # each rank's phases of its one hpcckpt restore
+        assert len(phase["restore_phases"]) == phase["ranks"] == len(phase["peak_rss_per_rank"])
+        read = reads.get(phase["phase"], reads["one"])
+        for (timed,) in phase["restore_phases"]:
+            assert timed["ms"]["total"] >= timed["ms"]["the store's restore"] > 0
+            assert timed["ms"][read] > 0
     assert [r["op"] for r in doc["summary"]] == [
         "save",
         "restore",
