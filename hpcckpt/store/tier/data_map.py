@@ -7,6 +7,8 @@ to save while the tier recycles it (:func:`.tier.copies.recycle` renames the sam
 file, and a mapping follows the file, not its name), and maps it again when the file is
 another one (a new inode) or its size changed. Stores through a shared map of a memory
 file system reach its pages at once, as ``pwrite`` does: the copy survives the process.
+Every page of a file is allocated (``fallocate``) before it is mapped: a full tmpfs then
+fails the save with ENOSPC, as a ``pwrite`` would, never with a SIGBUS in the copy.
 Only for memory file systems (tmpfs, ramfs): on a disk the kernel would write-protect
 each cleaned page and fault it at the next save (:func:`maps_well`).
 
@@ -72,9 +74,11 @@ class DataMap:
     """This rank's data file, mapped once and written through the map at every save."""
 
     def __init__(self) -> None:
-        self._key: tuple[int, int, int] | None = None  # (device, inode, size) mapped
+        #: (device, inode, size) of the file mapped, every page of it allocated.
+        self._key: tuple[int, int, int] | None = None
         self._area: mmap.mmap | None = None
         self._reserving: threading.Thread | None = None
+        self._reserve_failed = False
 
     def close(self) -> None:
         """Let the mapping go (unmapped once the last array viewing it is gone)."""
@@ -82,9 +86,12 @@ class DataMap:
         self._key, self._area = None, None
 
     def _settle(self) -> None:
+        """Wait for the reserving thread; a reservation it could not allocate is let go."""
         if self._reserving is not None:
             self._reserving.join()
             self._reserving = None
+        if self._reserve_failed:
+            self._key, self._area, self._reserve_failed = None, None, False
 
     def reserve(self, cache: Path, rank: int, size: int, mode: int) -> Path | None:
         """Make this rank's data file of ``size`` bytes for its first copy, named as step
@@ -109,11 +116,17 @@ class DataMap:
             with contextlib.suppress(OSError):
                 path.unlink()
             return None
-        os.close(fd)
         self._key, self._area = (st.st_dev, st.st_ino, size), area
 
         def populate() -> None:
-            with contextlib.suppress(OSError):  # the copy faults in what is not there
+            try:
+                os.posix_fallocate(fd, 0, size)  # ENOSPC: the first save allocates, and says so
+            except OSError:
+                self._reserve_failed = True
+                return
+            finally:
+                os.close(fd)
+            with contextlib.suppress(OSError):  # the copy faults in what is not mapped yet
                 area.madvise(_MADV_POPULATE_WRITE)
 
         self._reserving = threading.Thread(target=populate, name="hpcckpt-reserve", daemon=True)
@@ -157,6 +170,7 @@ class DataMap:
                 if st.st_size != size:
                     os.ftruncate(fd, size)
                 if size:
+                    os.posix_fallocate(fd, 0, size)  # ENOSPC now, not a SIGBUS in the copy
                     prot = mmap.PROT_READ | mmap.PROT_WRITE
                     self._area = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=prot)
                 self._key = key

@@ -85,3 +85,45 @@ def test_a_recycled_file_is_written_in_the_same_mapping_and_a_new_one_is_mapped_
     other, _, _ = dm.write(shm, 4, 0, bigger, BLOCK, 0o600, hashed=False)  # a new file
     assert os.stat(shm / fast_tier.data_name(4, 0)).st_ino != os.stat(path).st_ino
     assert other["u"].tobytes() == bigger["u"].tobytes()
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 4 MiB tmpfs at tmp_path/fs, unmounted afterwards."""
+    import subprocess
+
+    mnt = tmp_path / "fs"
+    mnt.mkdir()
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN): {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_full_tmpfs_fails_the_copy_with_enospc_not_a_sigbus(small_tmpfs):
+    """Every page is allocated before the file is mapped: a copy larger than the tmpfs is
+    an OSError (ENOSPC) the save reports, never a SIGBUS that kills the process; a
+    reservation that does not fit is let go, and the copy that fits is written."""
+    import errno
+
+    dm = DataMap()
+    too_big = {"u": np.ones((6 << 20) // 8)}
+    with pytest.raises(OSError) as raised:
+        dm.write(small_tmpfs, 1, 0, too_big, BLOCK, 0o600, hashed=False)
+    assert raised.value.errno == errno.ENOSPC
+    assert dm.reserve(small_tmpfs / "c", 0, 6 << 20, 0o600) is None  # no such directory
+    (small_tmpfs / "c").mkdir()
+    assert dm.reserve(small_tmpfs / "c", 0, 6 << 20, 0o600) is not None  # made, sparse
+    dm.close()  # waits for the thread: its allocation failed, the mapping is let go
+    assert dm._key is None and dm._area is None
+    fits = {"u": np.arange((1 << 20) // 8, dtype=np.float64)}
+    views, _, _ = dm.write(small_tmpfs / "c", 2, 0, fits, BLOCK, 0o600, hashed=False)
+    assert views["u"].tobytes() == fits["u"].tobytes()
