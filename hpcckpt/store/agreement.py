@@ -9,7 +9,6 @@ when there are some. The store, its node-local tier and the Checkpointer share o
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -151,10 +150,8 @@ _RANK_BITS, _STEP_BITS = 24, 36
 _RANK_MASK, _STEP_MASK = (1 << _RANK_BITS) - 1, (1 << _STEP_BITS) - 1
 _STEP_OFFSET = 1 << (_STEP_BITS - 1)
 _NO_STEP = -(1 << 62)  # the exact step of a call without one
-#: Seconds a wait spins on ``Test``, then spins yielding the core between tests (the
-#: other rank may share it), before it sleeps between tests; the sleep; how often a slow
-#: wait tells its watch. (A yield costs a microsecond: most waits of ``due`` are shorter.)
-_SPIN, _YIELD, _NAP, _LOOK = 0.001, 0.01, 0.0005, 0.25
+#: How often a slow wait tells its watch (seconds); the transport waits between.
+_LOOK = 0.25
 #: How every message about calls on only some ranks ends.
 TAIL = "every rank must call the Checkpointer's methods in the same order, with the same step"
 
@@ -260,19 +257,11 @@ class CallAgreement:
     def _wait(self, request: Request) -> None:
         call = Call(*self._posted)
         start = time.monotonic()
-        look = start + _LOOK
         told = False
-        while not request.test():
-            now = time.monotonic()
-            if now >= look and self.watch is not None:
+        while not request.wait_for(_LOOK):
+            if self.watch is not None:
                 told = True
-                self.watch.waiting(call, now - start)  # may raise (call_timeout)
-                look = now + _LOOK
-            waited = now - start
-            if waited > _YIELD:
-                time.sleep(_NAP)
-            elif waited > _SPIN:
-                os.sched_yield()
+                self.watch.waiting(call, time.monotonic() - start)  # may raise (call_timeout)
         if told and self.watch is not None:
             self.watch.done(call)
 

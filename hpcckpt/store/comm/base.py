@@ -58,6 +58,11 @@ class Request(Protocol):
     def wait(self) -> None:
         """Block until it has completed."""
 
+    def wait_for(self, seconds: float) -> bool:
+        """Wait up to ``seconds``; whether it has completed. Each transport waits its own
+        way: MPI progresses only while a rank tests, gloo in threads of its own that a
+        polling rank would starve of the core."""
+
 
 @runtime_checkable
 class Comm(Protocol):

@@ -7,12 +7,18 @@ library; torch users without one never load this module).
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
 from hpcckpt.store.comm.base import BXOR, LAND, LOR, MAX, MIN, SUM, Request, as_bytes
+
+#: Seconds a wait spins on ``Test``, then yields the core between tests, before it
+#: sleeps between tests; the sleep.
+_SPIN, _YIELD, _NAP = 0.001, 0.01, 0.0005
 
 _OPS = {SUM: MPI.SUM, MAX: MPI.MAX, MIN: MPI.MIN, LAND: MPI.LAND, LOR: MPI.LOR, BXOR: MPI.BXOR}
 
@@ -38,6 +44,21 @@ class _Request(MPI.Request):
 
     test = MPI.Request.Test
     wait = MPI.Request.Wait
+
+    def wait_for(self, seconds: float) -> bool:
+        """Test, spinning a millisecond, then yielding the core between tests (the other
+        rank may share it) up to 10 ms, then sleeping half a millisecond between them
+        (a yield costs a microsecond: most waits of ``due`` are shorter)."""
+        start = time.monotonic()
+        while not self.Test():
+            waited = time.monotonic() - start
+            if waited >= seconds:
+                return False
+            if waited > _YIELD:
+                time.sleep(_NAP)
+            elif waited > _SPIN:
+                os.sched_yield()
+        return True
 
 
 class MpiComm:

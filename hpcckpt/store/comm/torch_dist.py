@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import socket
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -78,6 +79,17 @@ class _Work:
 
     def wait(self) -> None:
         self.work.wait()
+
+    def wait_for(self, seconds: float) -> bool:
+        # A timed-out wait raises and leaves the work running; a failed one raises too,
+        # and then the work is completed: wait again for its own error.
+        try:
+            return bool(self.work.wait(timedelta(seconds=seconds)))
+        except RuntimeError:
+            if not self.work.is_completed():
+                return False
+            self.work.wait()
+            return True
 
 
 class TorchComm:

@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import sys
+import time
 
 import numpy as np
 
@@ -55,6 +56,16 @@ def check_every_operation(comm) -> dict:
         pass
     req.wait()
     assert recv.tolist() == [n - 1, 0, 7]
+    # a timed wait: rank 0 posts late, so the others' short waits time out, then complete
+    if me == 0:
+        time.sleep(0.5)
+    recv[:] = 0
+    req = comm.iallreduce_array(send, recv, C.MAX)
+    timed_out = 0
+    while not req.wait_for(0.05):
+        timed_out += 1
+    assert recv.tolist() == [n - 1, 0, 7]
+    assert me == 0 or timed_out >= 3, timed_out
     ok("iallreduce_array")
     before = comm.exscan_sum(np.array([me + 1, 2 * (me + 1)], dtype=np.int64))
     assert before.tolist() == [sum(range(1, me + 1)), 2 * sum(range(1, me + 1))], before
