@@ -183,12 +183,14 @@ def test_bench_async_reports_blocked_time(tmp_path: Path) -> None:
         assert row["ratios"][key] > 0, key
     assert set(row["slowdown"]) == {"async", "cache"}
     assert all(-1 < x < 100 for x in row["slowdown"].values()), row["slowdown"]
-    assert row["memory_per_rank"] == {
-        "async_host_buffers": 4 << 20,
-        "cache_copy": 4 << 20,
-        "async_staging_peak": 4 << 20,  # one copy of the state, never more
-        "staging_budget": None,
-    }
+    memory = row["memory_per_rank"]
+    assert memory["async_host_buffers"] == 4 << 20
+    assert memory["cache_copy"] == 4 << 20
+    assert memory["async_staging_peak"] == 4 << 20  # one copy of the state, never more
+    assert memory["staging_budget"] >= 4 << 20  # the budget the saves planned with
+    assert memory["saves_measured"] >= 1 and memory["saves_over_budget"] == 0
+    # the process grew by about the staging and the writer's bounce buffers, no more
+    assert 0 <= memory["async_staging_rss_peak"] < (4 << 20) + (96 << 20), memory
     assert not (tmp_path / "scratch").exists(), "the scratch directory is left behind"
     assert not any((tmp_path / "cache").iterdir()), "the node-local copies are left behind"
 
