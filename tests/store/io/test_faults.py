@@ -41,10 +41,17 @@ def test_a_fault_for_rank_1_kills_torchruns_rank_1_even_under_srun_variables(tmp
         pytest.fail(f"{TORCHRUN} not found: install torch (make setup does)")
     program = tmp_path / "point.py"
     program.write_text(
-        "import os\n"
+        "import os, pathlib, time\n"
         "from hpcckpt.store.io.faults import fault_point\n"
+        "passed = pathlib.Path('rank0-passed')\n"
+        "if os.environ['RANK'] == '1':  # torchrun ends rank 0 once rank 1 dies: after it\n"
+        "    deadline = time.monotonic() + 60\n"
+        "    while not passed.exists() and time.monotonic() < deadline:\n"
+        "        time.sleep(0.05)\n"
         "fault_point('save.begin', 0)\n"
         "print('survived rank', os.environ['RANK'], flush=True)\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    passed.touch()\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HPCCKPT_"))}
     env.update(SLURM_PROCID="0", HPCCKPT_FAULT="save.begin:1", PYTHONPATH=str(ROOT))
