@@ -309,7 +309,7 @@ def test_a_job_copying_beside_command_line_prunes_loses_no_entry(tmp_path):
     try:
         for step in range(1, 25):
             worker.submit(step, store.save(step, state(step)).path)
-            assert worker.wait(60)
+            assert worker.wait(180)
     finally:
         worker.close()
         assert pruner.wait(300) == 0

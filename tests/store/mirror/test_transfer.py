@@ -285,7 +285,7 @@ def test_the_worker_retries_a_copy_damaged_on_the_way_and_counts_the_good_one(tm
     worker = MirrorWorker(backend, options, lambda kind, fields: events.append((kind, fields)))
     try:
         worker.submit(1, path)
-        assert worker.wait(60.0)
+        assert worker.wait(180)
     finally:
         worker.close()
     kinds = [kind for kind, _ in events]
