@@ -65,7 +65,10 @@ lowered priority), uncapped and capped at ``--cap``: slowdown = with / alone - 1
 saves ``--gap`` seconds apart, without a mirror and with each of ``--blocked-mirrors``
 (``s3``, ``dir``: every save mirrored in the background, so later saves run while the
 worker still copies): the seconds save() blocked, median per run, and their ratio to
-no mirror (goal: at most 1.1).
+no mirror (goal: at most 1.1). The copy steps aside while a save writes (it waits at
+the mirror worker's gate between its chunks): ``mirror_paused_s`` is the seconds each
+run's copies waited so (the ``mirrored`` events' ``paused``), ``mirror_rate_MBps`` the
+median of the copies' own rates, pauses left out.
 
 ``compression``: the ratio (stored / original bytes) and one core's throughput of zstd
 alone and of the mirror's encoder (zstd over byte-grouped floats, levels 1 and 3) on a
@@ -416,8 +419,13 @@ class Bench:
         if set(mirrors) - {"s3", "dir"}:
             raise SystemExit(f"--blocked-mirrors: give s3 and/or dir, not {mirrors}")
         kinds = ["none", *mirrors]
+        from hpcckpt.rundir.events import read_events
+
         runs: dict[str, list[float]] = {k: [] for k in kinds}
         drained: dict[str, list[float]] = {k: [] for k in mirrors}
+        # Per run: the seconds the copies waited while a save wrote, and their own rates.
+        paused: dict[str, list[float]] = {k: [] for k in mirrors}
+        rates: dict[str, list[float]] = {k: [] for k in mirrors}
         for rep in range(self.args.reps):
             for kind in kinds if rep % 2 == 0 else kinds[::-1]:
                 self.clear()
@@ -441,6 +449,9 @@ class Bench:
                 ck.finish()
                 if kind != "none":
                     drained[kind].append(time.perf_counter() - t0)
+                    copies = [e for e in read_events(directory) if e.get("event") == "mirrored"]
+                    paused[kind].append(sum(float(e.get("paused") or 0.0) for e in copies))
+                    rates[kind].extend(float(e["rate"]) for e in copies if e.get("rate"))
                     shutil.rmtree(self.mirror_dir / f"blocked{rep}", ignore_errors=True)
                 runs[kind].append(median(times))
                 shutil.rmtree(directory, ignore_errors=True)
@@ -452,13 +463,16 @@ class Bench:
             "runs": runs,
             "ratios": ratios,
             "finish_wait_s": drained,
+            "mirror_paused_s": paused,
+            "mirror_rate_MBps": {k: median(v) / 1e6 for k, v in rates.items()},
         }
         for k in mirrors:
             out[f"ratio_{k}_to_none"] = median(ratios[k])
         print(
             f"  save() blocked: no mirror {median(runs['none']):.3f} s, "
             + ", ".join(
-                f"{k} mirror {median(runs[k]):.3f} s (ratio {median(ratios[k]):.2f})"
+                f"{k} mirror {median(runs[k]):.3f} s (ratio {median(ratios[k]):.2f}; the copy "
+                f"paused {median(paused[k]):.1f} s per run)"
                 for k in mirrors
             ),
             flush=True,

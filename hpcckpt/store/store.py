@@ -28,6 +28,7 @@ from hpcckpt.store.mirror.worker import (
     MIRROR_FAILED,
     MIRROR_PRUNED,
     MIRRORED,
+    Aside,
     MirrorWait,
     MirrorWorker,
     Report,
@@ -172,7 +173,9 @@ class CheckpointStore:
         rank and key path); any other failure raises CheckpointError on every rank.
         """
         self.pruning.wait()  # the deletes a synchronous prune would have made are done
-        return self._committed(self.saver.save(step, state, extra_meta))
+        with self._mirror_steps_aside():
+            result = self.saver.save(step, state, extra_meta)
+        return self._committed(result)
 
     def checkpoint(
         self,
@@ -201,7 +204,9 @@ class CheckpointStore:
             except StagingRefused as exc:  # every rank alike: too little memory to stage
                 log.warning("checkpoint step %d written synchronously: %s", step, exc)
                 self.report(STAGING_REFUSED, {"step": step, "reason": str(exc)})
-        return self._committed(self.saver.save(step, state, meta), force=stop)
+        with self._mirror_steps_aside():
+            result = self.saver.save(step, state, meta)
+        return self._committed(result, force=stop)
 
     def begin_save(
         self,
@@ -221,18 +226,26 @@ class CheckpointStore:
         and StagingRefused on every rank when some rank has too little memory to stage.
         """
         self.pruning.wait()
-        return self.saver.begin_save(step, state, extra_meta, buffers=buffers, redrain=redrain)
+        with self._mirror_steps_aside() as aside:
+            pending = self.saver.begin_save(
+                step, state, extra_meta, buffers=buffers, redrain=redrain
+            )
+            aside.until(pending.writer.wait)  # the background write: durable, or failed
+        return pending
 
     def finish_save(self, pending: PendingSave) -> SaveResult:
         """Wait for every rank's background write, then commit; CheckpointError on every
         rank if any rank's write failed (the checkpoint never becomes good)."""
-        return self._committed(self.saver.finish_save(pending))
+        with self._mirror_steps_aside():
+            result = self.saver.finish_save(pending)
+        return self._committed(result)
 
     def save_local(self, step: int, state: dict[str, Any]) -> SaveResult:
         """A checkpoint on the node-local tier only (no drain), with its redundancy."""
         if self.tier is None:
             raise ValueError("save_local needs a node-local tier: set cache=PATH")
-        return self.tier.save_local(step, state)
+        with self._mirror_steps_aside():
+            return self.tier.save_local(step, state)
 
     def free_tier(self) -> None:
         """The run is over: delete this node's copies on the node-local tier, unless the
@@ -258,6 +271,14 @@ class CheckpointStore:
         return result
 
     # -- the mirror ------------------------------------------------------------------------
+    def _mirror_steps_aside(self) -> Aside:
+        """Rank 0's mirror copy pauses between its chunks while this save writes (the
+        hold ends with the ``with`` block, or with the background write handed to its
+        ``until``); on the other ranks, or without a mirror, it holds nothing."""
+        if self.mirroring is None:
+            return Aside(None)
+        return self.mirroring.steps_aside()
+
     def mirror_wait(self, seconds: float | None = None) -> MirrorWait | None:
         """Rank 0: the directory's newest checkpoint sent to the mirror unless it is there
         or on its way, and waited for up to ``seconds`` (``mirror_wait`` by default), as a

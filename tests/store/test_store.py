@@ -261,3 +261,61 @@ def test_checkpoint_writes_synchronously_when_staging_is_refused(tmp_path, make_
     assert kind == STAGING_REFUSED and fields["step"] == 1
     assert fields["reason"].startswith("rank 0: ") and buffers.nbytes == 0
     assert f"checkpoint step 1 written synchronously: {fields['reason']}" in caplog.messages
+
+
+class GateProbe:
+    """A value with ``state_dict()``, which the store calls while it encodes a save: it
+    notes whether the mirror's gate is held then, and raises when told to."""
+
+    def __init__(self, store: CheckpointStore, fail: bool = False) -> None:
+        self.store, self.fail, self.seen = store, fail, []
+
+    def state_dict(self) -> dict:
+        self.seen.append(self.store.mirroring.gate.held)
+        if self.fail:
+            raise RuntimeError("the application's state_dict() failed")
+        return {"w": np.arange(1000.0)}
+
+    def load_state_dict(self, values: dict) -> None:
+        pass
+
+
+def test_every_save_holds_the_mirror_copy_aside_and_releases_it_even_when_it_fails(tmp_path):
+    """Rank 0's mirror copy steps aside while a checkpoint is written: the synchronous
+    save, the staged save until its background write ends, and its commit hold the
+    gate; a save that raises releases it, and a later copy goes through."""
+    root = tmp_path / "m"
+    root.mkdir()
+    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, incremental=False, mirror=str(root))
+    gate = store.mirroring.gate
+    try:
+        probe = GateProbe(store)
+        store.save(1, {"p": probe})
+        store.checkpoint(2, {"p": probe}, "steps")
+        assert probe.seen == [True, True] and not gate.held
+        buffers = HostBuffers()
+        pending = store.begin_save(3, {"p": probe, "u": np.ones(2_000_000)}, buffers=buffers)
+        assert probe.seen[-1] is True
+        assert gate.held or pending.done(), "held until the background write ends"
+        pending.writer.wait()
+        wait_for(lambda: not gate.held, 10, "the gate released after the background write")
+        store.finish_save(pending)
+        assert not gate.held
+        for kind in ("save", "checkpoint", "begin_save"):
+            failing = GateProbe(store, fail=True)
+            with pytest.raises(RuntimeError, match="state_dict"):
+                if kind == "save":
+                    store.save(4, {"p": failing})
+                elif kind == "checkpoint":
+                    store.checkpoint(4, {"p": failing}, "steps")
+                else:
+                    store.begin_save(4, {"p": failing}, buffers=buffers)
+            assert failing.seen == [True] and not gate.held, kind
+        with pytest.raises(TypeError):
+            store.save(4, {"x": object()})
+        assert not gate.held
+        store.save(5, {"p": probe})
+        waited = store.mirror_wait(60)
+        assert waited is not None and waited.done and waited.step == 5
+    finally:
+        store.close()

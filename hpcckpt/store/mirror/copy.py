@@ -163,12 +163,19 @@ def file_checksum(path: Path, spend: Callable[[bytes], None] | None = None) -> s
     return h.hexdigest()
 
 
-def remote_checksum(backend: MirrorBackend, key: str, size: int) -> str:
-    """Hex xxh3-64 of an object's bytes as the mirror gives them back (read in ranges);
-    MirrorCopyBad when it holds fewer bytes than ``size``."""
+#: Called by a copy between its chunks: returns when the copy may go on (the mirror's
+#: worker passes its gate's ``wait_open``: a save writing holds the copy there).
+Pause = Callable[[], None]
+
+
+def remote_checksum(backend: MirrorBackend, key: str, size: int, pause: Pause | None = None) -> str:
+    """Hex xxh3-64 of an object's bytes as the mirror gives them back (read in ranges,
+    ``pause`` called before each); MirrorCopyBad when it holds fewer bytes than ``size``."""
     h = xxhash.xxh3_64()
     offset = 0
     while offset < size:
+        if pause is not None:
+            pause()
         chunk = backend.read_range(key, offset, min(READBACK, size - offset))
         if not chunk:
             raise MirrorCopyBad(f"{key} on the mirror ends at byte {offset} of {size}")
@@ -434,7 +441,12 @@ def _decode_in_place(tmp: Path, m: Mirrored) -> None:
 
 
 def upload(
-    backend: MirrorBackend, path: Path, *, verify_source: bool = True, known: Known = None
+    backend: MirrorBackend,
+    path: Path,
+    *,
+    verify_source: bool = True,
+    known: Known = None,
+    pause: Pause | None = None,
 ) -> Uploaded:
     """Mirror one committed checkpoint of a directory, with the files of its chain the
     mirror lacks (oldest first). Each file is read once: checked against its own
@@ -443,7 +455,9 @@ def upload(
     checked at its destination; what arrived is checked by the store on receipt, or
     read back and compared where the store checks nothing; only then it gets its
     manifest. ``known``: the checkpoint and its chain as the mirror holds them (the index's
-    :func:`~.mirror.index.confirm`), instead of listing every manifest.
+    :func:`~.mirror.index.confirm`), instead of listing every manifest. ``pause`` is
+    called between chunks (read, copied, read back; an S3 part is never held mid-request):
+    it holds the copy while a save writes.
 
     CheckpointError when the local checkpoint (or a file it needs) is missing or bad;
     MirrorCopyBad when the bytes read back or copied differ; MirrorUnavailable from the backend
@@ -474,9 +488,9 @@ def upload(
                 f"{path.name} is not mirrored: {cname} it is built on is neither in "
                 f"{path.parent} nor good on the mirror"
             )
-        total += _send(backend, local)  # verified as part of the chain of the checkpoint
+        total += _send(backend, local, pause=pause)  # verified as part of the chain
         sent.append(cname)
-    total += _send(backend, path, uid=uid, chain=chain, check=check)
+    total += _send(backend, path, uid=uid, chain=chain, check=check, pause=pause)
     sent.append(path.name)
     return Uploaded(step, tuple(sent), total, time.perf_counter() - t0, tuple(already))
 
@@ -487,6 +501,7 @@ def _send(
     uid: str | None = None,
     chain: list[tuple[str, int, str]] | None = None,
     check: SourceCheck | None = None,
+    pause: Pause | None = None,
 ) -> int:
     """Upload one file in one pass over its bytes (checked by ``check``, hashed, maybe
     compressed, sent), make sure what arrived is what was sent, then write its manifest.
@@ -501,15 +516,16 @@ def _send(
     stored = _Tally()
     t0 = time.perf_counter()
     if encoder is None and check is not None and getattr(backend, "kernel_copy", False):
-        _copy_checked(backend, local, check, seen)  # the kernel copies, the copy is checked
+        _copy_checked(backend, local, check, seen, pause)  # the kernel copies, checked
         stored.size, stored.hex = seen.size, seen.checksum
     else:
-        pieces = read_source(local, getattr(backend, "read_chunk", CHUNK), check, seen)
+        chunk = getattr(backend, "read_chunk", CHUNK)
+        pieces = read_source(local, chunk, check, seen, pause)
         pieces = stored.count(encoder.encode(pieces) if encoder else pieces)
         backend.put_stream(name, pieces, local)
     _rates(backend).note(seen.size, stored.size, time.perf_counter() - t0, encoder)
     if not backend.receipt_checked:  # the store checks nothing on receipt: read it back
-        got = remote_checksum(backend, name, stored.size)
+        got = remote_checksum(backend, name, stored.size, pause)
         if got != stored.checksum:
             raise MirrorCopyBad(
                 f"{name}: the bytes read back from {backend.url} differ from the bytes "
@@ -535,7 +551,9 @@ def _send(
     return seen.size
 
 
-def _copy_checked(backend: Any, local: Path, check: SourceCheck, seen: Streamed) -> None:
+def _copy_checked(
+    backend: Any, local: Path, check: SourceCheck, seen: Streamed, pause: Pause | None
+) -> None:
     """A directory mirror's copy made by the kernel and checked at its destination
     (:func:`.source.copy_checked`); when the destination fails, the source is checked
     alone: CheckpointError when it is the damaged one, else MirrorCopyBad."""
@@ -543,7 +561,7 @@ def _copy_checked(backend: Any, local: Path, check: SourceCheck, seen: Streamed)
         backend.put_copied(
             local.name,
             local,
-            lambda src, dst: copy_checked(src, dst, check, seen, backend.copy_range),
+            lambda src, dst: copy_checked(src, dst, check, seen, backend.copy_range, pause=pause),
         )
     except CopyMismatch as exc:
         for _ in read_source(local, CHUNK, SourceCheck(local), Streamed()):

@@ -304,14 +304,21 @@ def confirm(backend: MirrorBackend, names: Iterable[str]) -> dict[str, mirror.Mi
     return {m.name: m for m in _chains(found)}
 
 
-def upload(backend: MirrorBackend, path: Path, *, verify_source: bool = True) -> Copied:
-    """:func:`~.mirror.copy.upload` of one checkpoint, told what the mirror holds of it
-    and its chain by :func:`confirm`, then the index updated with what was sent: the
-    same requests whatever the number of checkpoints on the mirror."""
+def upload(
+    backend: MirrorBackend,
+    path: Path,
+    *,
+    verify_source: bool = True,
+    pause: mirror.Pause | None = None,
+) -> Copied:
+    """:func:`~.mirror.copy.upload` of one checkpoint (``pause``: between its chunks),
+    told what the mirror holds of it and its chain by :func:`confirm`, then the index
+    updated with what was sent: the same requests whatever the number of checkpoints on
+    the mirror."""
     _uid, chain = checkpoint_chain(path)
     known = confirm(backend, [path.name, *(c for c, _, _ in chain)])
     index = load(backend)
-    uploaded = mirror.upload(backend, path, verify_source=verify_source, known=known)
+    uploaded = mirror.upload(backend, path, verify_source=verify_source, known=known, pause=pause)
     add = {}
     for name in uploaded.files:  # just copied and verified
         entry = _entry(backend, name, None)

@@ -179,11 +179,16 @@ class Streamed:
 
 
 def read_source(
-    path: Path, chunk: int, check: SourceCheck | None, seen: Streamed
+    path: Path,
+    chunk: int,
+    check: SourceCheck | None,
+    seen: Streamed,
+    pause: Callable[[], None] | None = None,
 ) -> Iterator[bytes]:
     """The file's bytes in pieces of ``chunk``, each hashed into ``seen`` and fed to
     ``check`` before it is handed on; ``seen`` is complete once the iterator ends (and
-    ``check`` has then passed: CheckpointError otherwise)."""
+    ``check`` has then passed: CheckpointError otherwise). ``pause`` is called before
+    each read: it may hold the stream (and so whatever consumes it) for a while."""
     h = xxhash.xxh3_64()
     offset = 0
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -192,7 +197,12 @@ def read_source(
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         except (AttributeError, OSError):
             pass
-        while piece := os.read(fd, chunk):
+        while True:
+            if pause is not None:
+                pause()
+            piece = os.read(fd, chunk)
+            if not piece:
+                break
             h.update(piece)
             if check is not None:
                 check.feed(offset, piece)
@@ -260,6 +270,7 @@ def copy_checked(
     seen: Streamed,
     copy_range: Callable[[int, int, int, int], int],
     chunk: int = COPY_CHUNK,
+    pause: Callable[[], None] | None = None,
 ) -> None:
     """Copy the file open as ``src`` into the empty file ``dst`` (open for reading and
     writing) with ``copy_range(src, dst, offset, count) -> bytes copied``, and check the
@@ -269,6 +280,7 @@ def copy_checked(
 
     Two threads: a helper copies each range, starts its write-back (the final fsync
     then waits for less) and hashes it whole; this one checks the blocks behind it.
+    Both call ``pause`` before each range: it may hold the copy for a while.
     Raises :class:`CopyMismatch` naming the first difference (the source itself may be
     the damaged one: a caller that must know checks it alone), or what the copy raised.
     """
@@ -283,6 +295,8 @@ def copy_checked(
         pos = 0
         try:
             while pos < size and not state["stop"]:
+                if pause is not None:
+                    pause()
                 n = copy_range(src, dst, pos, min(chunk, size - pos))
                 if n <= 0:
                     raise OSError(0, f"the source ended at byte {pos} of {size}")
@@ -308,6 +322,8 @@ def copy_checked(
     g = 0  # first gap not passed yet
     try:
         while pos < size and problem is None:
+            if pause is not None:
+                pause()
             with cond:
                 while state["copied"] <= pos and not state["ended"]:
                     cond.wait()

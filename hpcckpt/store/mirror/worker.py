@@ -16,6 +16,11 @@ report and log line, then a summary with their ``count`` when the count doubles 
 At a stop or ``finish()`` the store waits a bounded time for the newest checkpoint
 (:meth:`MirrorWorker.wait_newest`, a :class:`MirrorWait`). An error of the worker's own
 is reported and retried like a failed copy: the thread ends only at ``close()``.
+
+The copy steps aside while a checkpoint is written: a save holds the worker's
+:class:`Gate` (:meth:`MirrorWorker.steps_aside`) from its start until its bytes are
+durable or it failed, and the copy waits at the gate between its chunks (never inside a
+request), so the save's writes and fsync do not share the disk and the cores with it.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from hpcckpt.store.errors import CheckpointError
@@ -84,6 +90,110 @@ class Streak:
         return now - self.reported_at >= SUMMARY_EVERY
 
 
+class Gate:
+    """What the copy waits at between its chunks while a save writes: held by any number
+    of saves at once, open when none holds it. The copy's threads call :meth:`wait_open`;
+    :attr:`paused` counts the seconds during which at least one of them waited."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._holders = 0
+        self._waiting = 0  # copying threads waiting now
+        self._since = 0.0  # monotonic: when the first of them began to wait
+        self._paused = 0.0
+        self._open_for_good = False
+
+    def hold(self) -> None:
+        with self._cond:
+            self._holders += 1
+
+    def release(self) -> None:
+        with self._cond:
+            self._holders = max(self._holders - 1, 0)
+            if not self._holders:
+                self._cond.notify_all()
+
+    @property
+    def held(self) -> bool:
+        with self._cond:
+            return self._holders > 0
+
+    def wait_open(self) -> None:
+        """Return once no save holds the gate (at once when none does)."""
+        with self._cond:
+            if not self._holders or self._open_for_good:
+                return
+            if not self._waiting:
+                self._since = time.monotonic()
+            self._waiting += 1
+            try:
+                while self._holders and not self._open_for_good:
+                    self._cond.wait()
+            finally:
+                self._waiting -= 1
+                if not self._waiting:
+                    self._paused += time.monotonic() - self._since
+
+    @property
+    def paused(self) -> float:
+        """Seconds the copy has waited at the gate so far (a wait under way included)."""
+        with self._cond:
+            now = time.monotonic() - self._since if self._waiting else 0.0
+            return self._paused + now
+
+    def open_for_good(self) -> None:
+        """Never hold the copy again (the worker closes: a copy under way goes on to its end
+        or its cut, whatever a save does)."""
+        with self._cond:
+            self._open_for_good = True
+            self._cond.notify_all()
+
+
+class Aside:
+    """One save's hold of a :class:`Gate` (None: no mirror here, nothing held), released
+    once: at the end of its ``with`` block, or, after :meth:`until`, when the background
+    write it was handed ends."""
+
+    def __init__(self, gate: Gate | None) -> None:
+        self._gate = gate
+        self._lock = threading.Lock()
+        self._handed = False
+        if gate is not None:
+            gate.hold()
+
+    def __enter__(self) -> Aside:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if kind is not None or not self._handed:
+            self.release()
+
+    def release(self) -> None:
+        """Open the gate for this save (again: nothing)."""
+        with self._lock:
+            gate, self._gate = self._gate, None
+        if gate is not None:
+            gate.release()
+
+    def until(self, wait: Callable[[], None]) -> None:
+        """Keep holding past the ``with`` block until ``wait()`` returns (a staged save's
+        background write: durable, or failed), watched by a thread of its own."""
+        self._handed = True
+
+        def watch() -> None:
+            try:
+                wait()
+            finally:
+                self.release()
+
+        threading.Thread(target=watch, name="hpcckpt-mirror-aside", daemon=True).start()
+
+
 @dataclass(frozen=True)
 class MirrorWait:
     """How a bounded wait for the newest checkpoint to reach the mirror ended: its
@@ -134,6 +244,8 @@ class MirrorWorker:
         self._in_row = 0  # failed tries since the last copy that went through, any cause
         self._rng = random.Random()
         self._thread: threading.Thread | None = None
+        #: Held by the saves while they write: the copy waits at it between its chunks.
+        self.gate = Gate()
 
     # -- the ranks' side (rank 0's main thread) ---------------------------------------------
     def committed(self, step: int, path: Path, *, force: bool = False) -> bool:
@@ -188,6 +300,12 @@ class MirrorWorker:
             targets = [t for t in (self._pending, self._current) if t is not None]
         return {s for t in targets for s in (t.step, *t.needs)}
 
+    def steps_aside(self) -> Aside:
+        """The copy pauses between its chunks from now until the returned hold is
+        released (``with worker.steps_aside(): ...``; see :class:`Aside`). A pause
+        never fails a copy, and never outlasts the hold."""
+        return Aside(self.gate)
+
     def busy(self) -> bool:
         with self._lock:
             return self._pending is not None or self._current is not None
@@ -220,6 +338,7 @@ class MirrorWorker:
         never counts)."""
         self._stop.set()
         self._wake.set()
+        self.gate.open_for_good()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
 
@@ -278,8 +397,9 @@ class MirrorWorker:
 
     def _copy(self, target: Target, attempt: int) -> float | None:
         """Copy one checkpoint; None when done with it, else seconds before a retry."""
+        paused0 = self.gate.paused
         try:
-            copied = mirror_index.upload(self.backend, target.path)
+            copied = mirror_index.upload(self.backend, target.path, pause=self.gate.wait_open)
         except (MirrorUnavailable, mirror.MirrorCopyBad, OSError) as exc:
             if isinstance(exc, FileNotFoundError) and not target.path.exists():
                 return self._give_up(target, f"{target.path.name} left the directory", attempt)
@@ -289,10 +409,12 @@ class MirrorWorker:
         except Exception as exc:  # noqa: BLE001 (a client library's own error: retry)
             return self._retry_later(target, exc, attempt)
         uploaded = copied.uploaded
+        paused = min(self.gate.paused - paused0, uploaded.seconds)
         self.newest_mirrored = max(self.newest_mirrored or -1, target.step)
         self.last_error = None
         self._recovered(target)
-        rate = uploaded.bytes / uploaded.seconds if uploaded.seconds > 0 else None
+        moving = uploaded.seconds - paused  # the copy's own rate: its pauses left out
+        rate = uploaded.bytes / moving if moving > 0 else None
         self.report(
             MIRRORED,
             {
@@ -300,6 +422,7 @@ class MirrorWorker:
                 "files": list(uploaded.files),
                 "bytes": uploaded.bytes,
                 "seconds": round(uploaded.seconds, 6),
+                "paused": round(paused, 6),
                 "rate": rate,
                 "attempts": attempt,
                 "mirror": self.backend.url,

@@ -398,3 +398,138 @@ def test_the_backoff_doubles_across_failures_of_changing_causes(tmp_path, store)
     assert [f["count"] for f in failed] == [1, 1, 1]  # each a new cause: each reported
     for f, nominal in zip(failed, (1.0, 2.0, 3.0), strict=True):
         assert nominal / 2 <= f["retry_in"] <= nominal
+
+
+# -- the copy steps aside while a checkpoint is written --------------------------------------
+class SlowKernelCopy(DirectoryBackend):
+    """The real directory backend whose kernel copy goes 256 KiB per call with a pause
+    after each, so that a copy of a few MB is still under way when the test acts."""
+
+    def copy_range(self, src: int, dst: int, offset: int, count: int) -> int:
+        time.sleep(0.02)
+        return super().copy_range(src, dst, offset, min(count, 256 << 10))
+
+
+def _part_bytes(root) -> int:
+    """The bytes of the copy under way in a directory mirror (its ``.part`` file)."""
+    return sum(p.stat().st_size for p in root.glob("*.part"))
+
+
+@pytest.mark.parametrize("how", ["metered stream", "kernel copy"])
+def test_a_held_gate_pauses_the_copy_which_finishes_bit_exact_once_released(tmp_path, store, how):
+    """A copy under way (a capped stream, or the kernel's copy with its check) makes no
+    progress while a save holds the gate, is not failed by the pause, and ends bit-exact
+    once released; the ``mirrored`` event says how long it was paused, its rate left out."""
+    root = tmp_path / "m"
+    root.mkdir()
+    if how == "metered stream":
+        backend = open_backend(str(root), bandwidth=4e6)
+    else:
+        backend = SlowKernelCopy(root)
+        assert backend.kernel_copy
+    reports = Reports()
+    worker = MirrorWorker(backend, MirrorOptions(str(root)), reports)
+    big = np.random.default_rng(7).random(2_000_000)  # 16 MB: about 4 s at either pace
+    path = store.save(1, {"u": big}).path
+    try:
+        worker.committed(1, path, force=True)
+        wait_for(lambda: _part_bytes(root) > 1 << 20, COPIED, "the copy under way")
+        with worker.steps_aside():
+            assert worker.gate.held
+            time.sleep(0.6)  # a chunk already on its way may land
+            before = _part_bytes(root)
+            time.sleep(1.5)
+            assert _part_bytes(root) == before, "the copy went on while the gate was held"
+            assert worker.busy() and not reports.of(MIRRORED) and not reports.of(MIRROR_FAILED)
+            assert before < path.stat().st_size
+        assert not worker.gate.held
+        assert worker.wait(COPIED)
+    finally:
+        worker.close()
+    (event,) = reports.of(MIRRORED)
+    assert not reports.of(MIRROR_FAILED) and event["attempts"] == 1
+    assert 1.9 <= event["paused"] <= event["seconds"]
+    assert event["rate"] == pytest.approx(event["bytes"] / (event["seconds"] - event["paused"]))
+    assert (root / path.name).read_bytes() == path.read_bytes()
+    assert mirror.verify_mirrored(backend, path.name).good
+
+
+def test_holds_nest_and_a_pause_ends_with_the_last_one_or_at_close():
+    """Two saves at once (a synchronous one beside a background write): the copy waits
+    until both released; a worker closing opens the gate for good."""
+    worker = MirrorWorker(DirectoryBackend("/nonexistent"), MirrorOptions("/nonexistent"))
+    gate = worker.gate
+    gate.wait_open()  # open: returns at once
+    passed = threading.Event()
+
+    def copy() -> None:
+        gate.wait_open()
+        passed.set()
+
+    first, second = worker.steps_aside(), worker.steps_aside()
+    thread = threading.Thread(target=copy)
+    thread.start()
+    first.release()
+    first.release()  # a second release of one hold is nothing
+    assert not passed.wait(0.3) and gate.held
+    with second:
+        pass
+    assert passed.wait(5) and not gate.held and gate.paused >= 0.3
+    thread.join()
+    done = threading.Event()
+    aside = worker.steps_aside()
+    aside.until(done.wait)  # a background write: held until it ends
+    assert gate.held
+    done.set()
+    wait_for(lambda: not gate.held, 5, "the hold released when the background write ended")
+    with worker.steps_aside():
+        worker.close()
+        gate.wait_open()  # returns: closed, the gate holds nothing any more
+
+
+def test_a_paused_s3_upload_completes_afterwards(s3_mirror, tmp_path, store):
+    """The real S3 server: a multipart upload under way waits between its parts while a
+    save holds the gate (no part sent meanwhile, the upload left open), then completes;
+    the object is the checkpoint's bytes."""
+    import boto3
+
+    from hpcckpt.store.mirror.backend import Throttle
+    from hpcckpt.store.mirror.s3 import S3Backend
+
+    backend = S3Backend(s3_mirror.url, Throttle(5e6), part_size=5 << 20, concurrency=1)
+    reports = Reports()
+    worker = MirrorWorker(backend, MirrorOptions(s3_mirror.url), reports)
+    big = np.random.default_rng(8).random(3_000_000)  # 24 MB: 5 parts, about 5 s
+    path = store.save(1, {"u": big}).path
+    client = boto3.client("s3")
+
+    def uploads() -> list:
+        try:
+            return client.list_multipart_uploads(Bucket=s3_mirror.bucket).get("Uploads", [])
+        except client.exceptions.NoSuchUpload:  # rclone's answer when none is open
+            return []
+
+    def parts() -> int:
+        if not (open_now := uploads()):
+            return 0
+        up = open_now[0]
+        got = client.list_parts(Bucket=s3_mirror.bucket, Key=up["Key"], UploadId=up["UploadId"])
+        return len(got.get("Parts", []))
+
+    try:
+        worker.committed(1, path, force=True)
+        wait_for(lambda: parts() >= 1, COPIED, "the multipart upload under way")
+        with worker.steps_aside():
+            time.sleep(2.0)  # the part in flight lands
+            before = parts()
+            time.sleep(3.0)
+            assert parts() == before < 5, "a part was sent while the gate was held"
+            assert not reports.of(MIRRORED) and not reports.of(MIRROR_FAILED)
+        assert worker.wait(COPIED)
+    finally:
+        worker.close()
+    (event,) = reports.of(MIRRORED)
+    assert not reports.of(MIRROR_FAILED) and event["paused"] >= 4.5
+    assert (s3_mirror.prefix_path / path.name).read_bytes() == path.read_bytes()
+    assert uploads() == []
+    assert mirror.verify_mirrored(backend, path.name).good
