@@ -61,10 +61,18 @@ class MirrorBackend(Protocol):
         """Upload a whole file under ``key`` (replacing it), throttled by the backend's cap."""
         ...
 
-    def put_stream(self, key: str, pieces: Iterable[bytes], like: Path | None = None) -> None:
+    def put_stream(
+        self,
+        key: str,
+        pieces: Iterable[bytes],
+        like: Path | None = None,
+        pause: Callable[[], None] | None = None,
+    ) -> None:
         """Store the bytes of ``pieces`` (consumed in order, each spent through the cap)
         under ``key``: whole or not at all; an exception raised by ``pieces`` leaves no
         object. ``like``: the file whose permission bits the object keeps, where it can.
+        ``pause``: called between the store's own requests (a save writing holds the
+        copy there; ``pieces`` may hold it too), never inside one.
 
         ``receipt_checked`` says whether what arrived is known to be what was sent
         without reading it back (the store checked a checksum on receipt, or the bytes
@@ -278,8 +286,14 @@ class DirectoryBackend:
 
         self._write(key, fill, _permissions(local))
 
-    def put_stream(self, key: str, pieces: Iterable[bytes], like: Path | None = None) -> None:
-        written = 0
+    def put_stream(
+        self,
+        key: str,
+        pieces: Iterable[bytes],
+        like: Path | None = None,
+        pause: Callable[[], None] | None = None,
+    ) -> None:
+        written = 0  # ``pause``: the pieces pause between reads, the writes follow them
 
         def fill(out: BinaryIO) -> None:
             nonlocal written

@@ -522,7 +522,8 @@ def _send(
         chunk = getattr(backend, "read_chunk", CHUNK)
         pieces = read_source(local, chunk, check, seen, pause)
         pieces = stored.count(encoder.encode(pieces) if encoder else pieces)
-        backend.put_stream(name, pieces, local)
+        held = {"pause": pause} if pause is not None else {}  # between the store's requests
+        backend.put_stream(name, pieces, local, **held)
     _rates(backend).note(seen.size, stored.size, time.perf_counter() - t0, encoder)
     if not backend.receipt_checked:  # the store checks nothing on receipt: read it back
         got = remote_checksum(backend, name, stored.size, pause)

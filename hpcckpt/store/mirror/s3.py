@@ -19,7 +19,7 @@ import os
 import re
 import threading
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -321,12 +321,20 @@ class S3Backend:
         """The body to send and its checksum parameter (computed on the bytes in hand)."""
         return body, self._checksum(body, algo)
 
-    def put_stream(self, key: str, pieces: Iterable[bytes], like: Path | None = None) -> None:
+    def put_stream(
+        self,
+        key: str,
+        pieces: Iterable[bytes],
+        like: Path | None = None,
+        pause: Callable[[], None] | None = None,
+    ) -> None:
         """Upload the bytes of ``pieces`` as they come: one PUT when they fit in a part,
         else a multipart upload of ``part_size`` parts, ``concurrency`` in flight, each
         with the checksum the store checks on receipt (computed in the sending thread, off
         the reading one); a part the store refuses, or an exception of ``pieces``, aborts
-        the upload, leaving no object."""
+        the upload, leaving no object. ``pause`` is called before each part's request and
+        before the upload's completion (when the store assembles the object): it may hold
+        the upload there, between requests, never inside one."""
         full = self._key(key)
         algo = self.receipt_checksum()
         parts = _parts(pieces, self.part_size)
@@ -369,10 +377,12 @@ class S3Backend:
                     if any(f.done() and f.exception() for f in futures):
                         slots.release()
                         break
-                    fut = pool.submit(self._part, key, full, upload, number, body, algo)
+                    fut = pool.submit(self._part, key, full, upload, number, body, algo, pause)
                     fut.add_done_callback(lambda _f: slots.release())
                     futures.append(fut)
             done = [f.result() for f in futures]
+            if pause is not None:
+                pause()
             self._call(
                 f"uploading {key}",
                 self.client.complete_multipart_upload,
@@ -389,8 +399,17 @@ class S3Backend:
             raise
 
     def _part(
-        self, key: str, full: str, upload: str, number: int, body: bytes, algo: str | None
+        self,
+        key: str,
+        full: str,
+        upload: str,
+        number: int,
+        body: bytes,
+        algo: str | None,
+        pause: Callable[[], None] | None,
     ) -> dict[str, Any]:
+        if pause is not None:
+            pause()
         sent, checksum = self._sent(body, algo)
         answer = self._call(
             f"uploading {key} (part {number})",

@@ -344,6 +344,8 @@ def copy_checked(
     finally:
         state["stop"] = True  # a copy the check gave up on goes no further
         worker.join()
+    if pause is not None and not failed and problem is None:
+        pause()  # before the caller's fsync
     if failed:
         raise failed[0]
     problem = problem or check.problem

@@ -199,9 +199,9 @@ class KernelCopy(DirectoryBackend):
         self.priorities.add(priority.thread_priority())
         return n
 
-    def put_stream(self, key, pieces, like=None):
+    def put_stream(self, key, pieces, like=None, **kw):
         self.streamed += 1
-        return super().put_stream(key, pieces, like)
+        return super().put_stream(key, pieces, like, **kw)
 
 
 class DamagedAt(KernelCopy):
