@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -327,16 +326,10 @@ class Checkpointer:
         if self.schedule.needs_size:
             self.schedule.size_first_cost(self.agreement.total(state_bytes(state)))
         self._complete_pending()  # a staged save commits first (it beats on its own)
-        # The hang watch's I/O allowance, written beside the store's first steps: the
-        # heartbeat's cold metadata after a restart (up to tens of ms) is off rank 0's path.
-        beat = threading.Thread(
-            target=self._heartbeat.beat, args=(None, "restore", True), name="hpcckpt-beat"
-        )
-        beat.start()
-        try:
-            result = self.store.restore(state, only=only, strict=strict)
-        finally:
-            beat.join()  # before the next beat: one writer of the file at a time
+        # The hang watch's I/O allowance (written by the heartbeat's thread: its cold
+        # metadata after a restart, up to tens of ms, is off rank 0's path).
+        self._heartbeat.beat(None, "restore", True)
+        result = self.store.restore(state, only=only, strict=strict)
         if self.buffers is not None:  # the first save's staging, populated in the background
             self.buffers.reserve(state, self.comm)
         elif self.store.tier is not None:  # or its node-local data file

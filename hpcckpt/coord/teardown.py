@@ -69,6 +69,7 @@ def release(ck: Any, timeout: float = JOIN_TIMEOUT) -> None:
     finally:
         ck._signals.close()
         ck.record.release()
+        ck._heartbeat.close(max(0.0, timeout))  # its newest beat written ("finished")
 
 
 def close_store(ck: Any, timeout: float = JOIN_TIMEOUT) -> None:

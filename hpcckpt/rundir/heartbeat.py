@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
@@ -123,7 +124,14 @@ def clear_heartbeats(directory: str | os.PathLike[str]) -> None:
 
 
 class HeartbeatWriter:
-    """Rate-limited heartbeat of one rank: ``beat()`` is cheap to call every step."""
+    """Rate-limited heartbeat of one rank: ``beat()`` is cheap to call every step.
+
+    A thread of its own writes the file: a beat inside a save's blocked window costs a
+    lock, not a rename (milliseconds on a file system busy with the checkpoint's own
+    write-back, or a metadata server away). Only the newest beat is kept for it: one
+    never written is older than the next. :meth:`flush` waits until the newest is
+    written; after :meth:`close` beats are written by the caller.
+    """
 
     def __init__(
         self, directory: str | os.PathLike[str], rank: int, period: float = DEFAULT_PERIOD
@@ -132,13 +140,59 @@ class HeartbeatWriter:
         self.rank = rank
         self.period = period
         self._last = -float("inf")
+        self._cond = threading.Condition()
+        self._latest: Heartbeat | None = None  # handed over, not written yet
+        self._thread: threading.Thread | None = None
+        self._closed = False
 
     def beat(self, step: int | None, phase: str = "compute", force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self._last < self.period:
             return
         self._last = now
-        try:
-            write_heartbeat(self.directory, Heartbeat(self.rank, step, time.time(), phase))
-        except OSError:
-            pass  # a heartbeat must never stop the computation
+        beat = Heartbeat(self.rank, step, time.time(), phase)
+        with self._cond:
+            if not self._closed:
+                self._latest = beat
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._run, name="hpcckpt-heartbeat", daemon=True
+                    )
+                    self._thread.start()
+                self._cond.notify_all()
+                return
+        _write_quietly(self.directory, beat)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds until the newest beat is written; whether it is."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._latest is None, timeout)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Write the newest beat, stop the thread; later beats are written at once."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._latest is not None or self._closed)
+                beat = self._latest
+                if beat is None:  # closed, nothing left
+                    return
+            _write_quietly(self.directory, beat)
+            with self._cond:
+                if self._latest is beat:
+                    self._latest = None
+                self._cond.notify_all()
+
+
+def _write_quietly(directory: Path, beat: Heartbeat) -> None:
+    try:
+        write_heartbeat(directory, beat)
+    except OSError:
+        pass  # a heartbeat must never stop the computation

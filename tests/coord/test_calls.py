@@ -111,8 +111,9 @@ def test_a_slow_wait_writes_the_call_into_the_heartbeat_then_gives_up(tmp_path):
     writer = HeartbeatWriter(tmp_path, 0)
     watch = calls.Patience(writer, 2, timeout=3.0, last_step=lambda: 4)
     watch.waiting(Call("due", 5), 0.2)
-    assert read_heartbeats(tmp_path) == {}  # not slow yet
+    assert writer.flush(10) and read_heartbeats(tmp_path) == {}  # not slow yet
     watch.waiting(Call("due", 5), 0.6)
+    assert writer.flush(10)  # the heartbeat's thread writes it
     assert (read_heartbeats(tmp_path)[0].phase, read_heartbeats(tmp_path)[0].step) == ("due", 5)
     with pytest.raises(
         CallTimeout,
@@ -126,6 +127,7 @@ def test_a_due_wait_that_ends_goes_back_to_compute(tmp_path):
     watch = calls.Patience(writer, 2, timeout=None, last_step=lambda: 4)
     watch.waiting(Call("due", 5), 1.0)
     watch.done(Call("due", 5))
+    assert writer.flush(10)
     assert read_heartbeats(tmp_path)[0].phase == "compute"
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+
+from hpcckpt.rundir import heartbeat
 from hpcckpt.rundir.heartbeat import (
     Heartbeat,
     HeartbeatWriter,
@@ -15,11 +18,49 @@ from hpcckpt.rundir.heartbeat import (
 def test_writer_is_rate_limited_and_forced_beats_go_through(tmp_path):
     w = HeartbeatWriter(tmp_path, rank=1, period=3600)
     w.beat(1)
+    assert w.flush(10)
     w.beat(2)  # within the period: not written
+    assert w.flush(10)
     assert read_heartbeats(tmp_path)[1].step == 1
     w.beat(3, phase="save", force=True)
+    assert w.flush(10)
     beat = read_heartbeats(tmp_path)[1]
     assert (beat.step, beat.phase) == (3, "save")
+    w.close()
+
+
+def test_beats_are_written_by_the_writers_thread_and_close_writes_the_newest(tmp_path, monkeypatch):
+    writers: list[str] = []
+    real = heartbeat.write_heartbeat
+
+    def observed(directory, beat):
+        writers.append(threading.current_thread().name)
+        real(directory, beat)
+
+    monkeypatch.setattr(heartbeat, "write_heartbeat", observed)
+    w = HeartbeatWriter(tmp_path, rank=0, period=0)
+    for step in range(50):
+        w.beat(step, force=True)
+    w.beat(50, "finished", force=True)
+    w.close()
+    beat = read_heartbeats(tmp_path)[0]
+    assert (beat.step, beat.phase) == (50, "finished")  # the newest, written before close returned
+    assert writers and set(writers) == {"hpcckpt-heartbeat"}  # never the caller's thread
+    assert len(writers) <= 51
+    assert not any(t.name == "hpcckpt-heartbeat" for t in threading.enumerate())
+    w.beat(51, "compute", force=True)  # after close: written at once, by the caller
+    assert read_heartbeats(tmp_path)[0].step == 51
+    assert writers[-1] == threading.current_thread().name
+
+
+def test_a_heartbeat_folder_that_cannot_be_written_never_stops_the_rank(tmp_path):
+    (tmp_path / "file").write_text("")
+    w = HeartbeatWriter(tmp_path / "file", rank=0)  # a file where the folder should be
+    w.beat(1, force=True)
+    assert w.flush(10)  # the thread survived the error and took the beat
+    w.beat(2, force=True)
+    assert w.flush(10)
+    w.close()
 
 
 def test_unreadable_files_are_skipped_and_clear_forgets(tmp_path):
