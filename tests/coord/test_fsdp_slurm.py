@@ -43,7 +43,8 @@ def test_a_signalled_requeued_job_resumes_bit_identical(slurm_cluster, tmp_path)
     wrapper = [f"{VENV_BIN}/hpcckpt", "srun", "--ckpt-dir", ckpt, "--", "--mpi=pmix", "-n", "2",
                *app]  # fmt: skip
     script = tmp_path / "job.sbatch"
-    script.write_text("#!/bin/bash\nexec " + shlex.join(map(str, wrapper)) + "\n")
+    wrapper_line = shlex.join(map(str, wrapper))
+    script.write_text(f"#!/bin/bash\ntrap '' USR1 USR2\nexec {wrapper_line}\n")
     job = sbatch(["--time=5", "-n", "2", "--requeue", "--open-mode=append",
                   f"--output={joblog}", script], env, cwd=str(tmp_path))  # fmt: skip
 

@@ -32,7 +32,8 @@ def test_an_fsdp_job_under_the_wrapper_completes(slurm_cluster, tmp_path):
     wrapper = [f"{VENV_BIN}/hpcckpt", "srun", "--ckpt-dir", ckpt, "--", "--mpi=pmix", "-n", "2",
                *app]  # fmt: skip
     script = tmp_path / "job.sbatch"
-    script.write_text("#!/bin/bash\nexec " + shlex.join(map(str, wrapper)) + "\n")
+    wrapper_line = shlex.join(map(str, wrapper))
+    script.write_text(f"#!/bin/bash\ntrap '' USR1 USR2\nexec {wrapper_line}\n")
     load = subprocess.Popen(
         mpirun_cmd(2, ["-c", LOAD, stop]),
         env=mpi_env(),

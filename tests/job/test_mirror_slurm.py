@@ -70,7 +70,7 @@ def submit(
     wrapper = [f"{VENV_BIN}/hpcckpt", "srun", "--ckpt-dir", str(ckpt), "--mirror", url,
                "--", "--mpi=pmix", "-n", "2", *app]  # fmt: skip
     script = tmp_path / "job.sbatch"
-    script.write_text("#!/bin/bash\nexec " + shlex.join(wrapper) + "\n")
+    script.write_text("#!/bin/bash\ntrap '' USR1 USR2\nexec " + shlex.join(wrapper) + "\n")
     script.chmod(0o755)
     return sbatch([*limit, "-n", "2", "--requeue", "--open-mode=append", f"--output={log}",
                    script], env, cwd=str(tmp_path))  # fmt: skip
