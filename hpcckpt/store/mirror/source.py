@@ -221,6 +221,12 @@ COPY_CHUNK = 8 << 20
 
 #: sync_file_range(2)'s flag: start writing the range back, do not wait.
 _SYNC_FILE_RANGE_WRITE = 2
+#: Its flags WAIT_BEFORE | WRITE | WAIT_AFTER: the range's write-back done when it returns.
+_SYNC_FILE_RANGE_WAIT = 1 | 2 | 4
+#: Bytes of a kernel copy whose write-back may still be under way behind it: the copy
+#: goes no faster than the disk takes it (as copyfile + fsync does in all), so when a save
+#: begins and the copy steps aside, no more than this is still on its way to the disk.
+WRITE_BEHIND = 2 * COPY_CHUNK
 _sync_file_range = libc.function("sync_file_range")
 if _sync_file_range is not None:
     _sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
@@ -293,6 +299,7 @@ def copy_checked(
 
     def copier() -> None:
         pos = 0
+        clean = 0  # bytes of the destination known written back
         try:
             while pos < size and not state["stop"]:
                 if pause is not None:
@@ -300,8 +307,12 @@ def copy_checked(
                 n = copy_range(src, dst, pos, min(chunk, size - pos))
                 if n <= 0:
                     raise OSError(0, f"the source ended at byte {pos} of {size}")
-                if _sync_file_range is not None:
-                    _sync_file_range(dst, pos, n, _SYNC_FILE_RANGE_WRITE)  # a hint only
+                if _sync_file_range is not None:  # errors: the caller's fsync reports them
+                    _sync_file_range(dst, pos, n, _SYNC_FILE_RANGE_WRITE)
+                    if pos + n - WRITE_BEHIND > clean:
+                        behind = pos + n - WRITE_BEHIND
+                        _sync_file_range(dst, clean, behind - clean, _SYNC_FILE_RANGE_WAIT)
+                        clean = behind
                 with _mapped(dst, pos, n) as piece:
                     whole.update(piece)
                 pos += n
