@@ -184,6 +184,8 @@ class Aside:
         """Keep holding past the ``with`` block until ``wait()`` returns (a staged save's
         background write: durable, or failed), watched by a thread of its own."""
         self._handed = True
+        if self._gate is None:
+            return
 
         def watch() -> None:
             try:
