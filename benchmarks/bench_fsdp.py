@@ -20,6 +20,8 @@ under ``mpirun`` three times:
      ``set_state_dict``, after the page cache was dropped (cold; see ``--no-drop-caches``);
    - ``async``: the time the ranks are blocked in ``Checkpointer(async_save=True).save``
      against ``dcp.async_save`` (each then waited for, untimed);
+   each Checkpointer first calls ``restore()`` untimed, as a training job does when it
+   starts (nothing to restore: it reserves the first save's staging memory there);
    then writes one checkpoint of each tool, the sources of the reshard runs;
 2. ``one``, 1 rank: restores the 2-rank checkpoints (2 -> 1), each tool, ``--repeat``
    times, cold; then writes 1-rank checkpoints of each tool;
@@ -325,6 +327,8 @@ def work(args: argparse.Namespace) -> None:
     if args.worker == "main":
         ck = checkpointer(root / "hpcckpt")
         ck_async = checkpointer(root / "hpcckpt_async", async_save=True)
+        for fresh in (ck, ck_async):  # as a training job starts: nothing to restore yet,
+            assert fresh.restore(state) is None  # but the first save's memory is reserved
         methods = ["hpcckpt", "dcp", "hpcckpt_async", "dcp_async"]
         for rep in range(args.repeat):
             for method in _util.rotate(methods, rep):

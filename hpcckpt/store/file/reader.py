@@ -81,6 +81,20 @@ def parse_tree(raw: bytes, names: Iterable[str], rank: int, path: Path) -> Any:
     return tree
 
 
+#: Bytes at the start of a checkpoint file asked from the disk in one request before
+#: HDF5 reads its metadata there (the writer's metadata block, the tables after it).
+METADATA_PREFETCH = 256 << 10
+
+
+def prefetch_metadata(fd: int, size: int) -> None:
+    """Ask the kernel for the start of the file in one request: HDF5 then finds its
+    metadata in the page cache instead of waiting on dozens of small cold reads."""
+    try:
+        os.posix_fadvise(fd, 0, min(size, METADATA_PREFETCH), os.POSIX_FADV_WILLNEED)
+    except (AttributeError, OSError):  # not offered here: HDF5 reads it as before
+        pass
+
+
 class CheckpointReader:
     """An open, structurally validated checkpoint file. Use as a context manager."""
 
@@ -101,6 +115,7 @@ class CheckpointReader:
         try:
             self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
             self._file_size = os.fstat(self._fd).st_size
+            prefetch_metadata(self._fd, self._file_size)
             self._f = h5py.File(self.path, "r")
         except OSError as exc:
             self.close()

@@ -257,9 +257,7 @@ class Loader:
                 if (why := check_keys(state, tree, plan.step, targets, only)) is not None:
                     raise CheckpointError(why)  # before anything is read into the state
                 expected = {a.name: (a.shape, np.dtype(a.dtype), a.torch_dtype) for a in wanted}
-                into = read_targets(state, targets, expected)
-                for a in wanted:
-                    arrays[a.name] = reader.array(a, into.get(a.name))
+                arrays = reader.read_all(wanted, read_targets(state, targets, expected))
                 found.fatal = check_fits(state, tree, arrays, targets)
                 chain_state = ChainState(
                     step=plan.step,

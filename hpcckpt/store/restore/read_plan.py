@@ -11,6 +11,7 @@ rank takes has passed its block hash, its hashes their checksum, its tree its ch
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
@@ -20,6 +21,12 @@ from hpcckpt.store.errors import CorruptCheckpoint
 from hpcckpt.store.file.format import BLOCK_HASHES, FULL, RANK_TREE, dataset_name, delta_name
 from hpcckpt.store.file.reader import CheckpointReader, parse_tree
 from hpcckpt.store.io import blocks, direct_io, integrity
+
+#: Arrays read at once by one rank, each with its own hashing thread: while one drains
+#: (its last piece moved and hashed) the next is already reading, and the device sees
+#: two requests instead of one. Arrays below OVERLAP_BYTES are read one by one.
+READERS = 2
+OVERLAP_BYTES = 1 << 20
 
 #: One file extent of an array: (file of the chain, byte offset in it, byte offset in
 #: the rank's array, bytes).
@@ -318,6 +325,35 @@ class PlanReader:
             self._blame(a)
         return out
 
+    def read_all(
+        self, wanted: list[ArrayPlan], into: dict[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        """:meth:`array` of each of ``wanted`` (into ``into[name]`` where given), the large
+        ones :data:`READERS` at a time, by name; every read has ended when it returns or
+        raises (the first error in ``wanted``'s order)."""
+        large = [a for a in wanted if _nbytes(a) >= OVERLAP_BYTES]
+        if len(large) < 2:
+            return {a.name: self.array(a, into.get(a.name)) for a in wanted}
+        out: dict[str, np.ndarray] = {}
+        errors: dict[str, Exception] = {}
+        with ThreadPoolExecutor(READERS, thread_name_prefix="hpcckpt-read") as pool:
+            futures = {a.name: pool.submit(self.array, a, into.get(a.name)) for a in large}
+            for a in wanted:
+                if a.name not in futures:
+                    try:
+                        out[a.name] = self.array(a, into.get(a.name))
+                    except Exception as exc:  # raised below, once every read has ended
+                        errors[a.name] = exc
+            for name, future in futures.items():
+                if (exc := future.exception()) is not None:
+                    errors[name] = exc  # type: ignore[assignment]
+                else:
+                    out[name] = future.result()
+        for a in wanted:
+            if a.name in errors:
+                raise errors[a.name]
+        return {a.name: out[a.name] for a in wanted}
+
     def _blame(self, a: ArrayPlan) -> None:
         """Raise the error that names the file at fault, as a full read finds it."""
         source = 0 if a.hashes[0] else self.plan.rank
@@ -335,3 +371,7 @@ class PlanReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _nbytes(a: ArrayPlan) -> int:
+    return int(np.prod(a.shape, dtype=np.int64)) * np.dtype(a.dtype).itemsize

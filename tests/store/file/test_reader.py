@@ -85,3 +85,32 @@ def test_verify_reports_each_damaged_array(two):
     with CheckpointReader(newest) as r:
         problems = r.verify()
     assert len(problems) == 1 and "'u'" in problems[0] and "checksum" in problems[0]
+
+
+def test_the_files_start_is_asked_for_in_one_request_before_hdf5_reads_it(tmp_path):
+    """A cold open: the kernel is asked for the first METADATA_PREFETCH bytes at once
+    (the writer's metadata block and the tables after it), not HDF5's dozens of small
+    reads one disk access each; the array bytes after it stay on disk."""
+    import os
+    import time
+
+    from hpcckpt.store.file import reader
+    from hpcckpt.store.io.direct_io import resident_pages
+
+    path = tmp_path / "data"
+    path.write_bytes(os.urandom(4 * reader.METADATA_PREFETCH))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        pages = reader.METADATA_PREFETCH // os.sysconf("SC_PAGE_SIZE")
+        assert resident_pages(fd, 0, 4 * reader.METADATA_PREFETCH) == 0, "not evicted"
+        reader.prefetch_metadata(fd, 4 * reader.METADATA_PREFETCH)
+        deadline = time.monotonic() + 10
+        while resident_pages(fd, 0, reader.METADATA_PREFETCH) < pages:
+            assert time.monotonic() < deadline, "the file's start was not read"
+            time.sleep(0.01)
+        after = resident_pages(fd, reader.METADATA_PREFETCH, 3 * reader.METADATA_PREFETCH)
+        assert after < pages  # the start only (the kernel may read a little beyond)
+    finally:
+        os.close(fd)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hpcckpt.store.file import reader
 from hpcckpt.store.file import writer as checkpoint_file
 from hpcckpt.store.file.plan import ArraySpec
 from hpcckpt.store.file.reader import CheckpointReader
@@ -106,3 +107,31 @@ def test_set_attrs_writes_what_h5py_writes(tmp_path):
             assert a.get_type() == b.get_type(), key
             assert a.shape == b.shape, key
             assert np.array_equal(np.asarray(ours.attrs[key]), np.asarray(theirs.attrs[key])), key
+
+
+def test_the_metadata_lies_in_one_run_before_the_arrays_bytes(tmp_path):
+    """A cold restore reads the metadata in one request (the reader asks for the file's
+    start at once): every object header of a 40-array file lies before the first
+    array's bytes, not between them (HDF5's 2 KiB default scattered them)."""
+    import h5py
+    from mpi4py import MPI
+
+    from hpcckpt.store.store import CheckpointStore
+
+    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, incremental=False)
+    store.save(1, {f"layer{i}": np.full(8192, float(i)) for i in range(40)})
+    path = next((tmp_path / "ck").glob("ckpt-*.h5"))
+    headers, starts = [], []
+
+    def visit(name, obj):
+        headers.append(h5py.h5o.get_info(obj.id).addr)
+        if isinstance(obj, h5py.Dataset) and obj.id.get_offset() is not None:
+            starts.append((obj.id.get_offset(), name))
+
+    with h5py.File(path, "r") as f:
+        f.visititems(visit)
+    assert len(headers) > 40
+    first_array = min(at for at, name in starts if name.startswith("state/"))
+    assert max(headers) < first_array <= reader.METADATA_PREFETCH
+    assert checkpoint_file.meta_block_size(40, False) <= reader.METADATA_PREFETCH
+    assert checkpoint_file.meta_block_size(10_000, True) == 1 << 20

@@ -4,6 +4,9 @@ hash or tree is still caught, naming the file at fault."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import h5py
 import numpy as np
 import pytest
@@ -166,3 +169,65 @@ def test_a_dataset_hdf5_must_convert_gets_no_plan(tmp_path):
     state: dict = {}
     assert store_at(tmp_path).restore(state).step == 1
     assert np.array_equal(state["u"], np.arange(10.0))
+
+
+def large(k: int) -> dict:
+    """Four arrays of 1.5 MiB (read two at a time) among small ones (read one by one)."""
+    return {
+        **{f"w{i}": np.arange(196_608, dtype=np.float64) * (k + i) for i in range(4)},
+        "small": np.arange(100, dtype=np.int32) * k,
+        "k": k,
+    }
+
+
+def test_large_arrays_are_read_two_at_a_time_into_the_applications_arrays(tmp_path, monkeypatch):
+    store = store_at(tmp_path, incremental=False)
+    store.save(1, large(3))
+    plan = plan_of(store, 1)
+    mine = {a.name: np.zeros(a.shape, np.dtype(a.dtype)) for a in plan.arrays}
+    threads: set[str] = set()
+    at_once, running = [0], [0]
+    inner = read_plan.PlanReader.array
+    lock = threading.Lock()
+
+    def array(self, a, out=None):
+        threads.add(threading.current_thread().name)
+        if not a.name.startswith("w"):
+            return inner(self, a, out)
+        with lock:
+            running[0] += 1
+            at_once[0] = max(at_once[0], running[0])
+        try:
+            time.sleep(0.2)  # long enough for both readers to be busy at once, even loaded
+            return inner(self, a, out)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(read_plan.PlanReader, "array", array)
+    with read_plan.PlanReader(plan) as posix:
+        got = posix.read_all(list(plan.arrays), mine)
+    assert list(got) == [a.name for a in plan.arrays]
+    for name, want in large(3).items():
+        if isinstance(want, np.ndarray):
+            assert got[name] is mine[name] and np.array_equal(mine[name], want), name
+    assert at_once[0] == read_plan.READERS
+    assert sum(t.startswith("hpcckpt-read") for t in threads) == read_plan.READERS
+    assert threading.main_thread().name in threads  # the small arrays, beside them
+    assert not [t for t in threading.enumerate() if t.name.startswith("hpcckpt-read")]
+
+
+def test_a_damaged_large_array_read_beside_others_is_caught_once_every_read_ended(tmp_path):
+    store = store_at(tmp_path, incremental=False)
+    store.save(1, large(1))
+    plan = plan_of(store, 1)
+    w2 = next(a for a in plan.arrays if a.name == "w2")
+    with open(plan.files[0], "r+b") as f:
+        f.seek(w2.extents[0][1] + 5 * BLOCK + 3)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0x01]))
+    with read_plan.PlanReader(plan) as posix, pytest.raises(CorruptCheckpoint) as err:
+        posix.read_all(list(plan.arrays), {})
+    assert "array 'w2' of rank 0, block 5, fails its checksum" in str(err.value)
+    assert not [t for t in threading.enumerate() if t.name.startswith("hpcckpt-read")]
