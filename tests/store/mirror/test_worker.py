@@ -436,7 +436,7 @@ def test_a_held_gate_pauses_the_copy_which_finishes_bit_exact_once_released(tmp_
         wait_for(lambda: _part_bytes(root) > 1 << 20, COPIED, "the copy under way")
         with worker.steps_aside():
             assert worker.gate.held
-            time.sleep(0.6)  # a chunk already on its way may land
+            time.sleep(1.0)  # a chunk already on its way may land
             before = _part_bytes(root)
             time.sleep(1.5)
             assert _part_bytes(root) == before, "the copy went on while the gate was held"
@@ -448,7 +448,7 @@ def test_a_held_gate_pauses_the_copy_which_finishes_bit_exact_once_released(tmp_
         worker.close()
     (event,) = reports.of(MIRRORED)
     assert not reports.of(MIRROR_FAILED) and event["attempts"] == 1
-    assert 1.9 <= event["paused"] <= event["seconds"]
+    assert 1.5 <= event["paused"] <= event["seconds"]  # at least the window without progress
     assert event["rate"] == pytest.approx(event["bytes"] / (event["seconds"] - event["paused"]))
     assert (root / path.name).read_bytes() == path.read_bytes()
     assert mirror.verify_mirrored(backend, path.name).good
