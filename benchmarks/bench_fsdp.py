@@ -13,9 +13,9 @@ under ``mpirun`` three times:
    - ``save``: ``Checkpointer.save(step, {"model": model, "optim": optim})`` (durable,
      committed) against ``dcp.save`` of ``get_state_dict(model, optim)`` (fsynced); each
      into a new file, neither deleting an older one in the timed call (``keep_last=None``;
-     DCP's directories are removed untimed): unlinking a 512 MiB file costs up to 0.5 s
-     here, which a ``keep_last`` save paid inside ``save()`` until the Checkpointer's
-     prune went to a background thread on rank 0;
+     each tool's checkpoint is removed untimed once measured): unlinking a 512 MiB file
+     costs up to 0.5 s here, which a ``keep_last`` save paid inside ``save()`` until the
+     Checkpointer's prune went to a background thread on rank 0;
    - ``restore``: ``Checkpointer.restore`` of that state against ``dcp.load`` +
      ``set_state_dict``, after the page cache was dropped (cold; see ``--no-drop-caches``);
    - ``async``: the time the ranks are blocked in ``Checkpointer(async_save=True).save``
@@ -276,6 +276,14 @@ def work(args: argparse.Namespace) -> None:
             where, comm, every_steps=1, keep_last=None, incremental=False, validate=None, **kw
         )
 
+    def drop_saved(ck: Any) -> None:
+        """Untimed: remove the checkpoint just measured (at 2 GiB per rank, five
+        repetitions of every method would otherwise fill the disk)."""
+        comm.Barrier()
+        if rank == 0 and ck.last_save is not None:
+            Path(ck.last_save.path).unlink(missing_ok=True)
+        comm.Barrier()
+
     runs: dict[str, dict[str, list[float]]] = {t: {} for t in TOOLS}
     checks: dict[str, bool] = {}
 
@@ -337,6 +345,7 @@ def work(args: argparse.Namespace) -> None:
                     record("hpcckpt", "save", _util.timed(comm, lambda r=rep: ck.save(r, state)))
                     want = fingerprint()
                     restore_check("hpcckpt", lambda: ck.restore(state), want, "restore")
+                    drop_saved(ck)
                 elif method == "dcp":
                     path = root / "dcp" / f"rep{rep}"
                     record("dcp", "save", _util.timed(comm, lambda p=path: dcp_save(p)))
@@ -352,6 +361,7 @@ def work(args: argparse.Namespace) -> None:
                         _util.timed(comm, lambda r=rep: ck_async.save(r, state)),
                     )
                     ck_async.wait()
+                    drop_saved(ck_async)
                 else:
                     path = root / "dcp_async" / f"rep{rep}"
                     box: list[Any] = []

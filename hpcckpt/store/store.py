@@ -230,7 +230,7 @@ class CheckpointStore:
             pending = self.saver.begin_save(
                 step, state, extra_meta, buffers=buffers, redrain=redrain
             )
-            aside.until(pending.writer.wait)  # the background write: durable, or failed
+            aside.until(pending.done)  # the background write: durable, or failed
         return pending
 
     def finish_save(self, pending: PendingSave) -> SaveResult:

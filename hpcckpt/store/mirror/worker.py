@@ -55,6 +55,8 @@ MIRRORED, MIRROR_FAILED, MIRROR_PRUNED = "mirrored", "mirror_failed", "mirror_pr
 SUMMARY_EVERY = 300.0
 #: 2 ** this many seconds is beyond any ``mirror_retry_max``; the exponent stops there.
 _MAX_DOUBLINGS = 40
+#: Seconds between two looks of a copy waiting at the gate at a background write's end.
+POLL = 0.05
 
 
 def retry_delay(failures: int, retry_max: float, rng: random.Random) -> float:
@@ -98,6 +100,7 @@ class Gate:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._holders = 0
+        self._until: list[Callable[[], bool]] = []  # held until each says done (polled)
         self._waiting = 0  # copying threads waiting now
         self._since = 0.0  # monotonic: when the first of them began to wait
         self._paused = 0.0
@@ -113,22 +116,32 @@ class Gate:
             if not self._holders:
                 self._cond.notify_all()
 
+    def hold_until(self, done: Callable[[], bool]) -> None:
+        """Held until ``done()`` (never blocking) says so: a background write, asked
+        every :data:`POLL` seconds by a copy waiting at the gate (no thread watches it)."""
+        with self._cond:
+            self._until.append(done)
+
+    def _held(self) -> bool:
+        self._until = [d for d in self._until if not d()]
+        return bool(self._holders or self._until)
+
     @property
     def held(self) -> bool:
         with self._cond:
-            return self._holders > 0
+            return self._held()
 
     def wait_open(self) -> None:
         """Return once no save holds the gate (at once when none does)."""
         with self._cond:
-            if not self._holders or self._open_for_good:
+            if self._open_for_good or not self._held():
                 return
             if not self._waiting:
                 self._since = time.monotonic()
             self._waiting += 1
             try:
-                while self._holders and not self._open_for_good:
-                    self._cond.wait()
+                while not self._open_for_good and self._held():
+                    self._cond.wait(POLL if self._until else None)
             finally:
                 self._waiting -= 1
                 if not self._waiting:
@@ -151,13 +164,12 @@ class Gate:
 
 class Aside:
     """One save's hold of a :class:`Gate` (None: no mirror here, nothing held), released
-    once: at the end of its ``with`` block, or, after :meth:`until`, when the background
-    write it was handed ends."""
+    once, at the end of its ``with`` block or by :meth:`release`; :meth:`until` keeps
+    the gate held past it while the save's background write goes on."""
 
     def __init__(self, gate: Gate | None) -> None:
         self._gate = gate
         self._lock = threading.Lock()
-        self._handed = False
         if gate is not None:
             gate.hold()
 
@@ -170,8 +182,7 @@ class Aside:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if kind is not None or not self._handed:
-            self.release()
+        self.release()
 
     def release(self) -> None:
         """Open the gate for this save (again: nothing)."""
@@ -180,20 +191,13 @@ class Aside:
         if gate is not None:
             gate.release()
 
-    def until(self, wait: Callable[[], None]) -> None:
-        """Keep holding past the ``with`` block until ``wait()`` returns (a staged save's
-        background write: durable, or failed), watched by a thread of its own."""
-        self._handed = True
-        if self._gate is None:
-            return
-
-        def watch() -> None:
-            try:
-                wait()
-            finally:
-                self.release()
-
-        threading.Thread(target=watch, name="hpcckpt-mirror-aside", daemon=True).start()
+    def until(self, done: Callable[[], bool]) -> None:
+        """Keep the gate held, past this hold's release, until ``done()`` (never
+        blocking) is true: a staged save's background write, durable or failed."""
+        with self._lock:
+            gate = self._gate
+        if gate is not None:
+            gate.hold_until(done)
 
 
 @dataclass(frozen=True)

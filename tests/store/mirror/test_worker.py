@@ -477,11 +477,18 @@ def test_holds_nest_and_a_pause_ends_with_the_last_one_or_at_close():
     assert passed.wait(5) and not gate.held and gate.paused >= 0.3
     thread.join()
     done = threading.Event()
-    aside = worker.steps_aside()
-    aside.until(done.wait)  # a background write: held until it ends
+    with worker.steps_aside() as aside:
+        aside.until(done.is_set)  # a background write: held until it ends
     assert gate.held
+    before = set(threading.enumerate())
+    waiter = threading.Thread(target=gate.wait_open)
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive()  # the copy waits for the write
+    assert set(threading.enumerate()) - before == {waiter}  # no thread watches the write
     done.set()
-    wait_for(lambda: not gate.held, 5, "the hold released when the background write ended")
+    waiter.join(5)
+    assert not waiter.is_alive() and not gate.held
     with worker.steps_aside():
         worker.close()
         gate.wait_open()  # returns: closed, the gate holds nothing any more
