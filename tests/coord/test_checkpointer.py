@@ -208,6 +208,7 @@ def test_restore_beats_restore_while_the_store_reads_then_compute(tmp_path):
 
     from hpcckpt.rundir.heartbeat import read_heartbeats
 
+    before = set(threading.enumerate())
     ck = Checkpointer(tmp_path, comm=MPI.COMM_SELF, every_steps=1)
     try:
         ck.save(1, {"u": np.arange(10.0)})
@@ -232,4 +233,4 @@ def test_restore_beats_restore_while_the_store_reads_then_compute(tmp_path):
     finally:
         ck.close()
     assert read_heartbeats(tmp_path)[0].phase == "compute"  # written by the time close returns
-    assert not [t for t in threading.enumerate() if t.name == "hpcckpt-heartbeat"]
+    assert not [t for t in set(threading.enumerate()) - before if t.name == "hpcckpt-heartbeat"]

@@ -61,8 +61,11 @@ def launcher_words(launcher: str, app: list[str]) -> list[str]:
 def write_script(path: Path, line: str, header: str = "", trap: bool = True) -> Path:
     """A batch script as the templates write it (``trap``): the warning ignored until
     ``exec`` hands the shell to the wrapper (Slurm can send it as a run starts)."""
-    ignore = "trap '' USR1 USR2\n" if trap else ""
-    path.write_text(f"#!/bin/bash\n{header}{ignore}{line}\n")
+    lines = f"{header}{line}".split("\n")
+    if trap:  # after the #SBATCH lines: sbatch reads none after the first command
+        first = next((i for i, text in enumerate(lines) if not text.startswith("#")), len(lines))
+        lines.insert(first, "trap '' USR1 USR2")
+    path.write_text("#!/bin/bash\n" + "\n".join(lines) + "\n")
     path.chmod(0o755)
     return path
 
