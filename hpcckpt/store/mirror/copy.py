@@ -522,8 +522,7 @@ def _send(
         chunk = getattr(backend, "read_chunk", CHUNK)
         pieces = read_source(local, chunk, check, seen, pause)
         pieces = stored.count(encoder.encode(pieces) if encoder else pieces)
-        held = {"pause": pause} if pause is not None else {}  # between the store's requests
-        backend.put_stream(name, pieces, local, **held)
+        backend.put_stream(name, pieces, local, pause=pause)  # between the store's requests
     _rates(backend).note(seen.size, stored.size, time.perf_counter() - t0, encoder)
     if not backend.receipt_checked:  # the store checks nothing on receipt: read it back
         got = remote_checksum(backend, name, stored.size, pause)
