@@ -26,6 +26,7 @@ resharding, checksums) is one path a restore follows end to end.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -158,7 +159,7 @@ class CheckpointReader:
         shape, dtype = dsid.shape, dsid.dtype
         if any(n < 0 for n in shape):
             raise self._corrupt(f"dataset {name!r} has a negative extent {shape}")
-        nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         stored = dsid.get_storage_size()
         if nbytes > self._file_size or (nbytes and stored < nbytes):
             raise self._corrupt(
@@ -254,21 +255,24 @@ class CheckpointReader:
         offs = offsets(
             d.attrs.get("offsets"), n * len(names), d.shape[0], "block_hashes", self.path
         )
-        held = np.diff(np.asarray(offs, dtype=np.int64)).reshape(n, len(names))
-        for name in names:  # numpy over the ranks: O(p) work, once per restore
-            info = self.arrays[name]
-            elems = blocks.block_elems(info.dtype.itemsize, self.block_size)
-            sizes = np.diff(np.asarray(info.rank_offsets, dtype=np.int64))  # checked to fit
-            if info.layout == "rows":
-                sizes *= int(np.prod(info.trailing, dtype=np.int64))
-            want = -(-sizes // elems)
-            wrong = np.nonzero(held[:, info.column] != want)[0]
-            if wrong.size:
-                r = int(wrong[0])
-                raise self._corrupt(
-                    f"meta/block_hashes holds {held[r, info.column]} hashes for array "
-                    f"{name!r} of rank {r}, which has {want[r]} blocks"
-                )
+        held = np.diff(np.asarray(offs, dtype=np.int64)).reshape(n, len(names)).T
+        infos = [self.arrays[name] for name in names]  # in column order
+        # numpy over every (array, rank) at once: O(p) work, once per restore
+        starts = np.array([info.rank_offsets for info in infos], dtype=np.int64)
+        starts = starts.reshape(len(infos), n + 1)  # (0, n + 1) for a file of no arrays
+        per_index = [
+            math.prod(info.trailing) if info.layout == "rows" else 1 for info in infos
+        ]  # elements per index of axis 0: the sizes were checked to fit the file
+        elems = [blocks.block_elems(info.dtype.itemsize, self.block_size) for info in infos]
+        sizes = np.diff(starts, axis=1) * np.array(per_index, dtype=np.int64)[:, None]
+        want = -(-sizes // np.array(elems, dtype=np.int64)[:, None])
+        wrong = np.argwhere(held != want)
+        if wrong.size:
+            column, r = (int(x) for x in wrong[0])  # the first array, its first rank
+            raise self._corrupt(
+                f"meta/block_hashes holds {held[column, r]} hashes for array "
+                f"{names[column]!r} of rank {r}, which has {want[column, r]} blocks"
+            )
         self._hash_offsets = offs
         self._hash_dataset = d  # read per (rank, array) when asked: not p ranks' hashes each
 
@@ -354,6 +358,12 @@ class CheckpointReader:
                     "size and arrays",
                     culprit=self.path,
                 )
+
+    @property
+    def fd(self) -> int:
+        """The descriptor this reader holds on its file (-1 once closed): rank 0's planned
+        read goes through it rather than open the file once more."""
+        return self._fd
 
     @property
     def chain(self) -> list[CheckpointReader]:

@@ -30,7 +30,7 @@ from hpcckpt.store.tree import tensors
 from hpcckpt.store.tree.matching import check_fits, check_keys, lookup
 from hpcckpt.store.tree.options import Split
 from hpcckpt.store.tree.queries import select_keys
-from hpcckpt.store.tree.state_tree import Targets, escape
+from hpcckpt.store.tree.state_tree import Targets, escape, key_part, unescape
 
 
 class ReadPath(Protocol):
@@ -79,6 +79,47 @@ class Findings:
         return True
 
 
+class Held:
+    """The application's values at array paths, as :func:`.matching.lookup` finds them,
+    each container opened once per restore: a lookup per array walked every path from
+    the top, and searched an optimizer's integer-keyed state key by key for each array
+    (quadratic in the parameters)."""
+
+    def __init__(self, state: Any, targets: Targets) -> None:
+        self.state, self.targets = state, targets
+        self._nodes: dict[str, Any] = {}
+        self._keys: dict[int, dict[str, Any]] = {}  # a dict's other-than-str keys by part
+
+    def __call__(self, path: str) -> Any:
+        if path in self._nodes:
+            return self._nodes[path]
+        if not path:
+            node = self.targets.open(self.state)
+        else:
+            head, _, part = path.rpartition("/")
+            parent = self(head)
+            node = None if parent is None else self.targets.open(self._child(parent, part))
+        self._nodes[path] = node
+        return node
+
+    def _child(self, value: Any, part: str) -> Any:
+        if isinstance(value, dict):
+            key = unescape(part)
+            if key in value:
+                return value[key]
+            keys = self._keys.get(id(value))
+            if keys is None:
+                keys = {}
+                for k in value:
+                    if not isinstance(k, str):
+                        keys.setdefault(key_part(k), k)  # the first, as lookup takes it
+                self._keys[id(value)] = keys
+            return value[keys[part]] if part in keys else None
+        if isinstance(value, (list, tuple)) and part.isdigit() and int(part) < len(value):
+            return value[int(part)]
+        return None
+
+
 class Loader:
     """Reads checkpoints of one directory into this rank's state; methods are collective."""
 
@@ -122,6 +163,7 @@ class Loader:
         saved: tuple[int, int] | None,
         state: Any,
         targets: Targets,
+        held: Held | None = None,
     ) -> tuple[Any, ...]:
         """The rows this rank asks for of distributed array ``name`` of ``rows`` rows (see
         resharding); ``saved``: the rows this rank wrote, when the rank count is the same."""
@@ -129,7 +171,7 @@ class Loader:
         if split is not None:
             lo, hi = split(rows, self.nranks, self.rank)
             return ("range", int(lo), int(hi))
-        held = lookup(state, name, targets)
+        held = lookup(state, name, targets) if held is None else held(name)
         if hasattr(held, "shape") and len(held.shape) >= 1:
             return ("count", int(held.shape[0]))
         if saved is not None:  # the split it was saved with
@@ -149,7 +191,7 @@ class Loader:
         plan, agree_first, validated = self._plans(entry)
         try:
             if plan is not None:
-                loaded = self._load_planned(plan, state, targets, only, agree_first)
+                loaded = self._load_planned(plan, state, targets, only, agree_first, validated)
                 if loaded is not None:
                     return loaded
             return self._load_general(entry, state, targets, only, validated)
@@ -218,17 +260,21 @@ class Loader:
         targets: Targets,
         only: tuple[str, ...] | None,
         agree_first: bool,
+        validated: CheckpointReader | None = None,
     ) -> Loaded | None:
         """This rank's part of ``plan``, read with POSIX calls and verified; None on every
-        rank when some rank asks for other rows than it saved (then reshard)."""
+        rank when some rank asks for other rows than it saved (then reshard).
+        ``validated``: rank 0's reader of the file, still open: read through its
+        descriptors."""
         parts = None if only is None else {escape(k) for k in only}
         wanted = [a for a in plan.arrays if parts is None or a.name.split("/")[0] in parts]
         names = {a.name for a in wanted}
+        held = Held(state, targets)
         own = True  # every distributed array asks for the rows this rank saved
         kinds = np.zeros(len(plan.arrays), np.int64)  # 1 count, 2 range requests
         for i, a in enumerate(plan.arrays):
             if a.name in names and a.dtensor is not None:  # its piece is its new shard?
-                own = own and a.name not in self.splits and self._own_piece(a, state, targets)
+                own = own and a.name not in self.splits and self._own_piece(a, held)
                 continue
             if a.name not in names or not (a.distributed or a.name in self.splits):
                 continue
@@ -236,7 +282,7 @@ class Loader:
                 own = False  # the general path says why it cannot be split
                 continue
             try:
-                req = self._request(a.name, a.rows, a.own, state, targets)
+                req = self._request(a.name, a.rows, a.own, state, targets, held)
             except Exception:  # a split function raised: the general path reports it
                 own = False
                 continue
@@ -252,12 +298,13 @@ class Loader:
         found = Findings(Path(plan.files[-1]).name)
         tree, arrays, chain_state = None, {}, None
         if own:
-            with found, read_plan.PlanReader(plan, direct_io=self.read_path.direct_io) as reader:
+            direct = self.read_path.direct_io
+            with found, read_plan.PlanReader(plan, direct_io=direct, opened=validated) as reader:
                 tree = select_keys(reader.tree(), only)
                 if (why := check_keys(state, tree, plan.step, targets, only)) is not None:
                     raise CheckpointError(why)  # before anything is read into the state
                 expected = {a.name: (a.shape, np.dtype(a.dtype), a.torch_dtype) for a in wanted}
-                arrays = reader.read_all(wanted, read_targets(state, targets, expected))
+                arrays = reader.read_all(wanted, read_targets(state, targets, expected, held))
                 found.fatal = check_fits(state, tree, arrays, targets)
                 chain_state = ChainState(
                     step=plan.step,
@@ -275,14 +322,14 @@ class Loader:
             return None
         return Loaded(tree, arrays, plan.nranks, chain_state)
 
-    def _own_piece(self, a: read_plan.ArrayPlan, state: Any, targets: Targets) -> bool:
+    def _own_piece(self, a: read_plan.ArrayPlan, held: Held) -> bool:
         """Whether DTensor ``a``'s new shard on this rank is the piece this rank saved
         (the same mesh and placements); anything else, or an error, is the general path's
         to read or to report."""
         assert a.dtensor is not None
         shape, offset = a.dtensor
         try:
-            box = pieces.wanted_box(lookup(state, a.name, targets), shape)
+            box = pieces.wanted_box(held(a.name), shape)
         except Exception:
             return False
         return box == (tuple(offset), tuple(a.own_shape))
@@ -302,6 +349,7 @@ class Loader:
         problem = fatal = culprit = None
         requests: dict[str, tuple[Any, ...]] = {}
         boxes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}  # DTensors: this rank's
+        held = Held(state, targets)
         try:
             reader = validated or CheckpointReader(entry.path, direct_io=self.read_path.direct_io)
             parts = None if only is None else {escape(k) for k in only}
@@ -317,9 +365,7 @@ class Loader:
                             "do not declare it"
                         )
                     else:
-                        boxes[name] = pieces.wanted_box(
-                            lookup(state, name, targets), info.dtensor_shape
-                        )
+                        boxes[name] = pieces.wanted_box(held(name), info.dtensor_shape)
                 elif name in self.splits and info.layout != "rows":
                     fatal = (
                         f"array {name!r} is declared distributed, but {entry.path.name} stores "
@@ -329,7 +375,7 @@ class Loader:
                 elif info.distributed or name in self.splits:
                     offs = info.rank_offsets
                     saved = (offs[self.rank], offs[self.rank + 1]) if same else None
-                    requests[name] = self._request(name, info.shape[0], saved, state, targets)
+                    requests[name] = self._request(name, info.shape[0], saved, state, targets, held)
         except CorruptCheckpoint as exc:
             problem, culprit = str(exc), exc.culprit
         except CheckpointError as exc:
@@ -382,7 +428,7 @@ class Loader:
                     else:
                         shape = tuple(info.rank_shapes[0 if info.replicated else source])
                     expected[name] = (shape, info.dtype, info.torch_dtype)
-                into = read_targets(state, targets, expected)
+                into = read_targets(state, targets, expected, held)
                 boxed = pieces.PieceReader(reader)
                 for name in wanted:
                     if name in boxes:
@@ -402,7 +448,10 @@ class Loader:
 
 
 def read_targets(
-    state: Any, targets: Targets, expected: dict[str, tuple[tuple[int, ...], np.dtype, str]]
+    state: Any,
+    targets: Targets,
+    expected: dict[str, tuple[tuple[int, ...], np.dtype, str]],
+    values: Held | None = None,
 ) -> dict[str, np.ndarray]:
     """The application's arrays a restore can read straight into, by array name.
 
@@ -412,11 +461,13 @@ def read_targets(
     rank). Only when every array the application holds fits the checkpoint: a restore
     refused for a mismatch must leave the application's arrays untouched.
     Arrays sharing memory are read through a buffer, as is any array not C-contiguous.
-    A CPU tensor is read into through a numpy view of its memory.
+    A CPU tensor is read into through a numpy view of its memory. ``values``: the
+    restore's :class:`Held` of ``state`` (made here when not given).
     """
+    values = Held(state, targets) if values is None else values
     into: dict[str, np.ndarray] = {}
     for name, (shape, dtype, torch_dtype) in expected.items():
-        held = lookup(state, name, targets)
+        held = values(name)
         if tensors.is_tensor(held) != bool(torch_dtype) and held is not None:
             if tensors.is_tensor(held) or isinstance(held, np.ndarray):
                 return {}  # a tensor for an array or the reverse: check_fits refuses it

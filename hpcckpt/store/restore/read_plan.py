@@ -238,15 +238,25 @@ def _extents(files: list[CheckpointReader], name: str, rank: int) -> tuple[Exten
 
 
 class PlanReader:
-    """One rank's reads of its plan, each checked: the files are opened once, with no HDF5."""
+    """One rank's reads of its plan, each checked: the files are opened once, with no HDF5.
 
-    def __init__(self, plan: RankPlan, *, direct_io: bool = False) -> None:
+    ``opened``: the reader that validated the plan's checkpoint, still open (rank 0's):
+    its descriptors are read through, not opened again, and left open."""
+
+    def __init__(
+        self, plan: RankPlan, *, direct_io: bool = False, opened: CheckpointReader | None = None
+    ) -> None:
         self.plan = plan
         self.direct_io = direct_io
         self.path = Path(plan.files[-1])
         self._fds: list[int] = []
+        self._owned = opened is None
         try:
-            for name in plan.files:
+            if opened is not None:
+                self._fds = [member.fd for member in opened.chain]
+                assert [str(m.path) for m in opened.chain] == list(plan.files)
+                assert min(self._fds) >= 0, "the validating reader was closed"
+            for name in plan.files if opened is None else ():
                 self._fds.append(os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW))
             self._rows = [self._read_row(*row) for row in plan.rows]
         except OSError as exc:
@@ -362,7 +372,7 @@ class PlanReader:
         raise self._corrupt(f"array {a.name!r} of rank {source} fails its checksum")
 
     def close(self) -> None:
-        for fd in self._fds:
+        for fd in self._fds if self._owned else ():
             os.close(fd)
         self._fds = []
 
