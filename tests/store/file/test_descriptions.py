@@ -29,6 +29,15 @@ FILE = Path("ckpt-0000000002.h5")
 state = small_state
 
 
+@pytest.fixture(params=["python", "numpy"])
+def checks(request, monkeypatch):
+    """Both ways a description's per-rank lists are checked: in plain Python (a few
+    ranks) and with numpy (many); each must take and refuse exactly the same."""
+    if request.param == "numpy":
+        monkeypatch.setattr(descriptions, "FEW_RANKS", -1)
+    return request.param
+
+
 @pytest.fixture
 def two(tmp_path):
     """A store with good checkpoints of steps 1 and 2; returns (store, newest path)."""
@@ -69,7 +78,7 @@ DESCRIBED = {
 
 
 @pytest.mark.parametrize("name", sorted(DESCRIBED))
-def test_a_crafted_description_is_corrupt_and_restore_falls_back(two, name):
+def test_a_crafted_description_is_corrupt_and_restore_falls_back(two, name, checks):
     crafted_falls_back(*two, *DESCRIBED[name])
 
 
@@ -115,9 +124,13 @@ def test_integer_keeps_to_its_bounds():
         integer(1 << 63, "dim")
 
 
-def test_offsets_rise_from_zero_to_the_extent_and_name_the_file():
+def test_offsets_rise_from_zero_to_the_extent_and_name_the_file(checks):
     assert offsets(np.array([0, 2, 2, 5]), 3, 5, "t", FILE) == (0, 2, 2, 5)
-    for raw in (None, [0, 5], np.array([0, 3, 2, 5]), np.array([1, 2, 3, 5])):
+    assert offsets([0, 2, 2, 5], 3, 5, "t", FILE) == (0, 2, 2, 5)
+    assert offsets((0, 2, 2, 5), 3, 5, "t", FILE) == (0, 2, 2, 5)
+    refused = [[0, 3, 2, 5], [1, 2, 3, 5], [0, 2, 3, 4], [0, 2, 5], [0, 2, True, 5]]
+    refused += [[0, 2.0, 3, 5], [0, 2, 3, 2**70], [0, -1, 3, 5], "[0, 2, 3, 5]"]
+    for raw in (None, [0, 5], np.array([0, 3, 2, 5]), np.array([1, 2, 3, 5]), *refused):
         with pytest.raises(CorruptCheckpoint, match=f"^{FILE.name}: t: offsets") as got:
             offsets(raw, 3, 5, "t", FILE)
         assert got.value.culprit == FILE
@@ -134,7 +147,7 @@ def test_offsets_rise_from_zero_to_the_extent_and_name_the_file():
         ([[], [5]], (0, 1, 6), (6,), "flat", True),  # a 0-d array: one element, no dims
     ],
 )
-def test_rank_shapes_fast_and_rank_by_rank_checks_agree(shapes, offs, shape, layout_, good):
+def test_rank_shapes_fast_and_rank_by_rank_checks_agree(shapes, offs, shape, layout_, good, checks):
     """The one-pass numpy check and the rank-by-rank one take the same shapes: a float
     among them sends the check rank by rank, where it must fail only on the float."""
     if good:

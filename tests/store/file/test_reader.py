@@ -46,6 +46,10 @@ CRAFTED = {
     "dataset_huge": (huge_dataset, "claims"),
     "arrays_not_json": (lambda f: f["meta"].attrs.__setitem__("arrays", "{"), "Expecting"),
     "array_missing": (lambda f: f.__delitem__("state/u"), "missing"),
+    "hash_counts": (
+        lambda f: f["meta/block_hashes"].attrs.__setitem__("offsets", np.array([0, 2, 2])),
+        r"meta/block_hashes holds 2 hashes for array '[us]' of rank 0, which has 1 blocks",
+    ),
 }
 
 

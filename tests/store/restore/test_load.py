@@ -190,3 +190,63 @@ def test_a_torch_module_whose_parameter_was_renamed(store):
     assert got.added_keys == ()
     assert torch.equal(new.body.weight, old.body.weight)
     assert torch.equal(new.out.weight, before["out.weight"])
+
+
+class Stateful:
+    """An object restored through its state dict, keyed as an optimizer's is (by int)."""
+
+    def __init__(self) -> None:
+        self.sd = {"state": {0: {"m": np.zeros(3)}, 1: {"m": np.ones(3)}}, "lr": 0.1}
+        self.calls = 0
+
+    def state_dict(self) -> dict:
+        self.calls += 1
+        return self.sd
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.sd = sd
+
+
+def test_held_values_are_what_lookup_finds_each_state_dict_taken_once():
+    """The restore's lookups through :class:`Held` give what ``matching.lookup`` gives, at
+    every path (missing ones too), and open each stateful object once."""
+    from hpcckpt.store.restore.load import Held
+    from hpcckpt.store.tree.matching import lookup
+    from hpcckpt.store.tree.state_tree import Targets
+
+    obj = Stateful()
+    ints = {0: np.arange(2), "0": np.arange(3), 1.5: np.arange(4), None: np.arange(5)}
+    state = {"opt": obj, "ints": ints, "l": [np.zeros(1), (np.ones(2),)], "a/b": np.zeros(6)}
+    paths = ["", "opt", "opt/state", "opt/state/0/m", "opt/state/1/m", "opt/state/2/m"]
+    paths += ["opt/lr", "ints/0", "ints/1.5", "ints/None", "ints/7", "l/0", "l/1/0", "l/2"]
+    paths += ["l/x", "a%2Fb", "missing/deeper/still", "opt/state/0/m/extra"]
+    wants = {path: lookup(state, path, Targets()) for path in paths}
+    assert wants["ints/1.5"] is ints[1.5] and wants["ints/None"] is ints[None]
+    assert wants["opt/state/1/m"] is obj.sd["state"][1]["m"] and wants["l/1/0"] is not None
+    obj.calls = 0
+    held = Held(state, Targets())
+    for path in paths + paths[::-1]:  # the second time from what was opened
+        assert held(path) is wants[path], path
+    assert held("ints/0") is ints["0"]  # a str key first, as lookup takes it
+    assert obj.calls == 1
+
+
+def test_rank_0_reads_through_the_reader_that_validated_the_file(store, make_state, monkeypatch):
+    """Rank 0 opens the checkpoint once for its validation and its own planned read."""
+    from hpcckpt.store.file.reader import CheckpointReader
+    from hpcckpt.store.restore import read_plan
+
+    given = []
+    inner = read_plan.PlanReader.__init__
+
+    def init(self, plan, **kw):
+        given.append(kw.get("opened"))
+        inner(self, plan, **kw)
+
+    monkeypatch.setattr(read_plan.PlanReader, "__init__", init)
+    store.save(1, make_state(1))
+    target = make_state(0)
+    assert store.restore(target).step == 1
+    assert len(given) == 1 and isinstance(given[0], CheckpointReader)
+    assert given[0].fd == -1  # closed once the restore ended
+    assert np.array_equal(target["u"], make_state(1)["u"])

@@ -93,6 +93,30 @@ def test_an_incremental_checkpoint_reads_each_block_from_the_newest_file_of_its_
     assert len(big.extents) == 5  # base [0,9), step 3's 9, base [10,58), step 2's, base tail
 
 
+def test_rank_0_reads_its_plan_through_the_validating_readers_descriptors(tmp_path):
+    """No file of the chain opened again; the reader's descriptors stay open after."""
+    import os
+
+    store = store_at(tmp_path)
+    state = awkward(1)
+    store.save(1, state)
+    state["big"][5000:5001] = -1.0
+    assert store.save(2, state).kind == "incremental"
+    path = store.directory / layout.checkpoint_name(2)
+    with CheckpointReader(path) as reader:
+        plan = read_plan.plans(reader)[0]
+        before = sorted(os.listdir("/proc/self/fd"))
+        with read_plan.PlanReader(plan, opened=reader) as posix:
+            assert sorted(os.listdir("/proc/self/fd")) == before  # nothing opened
+            assert posix.tree() == reader.tree(0)
+            for a in plan.arrays:
+                assert np.array_equal(posix.array(a), reader.rank_array(a.name, 0)), a.name
+        assert [os.fstat(m.fd).st_ino for m in reader.chain] == [
+            os.stat(f).st_ino for f in plan.files
+        ]
+        assert np.array_equal(reader.rank_array("big", 0), state["big"])
+
+
 @pytest.mark.parametrize(
     "what, fragment",
     [
