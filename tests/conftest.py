@@ -249,6 +249,40 @@ SLURM_FIRST = (
     "tests/job/test_torch_launch_slurm.py",
 )
 
+#: The longest Slurm tests, longest first (seconds of the last fresh-clone run, 6 workers):
+#: handed out before all others, so that the run ends on short tests (the longest first
+#: keeps the workers' ends closest). Each names a test function (tests/test_lanes.py).
+SLURM_LONGEST = (
+    "tests/job/test_stops_slurm.py::test_own_schedule_limit_shortened_mid_run",  # 332
+    "tests/job/test_stops_slurm.py::test_own_schedule_slurm_term_at_the_limit_first",  # 286
+    "tests/job/test_ownschedule_slurm.py::"
+    "test_series_first_write_later_than_a_run_gives_up_after_three_runs",  # 184
+    "tests/job/test_stops_slurm.py::test_no_signal_time_limit_both_kinds",  # 182
+    "tests/job/test_mirror_slurm.py::"
+    "test_a_stop_with_the_store_down_is_requeued_before_the_end_and_the_mirror_catches_up",  # 165
+    "tests/job/test_multilevel_slurm.py::"
+    "test_xor_sets_of_3_rebuild_a_lost_node_then_fall_back_when_two_are_lost",  # 130
+    "tests/job/test_ownschedule_slurm.py::"
+    "test_series_file_cut_by_slurms_term_is_moved_aside_and_the_run_resumes",  # 129
+    "tests/job/test_ownschedule_slurm.py::"
+    "test_fixed_set_rewritten_in_place_still_continues_across_segments",  # 125
+    "tests/job/test_ownschedule_slurm.py::"
+    "test_series_shorter_writes_than_the_run_continues_across_segments",  # 123
+    "tests/job/test_multilevel_slurm.py::"
+    "test_requeue_without_the_old_node_local_directories_resumes_from_the_directory",  # 121
+    "tests/job/test_multilevel_slurm.py::"
+    "test_partner_copy_rebuilds_a_lost_node_and_a_flipped_byte_is_never_restored",  # 121
+    "tests/job/test_node_failure_slurm.py::test_batch_node_fails_in_the_middle_of_a_save",  # 120
+    "tests/job/test_stops_slurm.py::test_no_signal_app_own_schedule_across_segments",  # 103
+    "tests/job/test_torch_node_failure_slurm.py::"
+    "test_torchrun_node_fails_slurm_requeues_and_training_resumes",  # 89
+    "tests/job/test_wrapper_slurm.py::test_c_application_time_limit_cycle",  # 88
+    "tests/coord/test_fsdp_slurm.py::test_a_signalled_requeued_job_resumes_bit_identical",  # 86
+    "tests/job/test_node_failure_slurm.py::"
+    "test_node_fails_midrun_slurm_requeues_once_and_job_resumes",  # 85
+    "tests/test_end_to_end_slurm.py::test_time_limit_signal_checkpoint_requeue_resume",  # 80
+)
+
 
 def _relative(item: pytest.Item, root: Path) -> tuple[str, ...]:
     try:
@@ -268,7 +302,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     lanes (xdist groups), each run in collection order on a worker of its own, so that at
     most two of their MPI tests (2-3 ranks each) share the two cores; the Slurm tests
     (mostly waiting on jobs) spread over the other workers, and over a lane's worker once
-    its lane is done, the longest (``SLURM_FIRST``) first."""
+    its lane is done, the longest (``SLURM_LONGEST``, then ``SLURM_FIRST``) first."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:
@@ -276,12 +310,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(lane(item, config.rootpath)))
     if hasattr(config, "workerinput"):  # a worker: the order the Slurm tests are handed out
 
-        def first(item: pytest.Item) -> int:
+        def first(item: pytest.Item) -> tuple[int, int]:
+            if item.get_closest_marker("slurm") is None:
+                return (len(SLURM_LONGEST), len(SLURM_FIRST))
             module = "/".join(_relative(item, config.rootpath))
-            slurm = item.get_closest_marker("slurm") is not None
-            return (
-                SLURM_FIRST.index(module) if slurm and module in SLURM_FIRST else len(SLURM_FIRST)
-            )
+            name = f"{module}::{getattr(item, 'originalname', item.name)}"
+            longest = SLURM_LONGEST.index(name) if name in SLURM_LONGEST else len(SLURM_LONGEST)
+            module_first = SLURM_FIRST.index(module) if module in SLURM_FIRST else len(SLURM_FIRST)
+            return (longest, module_first)
 
         items.sort(key=first)  # stable: the lanes keep their order
 
