@@ -163,6 +163,27 @@ def test_a_job_submitted_with_no_requeue_is_told_at_the_start(slurm_cluster, tmp
     assert warning < next(i for i, ln in enumerate(lines) if "started step" in ln), text
 
 
+def chain_timeline(infos: list[dict], ckpt: Path) -> str:
+    """Each link of a chain: its job's state and run time, then its events but the
+    periodic checkpoints (signals, stops, the next link's submission) at seconds after
+    its wrapper started."""
+    lines = [
+        f"job {i.get('JobId')}: {i.get('JobState')} after {i.get('RunTime')} "
+        f"(limit {i.get('TimeLimit')}, reason {i.get('Reason')})"
+        for i in infos
+    ]
+    started: dict[str, float] = {}
+    for e in read_events(ckpt):
+        job = str(e.get("job_id"))
+        if e["event"] == "wrapper_start":
+            started[job] = e["time"]
+        at = e["time"] - started.get(job, e["time"])
+        periodic = e["event"] == "checkpoint" and e.get("reason") == "steps"
+        if e["event"] != "checkpoint_begin" and not periodic:
+            lines.append(f"  {job} +{at:5.1f} s {e['event']} step={e.get('step')}")
+    return "\n".join(lines)
+
+
 @pytest.mark.mpi
 def test_chain_mode_through_two_links(slurm_cluster, tmp_path):
     """`hpcckpt submit chain`: each time-limit stop submits the next job; result identical."""
@@ -184,8 +205,11 @@ def test_chain_mode_through_two_links(slurm_cluster, tmp_path):
     first = r.stdout.strip()
     infos = follow_chain(first, ckpt, env, timeout=600)
     logs = "\n".join(log_of(p) for p in sorted(tmp_path.glob("link-*.out")))
-    assert len(infos) >= 2, logs
-    assert all(i["JobState"] == "COMPLETED" for i in infos), (infos, logs)
+    # Said in full when it fails (a tuple of dicts is cut to a line): each link's end and
+    # when its events came, in seconds after its wrapper started.
+    said = f"{chain_timeline(infos, ckpt)}\n{logs}"
+    assert len(infos) >= 2, said
+    assert all(i["JobState"] == "COMPLETED" for i in infos), said
     assert all(int(i["Restarts"]) == 0 for i in infos), "chain mode must not requeue"
     evs = list(read_events(ckpt))
     subs = [e for e in evs if e["event"] == "chain_submitted"]
