@@ -291,6 +291,17 @@ def _relative(item: pytest.Item, root: Path) -> tuple[str, ...]:
         return ()
 
 
+def handout_key(module: str, function: str, slurm: bool) -> tuple[int, int]:
+    """Where a test goes in a worker's order (sorted, stable): the ``SLURM_LONGEST``
+    in their order, then the other Slurm tests of ``SLURM_FIRST``'s modules, then the
+    rest as collected."""
+    if not slurm:
+        return (len(SLURM_LONGEST), len(SLURM_FIRST))
+    name = f"{module}::{function}"
+    longest = SLURM_LONGEST.index(name) if name in SLURM_LONGEST else len(SLURM_LONGEST)
+    return (longest, SLURM_FIRST.index(module) if module in SLURM_FIRST else len(SLURM_FIRST))
+
+
 def lane(item: pytest.Item, root: Path) -> str:
     """The xdist group of a test that runs no Slurm jobs: its directory's lane."""
     return LANES.get("/".join(_relative(item, root)[:2]), "local")
@@ -311,13 +322,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if hasattr(config, "workerinput"):  # a worker: the order the Slurm tests are handed out
 
         def first(item: pytest.Item) -> tuple[int, int]:
-            if item.get_closest_marker("slurm") is None:
-                return (len(SLURM_LONGEST), len(SLURM_FIRST))
-            module = "/".join(_relative(item, config.rootpath))
-            name = f"{module}::{getattr(item, 'originalname', item.name)}"
-            longest = SLURM_LONGEST.index(name) if name in SLURM_LONGEST else len(SLURM_LONGEST)
-            module_first = SLURM_FIRST.index(module) if module in SLURM_FIRST else len(SLURM_FIRST)
-            return (longest, module_first)
+            return handout_key(
+                "/".join(_relative(item, config.rootpath)),
+                getattr(item, "originalname", item.name),
+                item.get_closest_marker("slurm") is not None,
+            )
 
         items.sort(key=first)  # stable: the lanes keep their order
 
