@@ -30,15 +30,18 @@ under ``mpirun`` three times:
 Every restore is checked: an exact, order-free fingerprint of every parameter and
 optimizer tensor (the sum of their bits) equals the saved state's. Times are the slowest
 rank's, medians over the repetitions; ratios hpcckpt / DCP are of those medians, same
-run. Writes ``benchmarks/results/fsdp-<UTC time>.json`` (or ``--json``) and prints a table.
-``--profile DIR`` writes a cProfile of each rank's timed hpcckpt restores, per phase
-(``DIR/restore-<phase>-rank<r>.prof``; the profiler slows them: times are then not the
-figures to report). ``--phases`` prints where each rank's hpcckpt restores spent their
-time, phase by phase (the steps of ``bench_phases.py --checkpointer``: medians of each
-rank's milliseconds; the phases nest, so the rows do not add up). Each rank's peak
-resident memory is printed too: check it against the machine before a larger ``--size``
-(``--size 2G --repeat 1``, 2026-11-27, 24 GB machine: ``main`` 2.7 and 3.0 GiB, ``one``
-5.0, ``two`` 3.3 per rank; an async save that stages a whole copy adds its size in ``main``).
+run. Writes ``benchmarks/results/fsdp-<UTC time>.json`` (or ``--json``) and prints a
+table. The run removes everything it wrote under ``--root`` when it ends, fails or is
+stopped (Ctrl-C, SIGTERM), and refuses to start without about 10x ``--size`` free there
+(``--size 2G``: 20 GiB). ``--profile DIR`` writes a cProfile of each rank's timed
+hpcckpt restores, per phase (``DIR/restore-<phase>-rank<r>.prof``; the profiler slows
+them: times are then not the figures to report). ``--phases`` prints where each rank's
+hpcckpt restores spent their time, phase by phase (the steps of ``bench_phases.py
+--checkpointer``: medians of each rank's milliseconds; the phases nest, so the rows do
+not add up). Each rank's peak resident memory is printed too: check it against the
+machine before a larger ``--size`` (``--size 2G --repeat 1``, 2026-11-27, 24 GB machine:
+``main`` 2.7 and 3.0 GiB, ``one`` 5.0, ``two`` 3.3 per rank; an async save that stages a
+whole copy adds its size in ``main``).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -65,6 +69,9 @@ import _util  # noqa: E402
 
 TOOLS = ("hpcckpt", "dcp")
 PHASES = {"main": 2, "one": 1, "two": 2}
+#: Disk the run needs at its peak, in units of ``--size``: the reshard sources of both
+#: tools at 2 and at 1 rank (8), and a measured checkpoint beside them (2).
+DISK_FACTOR = 10
 
 
 def parse() -> argparse.Namespace:
@@ -89,6 +96,19 @@ def drive(args: argparse.Namespace) -> None:
     root = Path(args.root) / "fsdp"
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
+    need = DISK_FACTOR * _util.parse_size(args.size)
+    free = shutil.disk_usage(root).free
+    if free < need:
+        shutil.rmtree(root, ignore_errors=True)
+        sys.exit(
+            f"{root} has {free / _util.GiB:.1f} GiB free; --size {args.size} needs about "
+            f"{need / _util.GiB:.1f} GiB at its peak: free some or pass another --root"
+        )
+
+    def stopped(signum: int, frame: Any) -> None:
+        raise SystemExit(f"stopped by signal {signum}")  # the finally below cleans up
+
+    signal.signal(signal.SIGTERM, stopped)
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     results: dict[str, Any] = {}
     try:
@@ -101,15 +121,26 @@ def drive(args: argparse.Namespace) -> None:
             argv += ["--profile", str(Path(args.profile).resolve())] if args.profile else []
             argv += ["--phases"] if args.phases else []
             t0 = time.perf_counter()
-            proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+            proc = subprocess.Popen(
+                argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+            try:
+                stdout, stderr = proc.communicate()
+            except BaseException:
+                proc.terminate()  # mpirun ends its ranks before it exits (SIGKILL would not)
+                try:
+                    proc.communicate(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.communicate()
+                raise
             if proc.returncode != 0:
-                sys.exit(
-                    f"phase {phase} ({n} ranks) failed:\n{proc.stdout[-2000:]}{proc.stderr[-4000:]}"
-                )
+                sys.exit(f"phase {phase} ({n} ranks) failed:\n{stdout[-2000:]}{stderr[-4000:]}")
             results[phase] = json.loads(out.read_text())
             results[phase]["wall_s"] = time.perf_counter() - t0
-    finally:
+    finally:  # every checkpoint the run wrote, whatever ended it
         shutil.rmtree(root, ignore_errors=True)
+        print(f"removed {root}", file=sys.stderr)
     summary = summarize(results)
     doc = {
         "size_per_rank": _util.parse_size(args.size),

@@ -332,6 +332,55 @@ def test_bench_fsdp_compares_hpcckpt_with_dcp_and_checks_every_restore(tmp_path:
     assert len(checks) == 6 and all(checks.values()), checks
 
 
+def test_bench_fsdp_leaves_nothing_behind_when_stopped_or_short_of_disk(tmp_path: Path) -> None:
+    """SIGTERM while it runs, or too little disk for --size: the scratch is removed."""
+    import os
+    import signal
+    import time
+
+    scratch = tmp_path / "scratch"
+    argv = [sys.executable, str(BENCH / "bench_fsdp.py"), "--root", str(scratch)]
+    short = subprocess.run(
+        [*argv, "--size", "1T"], env=mpi_env(), capture_output=True, text=True, timeout=60
+    )
+    assert short.returncode != 0 and "needs about 10240.0 GiB" in short.stderr, short.stderr
+    assert not (scratch / "fsdp").exists()
+    proc = subprocess.Popen(
+        [
+            *argv,
+            "--size",
+            "2M",
+            "--repeat",
+            "50",
+            "--no-drop-caches",
+            "--json",
+            str(tmp_path / "j"),
+        ],
+        env=mpi_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not any((scratch / "fsdp").glob("hpcckpt*/ckpt-*.h5")) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    assert any((scratch / "fsdp").glob("hpcckpt*/ckpt-*.h5")), "no checkpoint written in 120 s"
+    os.kill(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and "stopped by signal" in err, err[-3000:]
+    assert not (scratch / "fsdp").exists() and not (tmp_path / "j").exists()
+    left = [p for p in Path("/proc").glob("[0-9]*") if str(scratch).encode() in _cmdline(p)]
+    assert not left, "the ranks outlived the bench"
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:  # it ended meanwhile
+        return b""
+
+
 def test_gpu_fsdp_check_says_no_cuda_device_and_resumes_exactly_on_the_cpu(
     tmp_path: Path,
 ) -> None:

@@ -10,6 +10,8 @@ rank takes has passed its block hash, its hashes their checksum, its tree its ch
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from hpcckpt.store.errors import CorruptCheckpoint
+from hpcckpt.store.file.descriptions import FEW_RANKS
 from hpcckpt.store.file.format import BLOCK_HASHES, FULL, RANK_TREE, dataset_name, delta_name
 from hpcckpt.store.file.reader import CheckpointReader, parse_tree
 from hpcckpt.store.io import blocks, direct_io, integrity
@@ -181,12 +184,17 @@ def _all_extents(files: list[CheckpointReader], name: str) -> list[tuple[Extent,
     numpy pass, except for the ranks whose blocks a delta of the chain replaced."""
     info = files[-1].arrays[name]
     base = files[0].raw_start(dataset_name(name), info.dtype)
-    counts = np.diff(np.asarray(info.rank_offsets, dtype=np.int64))
+    offs = info.rank_offsets
     if base is None:
-        return [()] * len(counts) if not counts.any() else None
-    per_index = info.dtype.itemsize * int(np.prod(info.trailing, dtype=np.int64))
-    starts = (base + np.asarray(info.rank_offsets[:-1], dtype=np.int64) * per_index).tolist()
-    sizes = (counts * per_index).tolist()
+        return [()] * (len(offs) - 1) if offs[-1] == offs[0] else None
+    per_index = info.dtype.itemsize * math.prod(info.trailing)
+    if len(offs) <= FEW_RANKS + 1:  # plain Python beats numpy's fixed cost at a few ranks
+        starts = [base + o * per_index for o in offs[:-1]]
+        sizes = [(hi - lo) * per_index for lo, hi in itertools.pairwise(offs)]
+    else:
+        at = np.asarray(offs, dtype=np.int64)
+        starts = (base + at[:-1] * per_index).tolist()
+        sizes = (np.diff(at) * per_index).tolist()
     out: list[tuple[Extent, ...]] = [
         ((0, start, 0, size),) if size else () for start, size in zip(starts, sizes, strict=True)
     ]

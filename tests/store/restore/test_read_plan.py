@@ -93,6 +93,20 @@ def test_an_incremental_checkpoint_reads_each_block_from_the_newest_file_of_its_
     assert len(big.extents) == 5  # base [0,9), step 3's 9, base [10,58), step 2's, base tail
 
 
+def test_plans_are_the_same_computed_in_plain_python_or_with_numpy(tmp_path, monkeypatch):
+    """A few ranks' extents are computed in plain Python, many ranks' with numpy."""
+    store = store_at(tmp_path)
+    state = awkward(1)
+    store.save(1, state)
+    state["big"][5000:5001] = -1.0
+    assert store.save(2, state).kind == "incremental"
+    for step in (1, 2):
+        python = plan_of(store, step)
+        monkeypatch.setattr(read_plan, "FEW_RANKS", -1)
+        assert plan_of(store, step) == python
+        monkeypatch.undo()
+
+
 def test_rank_0_reads_its_plan_through_the_validating_readers_descriptors(tmp_path):
     """No file of the chain opened again; the reader's descriptors stay open after."""
     import os
