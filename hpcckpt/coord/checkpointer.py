@@ -112,8 +112,8 @@ class Checkpointer:
     save to save (one more copy of the rank's arrays in memory) and returns, within
     ``staging_budget`` bytes per rank (e.g. ``"4G"``; default half the node's available
     memory shared by its ranks): a larger state is copied in pieces while earlier pieces
-    are written, and a save short of memory is written synchronously (event
-    ``staging_refused``); with
+    are written, and a save short of memory is written without a copy while its rank
+    waits (event ``staging_refused``); with
     ``cache=PATH`` (e.g. ``/dev/shm/$SLURM_JOB_ID`` or a node-local NVMe) it writes
     them there instead, where they also survive a crash of the job's processes
     (``$HPCCKPT_CACHE`` sets ``cache`` for a whole job; ``finish()`` deletes the copies). A
@@ -401,7 +401,11 @@ class Checkpointer:
 
         With ``async_save`` or ``cache`` (and not on a stop signal or the deadline) it
         returns once the state is staged: the result's ``blocked_seconds`` is what the
-        ranks waited, and the checkpoint is committed later (see the class docs).
+        ranks waited, and the checkpoint is committed later (see the class docs). With
+        ``async_save``, after the first save the ranks decide the kind in the
+        background: the result says ``kind="staged"`` and ``bytes_written=0`` (the
+        commit's result has both), and a value that cannot be saved is raised at the
+        commit, on every rank (docs/async-and-fast-tier.md).
         """
         self._calls.enter("save", step)
         t0 = time.perf_counter()
@@ -490,10 +494,13 @@ class Checkpointer:
         """The state is staged and its background write started; the commit comes later."""
         self._heartbeat.beat(pending.step, force=True)
         self._pending, self._pending_reason = pending, reason
-        # The cost the job pays: waiting for the previous write plus staging this one.
-        blocked = self.agreement.slowest(time.perf_counter() - t0)[0]
+        # The cost the job pays: waiting for the previous write plus staging this one;
+        # a deferred save's ranks agree on it at the commit (no collective here).
+        blocked = time.perf_counter() - t0
+        if not pending.deferred:
+            blocked = self.agreement.slowest(blocked)[0]
+            self.costs.add(blocked)
         pending.blocked = blocked  # reported again with the commit
-        self.costs.add(blocked)
         self._last_save_time = time.monotonic()
         line, fields = logbook.staged(pending, blocked, self.cache)
         log.debug("%s", line)
@@ -523,6 +530,8 @@ class Checkpointer:
                 raise
             return None
         fault_point("checkpointer.saved")
+        if pending.deferred and result.blocked_seconds is not None:
+            self.costs.add(result.blocked_seconds)  # agreed by the commit
         self.durable_costs.add(result.seconds)
         self._committed(result, self._pending_reason, None)
         return result

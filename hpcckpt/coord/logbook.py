@@ -17,7 +17,7 @@ from hpcckpt.policy import requeue_lead
 from hpcckpt.policy.durations import format_duration
 from hpcckpt.rundir import events as job_events
 from hpcckpt.rundir import verbosity
-from hpcckpt.store.results import RestoreResult, SaveResult
+from hpcckpt.store.results import STAGED, RestoreResult, SaveResult
 from hpcckpt.store.store import MirrorWait, PendingSave
 
 log = logging.getLogger("hpcckpt")
@@ -181,8 +181,9 @@ def staged(pending: PendingSave, blocked: float, cache: Path | None) -> tuple[st
     fields = {
         "step": pending.step,
         "blocked_seconds": round(blocked, 6),
-        "bytes": pending.bytes_total,
-        "save_kind": pending.written.kind,
+        # A deferred save: the ranks decide its kind and size in the background.
+        "bytes": pending.bytes_total if pending.written is not None else None,
+        "save_kind": pending.written.kind if pending.written is not None else STAGED,
         "staging": "memory" if cache is None else "cache",
         "staging_mode": pending.staging,
     }

@@ -9,6 +9,10 @@ from typing import Any
 
 from hpcckpt.store.tree.matching import KeyDifferences
 
+#: The kind a deferred staged save's result says before its commit: the ranks decide in
+#: the background whether it is full or incremental.
+STAGED = "staged"
+
 
 @dataclass(frozen=True)
 class SaveResult:

@@ -37,7 +37,8 @@ from hpcckpt.store.options import StoreOptions
 from hpcckpt.store.restore.fallback import Restorer
 from hpcckpt.store.restore.load import Loader
 from hpcckpt.store.results import RestoreResult, SaveResult
-from hpcckpt.store.save.commit import Modes, PendingSave, Saver, StagingRefused
+from hpcckpt.store.save.commit import Modes, Saver
+from hpcckpt.store.save.pending import PendingSave, StagingRefused
 from hpcckpt.store.save.staging import HostBuffers
 from hpcckpt.store.tier import copies as fast_tier
 from hpcckpt.store.tier.node_local import NodeLocalTier, Place
@@ -236,6 +237,10 @@ class CheckpointStore:
     def finish_save(self, pending: PendingSave) -> SaveResult:
         """Wait for every rank's background write, then commit; CheckpointError on every
         rank if any rank's write failed (the checkpoint never becomes good)."""
+        pending.writer.wait()  # a deferred save's background steps tell whether:
+        if pending.refused is not None:  # some rank wrote uncopied
+            log.warning("checkpoint step %d written uncopied: %s", pending.step, pending.refused)
+            self.report(STAGING_REFUSED, {"step": pending.step, "reason": pending.refused})
         with self._mirror_steps_aside():
             result = self.saver.finish_save(pending)
         return self._committed(result)
@@ -298,6 +303,9 @@ class CheckpointStore:
         if self.mirroring is not None:
             self.mirroring.close()
             self.mirroring = None
+        if self.saver.deferred is not None:  # the background saves' group
+            self.saver.deferred.close()
+            self.saver.deferred = None
         changes = self.saver.changes  # the kernel write tracking of the state's memory
         if changes.tracker is not None:
             changes.tracker.close()

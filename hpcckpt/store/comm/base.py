@@ -23,6 +23,7 @@ OPS = frozenset({SUM, MAX, MIN, LAND, LOR, BXOR})
 #: The operations of :class:`Comm`, by name (what a new transport must implement).
 OPERATIONS = frozenset(
     {
+        "background",
         "rank",
         "size",
         "barrier",
@@ -140,6 +141,12 @@ class Comm(Protocol):
 
     def free(self) -> None:
         """Release a group made by :meth:`split` or :meth:`split_node` (collective)."""
+
+    def background(self) -> Comm | None:
+        """The same ranks as a group of their own, for the collectives a background thread
+        runs while this one is in use (collective); None where the library cannot run
+        collectives from two threads at once (MPI initialized below
+        ``MPI_THREAD_MULTIPLE``)."""
 
 
 def as_bytes(buf: Any) -> np.ndarray:

@@ -151,3 +151,9 @@ class MpiComm:
 
     def split_node(self) -> MpiComm:
         return MpiComm(self.mpi.Split_type(MPI.COMM_TYPE_SHARED))
+
+    def background(self) -> MpiComm | None:
+        threads = MPI.Query_thread() == MPI.THREAD_MULTIPLE
+        if not self.mpi.allreduce(threads, op=MPI.LAND):
+            return None
+        return MpiComm(self.mpi.Dup())

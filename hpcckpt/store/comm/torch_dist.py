@@ -256,6 +256,11 @@ class TorchComm:
         assert sub is not None
         return sub
 
+    def background(self) -> TorchComm:
+        sub = self.split(0, self.rank)  # gloo groups are independent of each other's threads
+        assert sub is not None
+        return sub
+
     def free(self) -> None:
         if self._owned:
             dist.destroy_process_group(self.group)

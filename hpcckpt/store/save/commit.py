@@ -64,8 +64,11 @@ from hpcckpt.store.io.options import FileOptions
 from hpcckpt.store.results import SaveResult
 from hpcckpt.store.save import staging_budget
 from hpcckpt.store.save.change_detection import ChangeDetector
+from hpcckpt.store.save.deferred import DeferredSaves
 from hpcckpt.store.save.options import IncrementalOptions
-from hpcckpt.store.save.staging import BackgroundWrite, HostBuffers
+from hpcckpt.store.save.pending import PendingSave, StagingRefused
+from hpcckpt.store.save.staging import HostBuffers
+from hpcckpt.store.save.staging_budget import StagingPlan
 from hpcckpt.store.save.staging_modes import (
     HostCopy,
     NodeLocal,
@@ -95,46 +98,6 @@ def _changed_too_much(written: Written, parent: ChainState) -> bool:
     return "min_delta_saving" in why or (
         "max_chain_fraction" in why and parent.chain_bytes == 0  # the delta alone
     )
-
-
-@dataclass
-class PendingSave:
-    """A staged save whose bytes are being written in the background (not committed)."""
-
-    step: int
-    partial: Path
-    final: Path
-    written: Written
-    writer: BackgroundWrite
-    foreground: float  # this rank's seconds in begin_save
-    blocked: float  # the slowest rank's seconds in begin_save
-    bytes_total: int  # over all ranks
-    staging: str | None = None  # in memory: "copy" or "pieces" (staging_budget)
-    staging_bytes: int = 0  # host bytes this rank's staging holds
-
-    def done(self) -> bool:
-        """Whether this rank's background write has finished (well or not); never blocks."""
-        return self.writer.done()
-
-    def staged_result(self) -> SaveResult:
-        """What the save says before its commit: the file it becomes, its bytes and kind,
-        and the ranks' ``blocked`` seconds as its cost."""
-        w = self.written
-        return SaveResult(
-            step=self.step,
-            path=self.final,
-            bytes_written=self.bytes_total,
-            seconds=self.blocked,
-            kind=w.kind,
-            dirty_blocks=w.dirty_blocks,
-            total_blocks=w.total_blocks,
-            blocked_seconds=self.blocked,
-        )
-
-
-class StagingRefused(Exception):
-    """Raised on every rank by :meth:`Saver.begin_save` when some rank has too little
-    memory to stage its state: nothing was written; save synchronously instead."""
 
 
 @dataclass(frozen=True)
@@ -177,7 +140,10 @@ class Saver:
         self.tuning: filesystem.Tuning | None = None  # decided at the first save
         self.paths: write_path.WritePathChooser | None = None  # made at the first save
         self._local_ranks: int | None = None  # ranks on this node (the first staged save)
-        self._full_ahead = 0  # staged saves left that go full without comparing (_learn)
+        self._full_ahead = 0  # staged saves left that go full without comparing (learn)
+        #: Staged saves in memory after the first: agreed and created in the background.
+        self.deferred: DeferredSaves | None = None
+        self._deferred_tried = False
 
     # -- what the restore side tells it ----------------------------------------------------
     def remember(self, chain: ChainState | None) -> None:
@@ -205,7 +171,7 @@ class Saver:
         """Steps 1-5 for ``state``; returns after the commit (see the module's docs)."""
         t0 = time.perf_counter()
         memory.reset_peak()
-        final, partial = self._names(step)
+        final, partial = self.names(step)
         encoded, parent = self._prepare(step, state)
         arrays = encoded.arrays
         known, found = self.changes.hashes(
@@ -218,7 +184,7 @@ class Saver:
             set(encoded.known_hashes),
             self.nranks,
         )
-        written, error = self._create(
+        written, error = self.create(
             partial,
             step,
             encoded,
@@ -237,7 +203,7 @@ class Saver:
         write_seconds = time.perf_counter() - t_write
         faults.fault_point("write.closed")
         error = safety.explain_write_error(error, self.directory, encoded.state_bytes)  # ENOSPC
-        self._agree_or_discard(error, f"writing checkpoint of step {step}", partial)
+        self.agree_or_discard(error, f"writing checkpoint of step {step}", partial)
         assert written is not None
         audit = self.changes.audit(written.state.hashes, self.last)
         (seconds, peak, slowest_write, hashed, pages, scan, audits), cleared = self._commit(
@@ -301,6 +267,14 @@ class Saver:
         """
         if (buffers is None) == (self.tier is None):
             raise ValueError("a staged save needs exactly one staging area: buffers or a cache")
+        if buffers is not None and state is not None and not redrain:
+            if self.deferred is not None:  # blocks for the copy only
+                return self.deferred.begin(self, step, state, extra_meta, buffers)
+            if not self._deferred_tried:  # the background's group: made by every rank here
+                self._deferred_tried = True
+                background = self.agreement.comm.background()
+                if background is not None:
+                    self.deferred = DeferredSaves(Agreement(background))
         copy = None
         if redrain:
             if self.tier is None:
@@ -308,7 +282,7 @@ class Saver:
             copy = self.tier.drain_copy(step)
         t0 = time.perf_counter()
         memory.reset_peak()
-        final, partial = self._names(step)
+        final, partial = self.names(step)
         if buffers is not None:  # device tensors are copied straight into its buffers
             buffers.reset_peak()
             with buffers.lending(self.changes.device_copies(self.last, self.chain_policy)):
@@ -343,7 +317,7 @@ class Saver:
         uid = staged.uid or uid
         mode.staged(step, uid, encoded.tree, encoded.arrays, staged, encoded.replicated)
         faults.fault_point("stage.written")
-        written, error = self._create(
+        written, error = self.create(
             partial, step, encoded, staged.arrays, extra_meta, parent,
             hashes=staged.hashes or None, uid=uid, hash_while_writing=mode.hash_later,
         )  # fmt: skip
@@ -351,9 +325,9 @@ class Saver:
         what = f"creating the file of checkpoint of step {step}"
         if in_memory:
             what = f"staging checkpoint of step {step}{mode.where} and {what}"
-        self._agree_or_discard(stage_error or error, what, partial)
+        self.agree_or_discard(stage_error or error, what, partial)
         assert written is not None
-        self._learn(written, parent if mode.name == "copy" else None)
+        self.learn(written, parent if mode.name == "copy" else None)
         writer = mode.start(
             partial, list(written.extents), self.direct_io, written.hashing, written.state.hashes
         )
@@ -392,7 +366,7 @@ class Saver:
             pending.writer.error, self.directory, pending.bytes_total
         )
         try:
-            self._agree_or_discard(
+            self.agree_or_discard(
                 error,
                 f"writing checkpoint of step {pending.step} in the background",
                 pending.partial,
@@ -403,7 +377,7 @@ class Saver:
             raise
         t_commit = time.perf_counter()
         # Staging to durable bytes, plus the commit: what a synchronous save would have cost.
-        (seconds, peak, held), cleared = self._commit(
+        (seconds, peak, held, blocked), cleared = self._commit(
             pending.partial,
             pending.final,
             pending.step,
@@ -411,8 +385,11 @@ class Saver:
                 pending.foreground + pending.writer.seconds + (time.perf_counter() - t_commit),
                 memory.peak_rss_bytes(),
                 pending.staging_bytes,
+                pending.blocked,  # a deferred save's: this rank's until now
             ),
         )
+        pending.blocked = blocked
+        assert pending.written is not None
         self.last = pending.written.state
         if self.tier is not None:
             self.tier.committed(pending.step)
@@ -434,7 +411,7 @@ class Saver:
             cleared_bad_mark=cleared,
         )
 
-    def _learn(self, written: Written, parent: ChainState | None) -> None:
+    def learn(self, written: Written, parent: ChainState | None) -> None:
         """After a staged save in memory that hashed in the foreground to compare with
         ``parent``: when the chain policy still wrote it full because a delta would not
         pay (most blocks changed), the next :data:`FULL_AFTER_CHANGED` staged saves skip
@@ -455,29 +432,41 @@ class Saver:
         Raises StagingRefused on every rank when any rank is too short of memory
         (:mod:`.save.staging_budget`): then nothing is staged, nothing written.
         """
-        comm = self.agreement.comm
-        if self._local_ranks is None:
-            self._local_ranks = buffers.local_ranks  # learnt by its reserve(), if any
-        if self._local_ranks is None:
-            node = comm.split_node()
-            self._local_ranks = node.size
-            node.free()
-        mine = sum(a.nbytes for a in arrays.values())
-        plan = staging_budget.plan(
-            mine, buffers.budget, memory.available_bytes(), self._local_ranks, buffers.nbytes
+        plan = self.local_plan(buffers, arrays)
+        short = self.agreement.comm.allreduce(
+            self.rank if plan.mode == staging_budget.SYNC else -1, MAX
         )
-        short = comm.allreduce(self.rank if plan.mode == staging_budget.SYNC else -1, MAX)
         if short >= 0:
             buffers.release()  # a synchronous save comes next: give the memory back
-            why = comm.bcast(plan.reason, root=short)
+            why = self.agreement.comm.bcast(plan.reason, root=short)
             raise StagingRefused(f"rank {short}: {why}")
         if plan.mode == staging_budget.PIECES:
             return Pieces(buffers, plan)
         compare = parent is not None and not self._full_ahead
         return HostCopy(buffers, self.block_size, hashed=compare)
 
+    def local_plan(self, buffers: HostBuffers, arrays: dict[str, Any]) -> StagingPlan:
+        """How this rank can stage ``arrays`` within its budget, decided alone (the ranks
+        on its node are counted at the first staged save)."""
+        if self._local_ranks is None:
+            self._local_ranks = buffers.local_ranks  # learnt by its reserve(), if any
+        if self._local_ranks is None:
+            node = self.agreement.comm.split_node()
+            self._local_ranks = node.size
+            node.free()
+        mine = sum(a.nbytes for a in arrays.values())
+        return staging_budget.plan(
+            mine, buffers.budget, memory.available_bytes(), self._local_ranks, buffers.nbytes
+        )
+
+    def may_compare(self) -> bool:
+        """Whether a staged save may be a delta of the last checkpoint, as far as this
+        rank knows before the ranks agree: then it hashes while it copies."""
+        incremental = self.chain_policy.incremental and not self._full_ahead
+        return incremental and self.last is not None
+
     # -- the steps ---------------------------------------------------------------------------
-    def _names(self, step: int) -> tuple[Path, Path]:
+    def names(self, step: int) -> tuple[Path, Path]:
         final = self.directory / layout.checkpoint_name(step)
         return final, final.with_name(final.name + layout.PARTIAL)
 
@@ -494,12 +483,12 @@ class Saver:
         just before it creates the file, whose agreement covers it.
         """
         if copy is None:
-            encoded = self.encoder.encode(step, state, self._chain_intact())
+            encoded = self.encoder.encode(step, state, self.chain_intact())
         else:
             arrays = fast_tier.maps(copy)
             mine = sum(a.nbytes for a in arrays.values())
             state_bytes, chain = self.agreement.agree(
-                None, f"reading node-local step {step}", extra=(mine, self._chain_intact())
+                None, f"reading node-local step {step}", extra=(mine, self.chain_intact())
             )
             encoded = Encoded(
                 copy.tree, arrays, state_bytes, bool(chain), replicated=set(copy.replicated)
@@ -509,7 +498,7 @@ class Saver:
             self.tuning = self._tune(encoded.state_bytes)
         return encoded, self.last if encoded.answer else None
 
-    def _chain_intact(self) -> bool:
+    def chain_intact(self) -> bool:
         """Rank 0: whether the next save may be a delta of the last checkpoint: every file
         of its chain still there and not marked bad (someone may have moved or pruned
         them). Other ranks: False (the agreement sums rank 0's answer)."""
@@ -554,7 +543,7 @@ class Saver:
             safety.remove_leftover(leftover)  # a link is unlinked, never followed
         safety.check_free_space(self.directory, state_bytes)
 
-    def _create(
+    def create(
         self,
         partial: Path,
         step: int,
@@ -562,15 +551,17 @@ class Saver:
         arrays: dict[str, Any],
         extra_meta: dict[str, Any] | None,
         parent: ChainState | None,
+        agreement: Agreement | None = None,
         **options: Any,
     ) -> tuple[Written | None, BaseException | None]:
-        """Step 3 without the agreement: (what this rank writes, or the error it met)."""
+        """Step 3 without the agreement: (what this rank writes, or the error it met);
+        over ``agreement``'s ranks (the saver's own when None)."""
         error: BaseException | None = None
         written: Written | None = None
         try:
             written = write_file(
                 partial,
-                self.agreement.comm,
+                (agreement or self.agreement).comm,
                 step,
                 encoded.tree,
                 arrays,
@@ -616,10 +607,16 @@ class Saver:
             return exc
         return None
 
-    def _agree_or_discard(self, error: BaseException | None, what: str, partial: Path) -> None:
+    def agree_or_discard(
+        self,
+        error: BaseException | None,
+        what: str,
+        partial: Path,
+        agreement: Agreement | None = None,
+    ) -> None:
         """Step 4: raise on every rank if any failed, rank 0 deleting the ``.partial``."""
         try:
-            self.agreement.agree(error, what)
+            (agreement or self.agreement).agree(error, what)
         except CheckpointError:
             if self.rank == 0:
                 safety.remove_leftover(partial)  # never a directory someone put there

@@ -459,6 +459,45 @@ class BackgroundWrite:
             self._thread.join()
 
 
+class DeferredWrite:
+    """One rank's thread for a save whose collective steps were deferred: it runs
+    ``steps`` (the ranks agree, rank 0 creates the file; they return the started
+    :class:`BackgroundWrite` of this rank's extents), waits for that write, and keeps
+    what went wrong as :class:`BackgroundWrite` does (never raised in the thread)."""
+
+    seal: Callable[[], None] | None = None  # the node-local tier never defers
+    sealed = False
+    seal_error: BaseException | None = None
+
+    def __init__(self, steps: Callable[[], BackgroundWrite]) -> None:
+        self.steps = steps
+        self.error: BaseException | None = None
+        self.seconds = 0.0  # from the steps' start to durable bytes
+        self.bytes = 0
+        self._thread = threading.Thread(target=self._run, name="hpcckpt-save", daemon=True)
+
+    def start(self) -> DeferredWrite:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            write = self.steps()
+            write.wait()
+            self.error, self.bytes = write.error, write.bytes
+        except BaseException as exc:  # surfaced to the main thread by finish_save
+            self.error = exc
+        self.seconds = time.perf_counter() - t0
+
+    def done(self) -> bool:
+        """Whether the thread has finished (successfully or not); never blocks."""
+        return not self._thread.is_alive()
+
+    def wait(self) -> None:
+        self._thread.join()
+
+
 def stream_pieces(
     path: Path, extents: list[Extent], ring: list[np.ndarray], direct: bool
 ) -> BackgroundWrite:

@@ -214,3 +214,22 @@ class Redrain(NodeLocal):
 
     def staged(self, *args: Any) -> None:
         pass  # sealed when it was written
+
+
+class Unstaged(HostCopy):
+    """Not copied: a deferred save's rank whose budget holds no copy writes from its live
+    state, and its save returns once that write is durable (the values stay exact: the
+    rank's training waits); the other ranks' copies go on."""
+
+    name = "unstaged"
+
+    def __init__(self, buffers: HostBuffers, block_size: int) -> None:
+        super().__init__(buffers, block_size, hashed=False)
+
+    def stage(self, step: int, arrays: dict[str, Any]) -> Staged:
+        self.buffers.release()  # no copy this time: the memory goes back
+        return Staged(arrays)
+
+    @property
+    def held_bytes(self) -> int:
+        return 0

@@ -25,6 +25,26 @@ from hpcckpt.store.tree.state_tree import Targets, decode_into, encode, is_state
 
 
 @dataclass
+class LocalEncoding:
+    """One rank's state encoded alone, before the ranks agree on it: its tree and arrays,
+    or the error that kept it from being encoded."""
+
+    tree: Any
+    arrays: dict[str, Any]
+    error: BaseException | None = None
+
+
+def encode_local(state: Any) -> LocalEncoding:
+    """This rank's state as a tree and arrays (no collective); a value that cannot be
+    checkpointed is kept as the error the ranks agree on."""
+    try:
+        tree, arrays = encode(state)
+    except (TypeError, ValueError) as exc:
+        return LocalEncoding(None, {}, exc)
+    return LocalEncoding(tree, arrays)
+
+
+@dataclass
 class Encoded:
     """One rank's encoded state, as every rank agreed on it."""
 
@@ -52,32 +72,43 @@ class Encoder:
         rank's ``answer`` to a yes/no question of the caller's (yes when any rank says
         yes: the chain check answers on rank 0 only); TypeError on every rank if any
         rank's state cannot be encoded."""
-        error: BaseException | None = None
-        tree, arrays = None, {}
-        try:
-            tree, arrays = encode(state)
-        except (TypeError, ValueError) as exc:
-            error = exc
+        return self.agree_on(step, encode_local(state), answer)
+
+    def agree_on(
+        self,
+        step: int,
+        local: LocalEncoding,
+        answer: bool = False,
+        agreement: Agreement | None = None,
+    ) -> Encoded:
+        """:meth:`encode`'s collective half, over ``agreement`` (the encoder's own when
+        None): a staged save agrees on its copy (``local.arrays`` replaced by the staged
+        copies) from a background thread."""
+        agreement = agreement or self.agreement
+        tree, arrays = local.tree, local.arrays
         mine = sum(a.nbytes for a in arrays.values())
         copies = {p: d for p, d in dtensor_pieces(tree).items() if _has_replicas(d)}
-        state_bytes, said, replicas = self.agreement.agree(
-            error, f"encoding the state of step {step}", TypeError, (mine, answer, len(copies))
+        state_bytes, said, replicas = agreement.agree(
+            local.error,
+            f"encoding the state of step {step}",
+            TypeError,
+            (mine, answer, len(copies)),
         )
         encoded = Encoded(tree, arrays, state_bytes, bool(said))
         if replicas:  # some DTensor is replicated over a mesh dimension: stored once
             arrays, hashes, dropped = check_replicas(
-                self.agreement, copies, arrays, self.block_size, step
+                agreement, copies, arrays, self.block_size, step
             )
             encoded.arrays, encoded.known_hashes = arrays, hashes
             encoded.state_bytes -= dropped
         if self.replicated:
             before = arrays
             encoded.arrays, encoded.known_hashes, encoded.replicated = check_and_stand_in(
-                self.agreement.comm, self.replicated, tree, arrays, self.block_size
+                agreement.comm, self.replicated, tree, arrays, self.block_size
             )
             # Checked equal on every rank: all but rank 0 dropped the same bytes.
             replicated_bytes = sum(before[p].nbytes for p in encoded.replicated)
-            encoded.state_bytes -= (self.agreement.nranks - 1) * replicated_bytes
+            encoded.state_bytes -= (agreement.nranks - 1) * replicated_bytes
         return encoded
 
     def decode(

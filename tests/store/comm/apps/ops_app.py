@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 
 import numpy as np
@@ -137,6 +138,24 @@ def check_every_operation(comm) -> dict:
     again = comm.split_node()  # a second call: a new group of the same ranks
     assert again.allgather(me) == node.allgather(me)
     ok("split_node")
+    # The same ranks for a background thread: its collectives run while the main
+    # thread's go on over the original group, neither waiting for the other.
+    bg = comm.background()
+    assert bg is not None and (bg.rank, bg.size) == (me, n)
+    got = {}
+    thread = threading.Thread(
+        target=lambda: got.update(
+            sums=[bg.allreduce(me + k, C.SUM) for k in range(50)],
+            root=bg.bcast("bg" if me == 0 else None),
+        )
+    )
+    thread.start()
+    mains = [comm.allreduce(1, C.SUM) for _ in range(50)]
+    thread.join(60)
+    assert not thread.is_alive() and mains == [n] * 50
+    assert got["sums"] == [sum(range(n)) + n * k for k in range(50)] and got["root"] == "bg"
+    ok("background")
+    bg.free()
     again.free()
     pairs.free()
     if sub is not None:

@@ -1,0 +1,160 @@
+"""A staged save that blocks for its copy only: the ranks agree on it, rank 0 creates its
+file and every rank writes it, all in a background thread over a group of its own.
+
+Otherwise a staged save in memory agrees on the encoding and the staging budget and
+creates the file (a gather, rank 0's HDF5 file creation, a bcast, a reduction) while the
+ranks wait, and the slowest rank sets everyone's pace. Here, after the first staged save
+(which makes the group: :meth:`~hpcckpt.store.comm.base.Comm.background`), each rank
+encodes its state and copies it into its host buffers alone and hands the rest to its
+thread. The ranks' threads meet in the same order: at most one staged save is pending,
+committed before the next begins. A rank whose budget holds no copy writes from its live
+state and waits for that write (``Unstaged``); the others go on.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from hpcckpt.store.agreement import Agreement
+from hpcckpt.store.comm import MAX
+from hpcckpt.store.io import faults, memory, safety
+from hpcckpt.store.save import staging_budget
+from hpcckpt.store.save.pending import PendingSave
+from hpcckpt.store.save.staging import BackgroundWrite, DeferredWrite, HostBuffers
+from hpcckpt.store.save.staging_budget import StagingPlan
+from hpcckpt.store.save.staging_modes import HostCopy, Pieces, Staged, StagingMode, Unstaged
+from hpcckpt.store.tree.encoding import LocalEncoding, encode_local
+
+#: The :class:`~hpcckpt.store.save.commit.Saver` these saves belong to (which imports
+#: this module): its public steps are what a deferred save runs.
+Saver = Any
+
+
+class DeferredSaves:
+    """Staged saves in memory whose collective steps run in a background thread, over
+    ``agreement`` (the same ranks as the saver's, in a group made for it)."""
+
+    def __init__(self, agreement: Agreement) -> None:
+        self.agreement = agreement
+        self.job: DeferredWrite | None = None  # the last save's thread
+
+    def close(self) -> None:
+        """Release the threads' group, unless a thread may still use it (a save never
+        committed: a rank failed); the process's end releases it then."""
+        if self.job is None or self.job.done():
+            self.agreement.comm.free()
+
+    def begin(
+        self,
+        saver: Saver,
+        step: int,
+        state: dict[str, Any],
+        extra_meta: dict[str, Any] | None,
+        buffers: HostBuffers,
+    ) -> PendingSave:
+        """Encode and copy this rank's state (no collective) and start the thread that
+        makes the checkpoint's file and writes it; :meth:`Saver.finish_save` commits."""
+        t0 = time.perf_counter()
+        memory.reset_peak()
+        buffers.reset_peak()
+        final, partial = saver.names(step)
+        with buffers.lending(saver.changes.device_copies(saver.last, saver.chain_policy)):
+            local = encode_local(state)
+        faults.fault_point("save.begin", step)
+        plan = saver.local_plan(buffers, local.arrays)
+        mode = _mode(saver, buffers, plan)
+        staged, stage_error = Staged(local.arrays), None
+        if local.error is None:
+            try:
+                staged = mode.stage(step, local.arrays)
+            except Exception as exc:  # every rank must reach the agreement (in the thread)
+                stage_error = exc
+        faults.fault_point("stage.written")
+        pending = PendingSave(
+            step=step,
+            partial=partial,
+            final=final,
+            written=None,
+            writer=None,  # type: ignore[arg-type]  # the thread, made next
+            foreground=0.0,
+            blocked=0.0,
+            bytes_total=0,
+            staging=mode.name,
+            staging_bytes=mode.held_bytes,
+            deferred=True,
+        )
+        job = _Job(self.agreement, saver, pending, local, staged, stage_error, mode, plan)
+        pending.writer = self.job = DeferredWrite(lambda: job.run(extra_meta)).start()
+        if plan.mode != staging_budget.COPY:  # its live state is written: it waits
+            pending.writer.wait()
+        pending.foreground = pending.blocked = time.perf_counter() - t0
+        return pending
+
+
+def _mode(saver: Saver, buffers: HostBuffers, plan: StagingPlan) -> StagingMode:
+    """This rank's staging for ``plan``: a copy (hashed while copied when the save may
+    be a delta), pieces through a ring of the budget's size, or none."""
+    if plan.mode == staging_budget.COPY:
+        return HostCopy(buffers, saver.block_size, hashed=saver.may_compare())
+    if plan.mode == staging_budget.PIECES:
+        return Pieces(buffers, plan)
+    return Unstaged(buffers, saver.block_size)
+
+
+class _Job:
+    """The steps a deferred save runs in its thread, in the order every rank runs them."""
+
+    def __init__(
+        self,
+        agreement: Agreement,
+        saver: Saver,
+        pending: PendingSave,
+        local: LocalEncoding,
+        staged: Staged,
+        stage_error: BaseException | None,
+        mode: StagingMode,
+        plan: StagingPlan,
+    ) -> None:
+        self.agreement, self.saver, self.pending = agreement, saver, pending
+        self.local, self.staged, self.stage_error = local, staged, stage_error
+        self.mode, self.plan = mode, plan
+
+    def run(self, extra_meta: dict[str, Any] | None) -> BackgroundWrite:
+        """Steps 1-3 over the thread's group; the started write of this rank's extents.
+        Raises on every rank alike (kept by the thread for the commit's agreement)."""
+        comm, saver, pending = self.agreement.comm, self.saver, self.pending
+        step, partial = pending.step, pending.partial
+        sync = self.plan.mode == staging_budget.SYNC
+        short = comm.allreduce(saver.rank if sync else -1, MAX)
+        if short >= 0:  # said once, at the commit
+            pending.refused = f"rank {short}: {comm.bcast(self.plan.reason, root=short)}"
+        try:
+            answer = saver.chain_intact()
+        except OSError:  # an unreadable chain: this save is full
+            answer = False
+        arrays = self.staged.arrays  # the copies (or, unstaged, the live arrays)
+        encoded = saver.encoder.agree_on(
+            step, LocalEncoding(self.local.tree, arrays, self.local.error), answer, self.agreement
+        )
+        parent = saver.last if encoded.answer and not self.mode.hash_later else None
+        hashes = {  # a copy the encoding replaced (a replica stored once) is hashed anew
+            p: h for p, h in self.staged.hashes.items() if encoded.arrays.get(p) is arrays.get(p)
+        }
+        written, error = saver.create(
+            partial, step, encoded, encoded.arrays, extra_meta, parent, self.agreement,
+            hashes=hashes or None, hash_while_writing=self.mode.hash_later,
+        )  # fmt: skip
+        error = safety.explain_write_error(error, saver.directory, encoded.state_bytes)
+        saver.agree_or_discard(
+            self.stage_error or error,
+            f"staging checkpoint of step {step}{self.mode.where} and creating its file",
+            partial,
+            self.agreement,
+        )
+        assert written is not None
+        saver.learn(written, parent if self.mode.name == "copy" else None)
+        pending.written, pending.bytes_total = written, written.all_bytes
+        return self.mode.start(
+            partial, list(written.extents), saver.direct_io, written.hashing, written.state.hashes
+        )

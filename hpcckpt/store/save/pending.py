@@ -1,0 +1,57 @@
+"""A staged save between its staging and its commit (:class:`PendingSave`), and the
+refusal to stage one (:class:`StagingRefused`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpcckpt.store.file.writer import Written
+from hpcckpt.store.results import STAGED, SaveResult
+from hpcckpt.store.save.staging import BackgroundWrite, DeferredWrite
+
+
+@dataclass
+class PendingSave:
+    """A staged save whose bytes are being written in the background (not committed)."""
+
+    step: int
+    partial: Path
+    final: Path
+    written: Written | None  # None until a deferred save's background steps made the file
+    writer: BackgroundWrite | DeferredWrite
+    foreground: float  # this rank's seconds in begin_save
+    blocked: float  # the slowest rank's seconds in begin_save
+    bytes_total: int  # over all ranks
+    staging: str | None = None  # in memory: "copy" or "pieces" (staging_budget)
+    staging_bytes: int = 0  # host bytes this rank's staging holds
+    #: Whether the ranks agree on it and create its file in the background (deferred).
+    deferred: bool = False
+    #: Set in the background when some rank's budget held no copy: "rank R: why".
+    refused: str | None = None
+
+    def done(self) -> bool:
+        """Whether this rank's background write has finished (well or not); never blocks."""
+        return self.writer.done()
+
+    def staged_result(self) -> SaveResult:
+        """What the save says before its commit: the file it becomes, its bytes and kind,
+        and the ranks' ``blocked`` seconds as its cost. A deferred save's kind and size
+        are decided in the background: ``kind="staged"`` and ``bytes_written=0`` until
+        its commit, and ``blocked`` is this rank's."""
+        w = self.written
+        return SaveResult(
+            step=self.step,
+            path=self.final,
+            bytes_written=0 if w is None else self.bytes_total,
+            seconds=self.blocked,
+            kind=STAGED if w is None else w.kind,
+            dirty_blocks=0 if w is None else w.dirty_blocks,
+            total_blocks=0 if w is None else w.total_blocks,
+            blocked_seconds=self.blocked,
+        )
+
+
+class StagingRefused(Exception):
+    """Raised on every rank by :meth:`Saver.begin_save` when some rank has too little
+    memory to stage its state: nothing was written; save synchronously instead."""
