@@ -30,6 +30,9 @@ from hpcckpt.store.io import blocks, direct_io, integrity
 #: two requests instead of one. Arrays below OVERLAP_BYTES are read one by one.
 READERS = 2
 OVERLAP_BYTES = 1 << 20
+#: Bytes at either end of an array read past the page cache that the read takes
+#: through it (its unaligned first and last bytes lie within these).
+EDGE_BYTES = 2 * direct_io.ALIGN
 
 #: One file extent of an array: (file of the chain, byte offset in it, byte offset in
 #: the rank's array, bytes).
@@ -351,11 +354,13 @@ class PlanReader:
         raises (the first error in ``wanted``'s order)."""
         large = [a for a in wanted if _nbytes(a) >= OVERLAP_BYTES]
         if len(large) < 2:
+            self.ask_ahead(wanted)
             return {a.name: self.array(a, into.get(a.name)) for a in wanted}
         out: dict[str, np.ndarray] = {}
         errors: dict[str, Exception] = {}
         with ThreadPoolExecutor(READERS, thread_name_prefix="hpcckpt-read") as pool:
             futures = {a.name: pool.submit(self.array, a, into.get(a.name)) for a in large}
+            self.ask_ahead(wanted)  # while the first large arrays are read
             for a in wanted:
                 if a.name not in futures:
                     try:
@@ -371,6 +376,23 @@ class PlanReader:
             if a.name in errors:
                 raise errors[a.name]
         return {a.name: out[a.name] for a in wanted}
+
+    def ask_ahead(self, wanted: list[ArrayPlan]) -> None:
+        """Ask the kernel at once for the bytes of ``wanted`` that the reads take through
+        the page cache: the arrays too small to read past it, whole, and the first and
+        last :data:`EDGE_BYTES` of the others. Each would otherwise be a small read made
+        when its turn comes, waiting behind the other reader's large requests (5-9 ms
+        seen in a cold restore, between two arrays, with the device at one request)."""
+        for a in wanted:
+            for k, offset, _, nbytes in a.extents:
+                spans = [(offset, nbytes)]
+                if self.direct_io and nbytes >= direct_io.MIN_DIRECT_BYTES:
+                    spans = [(offset, EDGE_BYTES), (offset + nbytes - EDGE_BYTES, EDGE_BYTES)]
+                for start, length in spans:
+                    try:
+                        os.posix_fadvise(self._fds[k], start, length, os.POSIX_FADV_WILLNEED)
+                    except (AttributeError, OSError):  # a hint: the reads work without it
+                        return
 
     def _blame(self, a: ArrayPlan) -> None:
         """Raise the error that names the file at fault, as a full read finds it."""

@@ -269,3 +269,39 @@ def test_a_damaged_large_array_read_beside_others_is_caught_once_every_read_ende
         posix.read_all(list(plan.arrays), {})
     assert "array 'w2' of rank 0, block 5, fails its checksum" in str(err.value)
     assert not [t for t in threading.enumerate() if t.name.startswith("hpcckpt-read")]
+
+
+def test_the_bytes_read_through_the_page_cache_are_asked_for_at_once(tmp_path, monkeypatch):
+    """Small arrays whole, and only the edges of an array read past the cache: asked of
+    the kernel before those reads come (the page cache holds them after, not the rest)."""
+    import os
+
+    from hpcckpt.store.io import direct_io
+
+    store = store_at(tmp_path, incremental=False)
+    state = {**large(1), "big": np.arange(1 << 20, dtype=np.float64)}  # 8 MiB: read direct
+    store.save(1, state)
+    plan = plan_of(store, 1)
+    asked: list[tuple[int, int]] = []
+    advise = os.posix_fadvise
+
+    def recorded(fd: int, offset: int, length: int, advice: int) -> None:
+        assert advice == os.POSIX_FADV_WILLNEED
+        asked.append((offset, length))
+        advise(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", recorded)
+    with read_plan.PlanReader(plan, direct_io=True) as posix:
+        got = posix.read_all(list(plan.arrays), {})
+    for a in plan.arrays:
+        want = state[a.name] if a.name != "k" else None
+        if want is not None:
+            assert np.array_equal(got[a.name], want), a.name
+        ((_, offset, _, nbytes),) = a.extents or ((0, 0, 0, 0),)
+        if a.name == "big":
+            edge = read_plan.EDGE_BYTES
+            assert nbytes >= direct_io.MIN_DIRECT_BYTES
+            assert (offset, edge) in asked and (offset + nbytes - edge, edge) in asked
+            assert not [o for o, n in asked if offset + edge < o + n and o < offset + nbytes - edge]
+        elif nbytes:
+            assert (offset, nbytes) in asked, a.name
