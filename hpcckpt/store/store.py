@@ -126,6 +126,7 @@ class CheckpointStore:
             self.options.arrays.splits,
             modes,
             self.tier,
+            settle=self.pruning.wait,
         )
         loader = Loader(self.agreement, self.options.arrays.splits, self.saver)
         #: Rank 0's connection to the mirror (None on the other ranks, or without one).
@@ -195,8 +196,8 @@ class CheckpointStore:
         (copied to the mirror at once) or when staging is refused (logged and reported
         ``staging_refused``), :meth:`save`. Raises like them.
         """
-        self.pruning.wait()
         if not stop and local and self.tier is not None:
+            self.pruning.wait()
             return self.save_local(step, state)
         meta = {"reason": reason}
         if not stop and (buffers is not None or self.tier is not None):
@@ -205,6 +206,7 @@ class CheckpointStore:
             except StagingRefused as exc:  # every rank alike: too little memory to stage
                 log.warning("checkpoint step %d written synchronously: %s", step, exc)
                 self.report(STAGING_REFUSED, {"step": step, "reason": str(exc)})
+        self.pruning.wait()
         with self._mirror_steps_aside():
             result = self.saver.save(step, state, meta)
         return self._committed(result, force=stop)
@@ -226,7 +228,8 @@ class CheckpointStore:
         and arrays stand for the state. Raises like :meth:`save` when staging fails,
         and StagingRefused on every rank when some rank has too little memory to stage.
         """
-        self.pruning.wait()
+        if not self.saver.defers(state, buffers, redrain):  # else its thread waits for it
+            self.pruning.wait()
         with self._mirror_steps_aside() as aside:
             pending = self.saver.begin_save(
                 step, state, extra_meta, buffers=buffers, redrain=redrain

@@ -122,8 +122,11 @@ class Saver:
         splits: Mapping[str, Split | None],
         modes: Modes,
         tier: NodeLocalTier | None,
+        settle: Callable[[], None] = lambda: None,
     ) -> None:
         self.directory = directory
+        #: Waits for what else changes the directory (a prune): before a save reads it.
+        self.settle = settle
         self.agreement = agreement
         self.encoder = encoder
         self.files = files
@@ -144,6 +147,13 @@ class Saver:
         #: Staged saves in memory after the first: agreed and created in the background.
         self.deferred: DeferredSaves | None = None
         self._deferred_tried = False
+
+    def defers(self, state: Any, buffers: HostBuffers | None, redrain: bool = False) -> bool:
+        """Whether :meth:`begin_save` runs its collective steps in the background
+        (:mod:`.save.deferred`): a save staged in memory after the first."""
+        return (
+            self.deferred is not None and buffers is not None and state is not None and not redrain
+        )
 
     # -- what the restore side tells it ----------------------------------------------------
     def remember(self, chain: ChainState | None) -> None:
@@ -267,9 +277,10 @@ class Saver:
         """
         if (buffers is None) == (self.tier is None):
             raise ValueError("a staged save needs exactly one staging area: buffers or a cache")
+        if self.defers(state, buffers, redrain):  # blocks for the copy only
+            assert self.deferred is not None and buffers is not None and state is not None
+            return self.deferred.begin(self, step, state, extra_meta, buffers)
         if buffers is not None and state is not None and not redrain:
-            if self.deferred is not None:  # blocks for the copy only
-                return self.deferred.begin(self, step, state, extra_meta, buffers)
             if not self._deferred_tried:  # the background's group: made by every rank here
                 self._deferred_tried = True
                 background = self.agreement.comm.background()

@@ -13,6 +13,8 @@ state and waits for that write (``Unstaged``); the others go on.
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from typing import Any
 
@@ -37,12 +39,23 @@ class DeferredSaves:
 
     def __init__(self, agreement: Agreement) -> None:
         self.agreement = agreement
-        self.job: DeferredWrite | None = None  # the last save's thread
+        self.job: DeferredWrite | None = None  # the last save's
+        # One thread for every save: handing it a save costs no thread start (which
+        # waits up to the interpreter's switch interval for the new thread).
+        self._queue: queue.SimpleQueue[DeferredWrite | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="hpcckpt-save", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while (job := self._queue.get()) is not None:
+            job.run()
 
     def close(self) -> None:
-        """Release the threads' group, unless a thread may still use it (a save never
-        committed: a rank failed); the process's end releases it then."""
+        """Stop the thread and release its group, unless a save may still hold them (one
+        never committed: a rank failed); the process's end releases them then."""
         if self.job is None or self.job.done():
+            self._queue.put(None)
+            self._thread.join()
             self.agreement.comm.free()
 
     def begin(
@@ -85,7 +98,8 @@ class DeferredSaves:
             deferred=True,
         )
         job = _Job(self.agreement, saver, pending, local, staged, stage_error, mode, plan)
-        pending.writer = self.job = DeferredWrite(lambda: job.run(extra_meta)).start()
+        pending.writer = self.job = DeferredWrite(lambda: job.run(extra_meta))
+        self._queue.put(self.job)
         if plan.mode != staging_budget.COPY:  # its live state is written: it waits
             pending.writer.wait()
         pending.foreground = pending.blocked = time.perf_counter() - t0
@@ -125,6 +139,7 @@ class _Job:
         Raises on every rank alike (kept by the thread for the commit's agreement)."""
         comm, saver, pending = self.agreement.comm, self.saver, self.pending
         step, partial = pending.step, pending.partial
+        saver.settle()  # a prune under way ends before rank 0 reads the directory
         sync = self.plan.mode == staging_budget.SYNC
         short = comm.allreduce(saver.rank if sync else -1, MAX)
         if short >= 0:  # said once, at the commit

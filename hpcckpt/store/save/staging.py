@@ -460,10 +460,11 @@ class BackgroundWrite:
 
 
 class DeferredWrite:
-    """One rank's thread for a save whose collective steps were deferred: it runs
-    ``steps`` (the ranks agree, rank 0 creates the file; they return the started
-    :class:`BackgroundWrite` of this rank's extents), waits for that write, and keeps
-    what went wrong as :class:`BackgroundWrite` does (never raised in the thread)."""
+    """One rank's part of a save whose collective steps were deferred, run by the
+    deferred saves' thread (:mod:`.save.deferred`): ``steps`` (the ranks agree, rank 0
+    creates the file; they return the started :class:`BackgroundWrite` of this rank's
+    extents), then that write; what went wrong is kept as :class:`BackgroundWrite`
+    keeps it (never raised in the thread)."""
 
     seal: Callable[[], None] | None = None  # the node-local tier never defers
     sealed = False
@@ -474,13 +475,10 @@ class DeferredWrite:
         self.error: BaseException | None = None
         self.seconds = 0.0  # from the steps' start to durable bytes
         self.bytes = 0
-        self._thread = threading.Thread(target=self._run, name="hpcckpt-save", daemon=True)
+        self._done = threading.Event()
 
-    def start(self) -> DeferredWrite:
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
+    def run(self) -> None:
+        """The steps and the write, in the calling thread."""
         t0 = time.perf_counter()
         try:
             write = self.steps()
@@ -489,13 +487,14 @@ class DeferredWrite:
         except BaseException as exc:  # surfaced to the main thread by finish_save
             self.error = exc
         self.seconds = time.perf_counter() - t0
+        self._done.set()
 
     def done(self) -> bool:
-        """Whether the thread has finished (successfully or not); never blocks."""
-        return not self._thread.is_alive()
+        """Whether the steps and the write have finished (well or not); never blocks."""
+        return self._done.is_set()
 
     def wait(self) -> None:
-        self._thread.join()
+        self._done.wait()
 
 
 def stream_pieces(
