@@ -40,6 +40,7 @@ class RunRecord:
         #: The wrapper's token of this attempt, in every status written.
         self.attempt = attempt
         self._lock: DirectoryLock | None = None  # rank 0: one job per directory
+        self._events = job_events.EventLog(directory)  # rank 0 writes it
 
     def lock(self, agreement: Agreement, dir_mode: int, file_mode: int, job_id: str | None) -> None:
         """Rank 0 creates and locks the directory; DirectoryLocked (or OSError) on every
@@ -64,6 +65,7 @@ class RunRecord:
         """Give the directory up (the next job may take it) and join the lock's refresh
         thread within ``timeout`` seconds once no user in this process holds it; again is
         harmless."""
+        self._events.close()
         lock, self._lock = self._lock, None
         if lock is None:
             return
@@ -82,9 +84,7 @@ class RunRecord:
     def event(self, kind: str, **fields: Any) -> None:
         """Rank 0 appends one event of the Checkpointer."""
         if self.rank == 0:
-            job_events.append_event(
-                self.directory, kind, source="checkpointer", nranks=self.nranks, **fields
-            )
+            self._events.append(kind, source="checkpointer", nranks=self.nranks, **fields)
 
     def store_report(self, kind: str, fields: dict[str, Any]) -> None:
         """One of the store's reports (the mirror's thread on rank 0, a refused staging),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -68,3 +70,26 @@ def test_a_line_is_one_json_object(tmp_path):
     record = events.append_event(tmp_path, "signal", name="USR1")
     line = (tmp_path / events.EVENTS_FILE).read_text()
     assert line.endswith("\n") and json.loads(line) == record
+
+
+def _fds_on(path):
+    fds = Path("/proc/self/fd")
+    return [fd for fd in fds.iterdir() if os.path.realpath(fd) == str(path.resolve())]
+
+
+def test_an_event_log_keeps_one_descriptor_and_writers_interleave_whole_lines(tmp_path):
+    log = events.EventLog(tmp_path)
+    assert _fds_on(tmp_path / events.EVENTS_FILE) == []  # opened at the first event
+    for i in range(100):
+        log.append("checkpoint_begin", step=i)
+        events.append_event(tmp_path, "wrapper_decision", step=i)  # another writer
+    assert len(_fds_on(tmp_path / events.EVENTS_FILE)) == 1
+    got = list(events.read_events(tmp_path))
+    assert [(e["event"], e["step"]) for e in got] == [
+        (kind, i) for i in range(100) for kind in ("checkpoint_begin", "wrapper_decision")
+    ]
+    log.close()
+    assert _fds_on(tmp_path / events.EVENTS_FILE) == []
+    log.append("finish")  # after close: opened again
+    assert [e["event"] for e in events.read_events(tmp_path)][-1] == "finish"
+    log.close()

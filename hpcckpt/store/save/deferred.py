@@ -107,10 +107,11 @@ class DeferredSaves:
 
 
 def _mode(saver: Saver, buffers: HostBuffers, plan: StagingPlan) -> StagingMode:
-    """This rank's staging for ``plan``: a copy (hashed while copied when the save may
-    be a delta), pieces through a ring of the budget's size, or none."""
+    """This rank's staging for ``plan``: a copy (never hashed here: the thread hashes
+    the copy, before it plans a delta or while it writes a full file), pieces through
+    a ring of the budget's size, or none."""
     if plan.mode == staging_budget.COPY:
-        return HostCopy(buffers, saver.block_size, hashed=saver.may_compare())
+        return HostCopy(buffers, saver.block_size, hashed=False)
     if plan.mode == staging_budget.PIECES:
         return Pieces(buffers, plan)
     return Unstaged(buffers, saver.block_size)
@@ -133,6 +134,9 @@ class _Job:
         self.agreement, self.saver, self.pending = agreement, saver, pending
         self.local, self.staged, self.stage_error = local, staged, stage_error
         self.mode, self.plan = mode, plan
+        #: Whether the save may be a delta: the same on every rank (what each knows of
+        #: the last checkpoint and of the deltas lately; the chain's check is agreed).
+        self.compare = saver.may_compare()
 
     def run(self, extra_meta: dict[str, Any] | None) -> BackgroundWrite:
         """Steps 1-3 over the thread's group; the started write of this rank's extents.
@@ -152,13 +156,16 @@ class _Job:
         encoded = saver.encoder.agree_on(
             step, LocalEncoding(self.local.tree, arrays, self.local.error), answer, self.agreement
         )
-        parent = saver.last if encoded.answer and not self.mode.hash_later else None
+        # A copy may be a delta: hashed first, then planned. Otherwise, as a classic
+        # staged save does, a staging not hashed in the foreground is written full.
+        delta = self.compare if self.mode.name == "copy" else not self.mode.hash_later
+        parent = saver.last if encoded.answer and delta else None
         hashes = {  # a copy the encoding replaced (a replica stored once) is hashed anew
             p: h for p, h in self.staged.hashes.items() if encoded.arrays.get(p) is arrays.get(p)
         }
         written, error = saver.create(
             partial, step, encoded, encoded.arrays, extra_meta, parent, self.agreement,
-            hashes=hashes or None, hash_while_writing=self.mode.hash_later,
+            hashes=hashes or None, hash_while_writing=parent is None and self.mode.hash_later,
         )  # fmt: skip
         error = safety.explain_write_error(error, saver.directory, encoded.state_bytes)
         saver.agree_or_discard(
