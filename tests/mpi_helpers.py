@@ -18,11 +18,28 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
 
+#: What Open MPI sets in a process that initialized MPI alone (a singleton: a test that
+#: imported mpi4py.MPI): an mpirun started with them takes itself for one of that job's
+#: processes and exits 1 without a word.
+SINGLETON_ENV = (
+    "PMIX_",
+    "OMPI_MCA_ess",
+    "OMPI_MCA_orte_",
+    "OMPI_MCA_pmix",
+    "OMPI_APP_CTX_",
+    "OMPI_COMM_WORLD_",
+    "OMPI_NUM_APP_CTX",
+    "OMPI_FIRST_RANKS",
+    "OMPI_UNIVERSE_SIZE",
+    "OMPI_FILE_LOCATION",
+)
+
+
 def mpi_env(extra: dict[str, str] | None = None, *, checkout: bool = True) -> dict[str, str]:
     """The environment of an mpirun: root allowed, oversubscription, and the checkout on
     ``PYTHONPATH``, unless ``checkout`` is False (a venv that must use its installed
     hpcckpt: then ``PYTHONPATH`` is removed)."""
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(SINGLETON_ENV)}
     env.update(
         OMPI_ALLOW_RUN_AS_ROOT="1",
         OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",

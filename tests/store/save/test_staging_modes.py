@@ -237,13 +237,15 @@ def test_a_full_staged_save_copies_once_and_hashes_in_the_background(tmp_path, m
     last = store.saver.last
     assert np.array_equal(last.hashes["u"], blocks.block_hashes(saved["u"], 4096))
 
-    # A delta of it: hashed while copied (the comparison needs the hashes at once).
+    # A delta of it, staged after the first: copied alone; the save's own thread hashes
+    # the copy and compares, before it plans the file (store/save/deferred.py).
     state = copy_of(saved)
     state["u"][3, :] = 1.0
     hashed_in.clear()
     pending = store.saver.begin_save(2, state, buffers=buffers)
-    assert copied, "a delta hashes while copying"
+    assert copied == [], "nothing hashed in the foreground"
     result = store.saver.finish_save(pending)
+    assert hashed_in == {"hpcckpt-save"}
     assert result.kind == "incremental" and result.dirty_blocks == 1
     restores_bit_exactly(store.directory, 2, state)
 
@@ -279,23 +281,35 @@ def test_torch_cpu_tensors_are_copied_once_and_kept_at_their_values(tmp_path, mo
 
 def test_after_a_delta_that_did_not_pay_the_next_saves_go_full_hashed_later(tmp_path, monkeypatch):
     """Every block changed: the save compared with its parent and the chain policy wrote
-    it full; the next FULL_AFTER_CHANGED staged saves skip the comparison (full, no
-    hashing in the foreground); the one after compares again and writes a delta."""
+    it full; the next FULL_AFTER_CHANGED staged saves skip the comparison (full, hashed
+    while written); the one after compares again and writes a delta. A save compares
+    by hashing before it writes: in the foreground (the first staged save) or in the
+    save's thread (the later ones), never in the writing thread."""
+    import threading
+
+    from hpcckpt.store.io import blocks
     from hpcckpt.store.save import commit, staging
 
-    copied = []
-    real_copy_and_hash = staging.copy_and_hash
+    copied, hashed = [], []
+    real_copy_and_hash, real_hashes = staging.copy_and_hash, blocks.block_hashes
     monkeypatch.setattr(
         staging, "copy_and_hash", lambda *a: copied.append(1) or real_copy_and_hash(*a)
     )
+
+    def block_hashes(*args, **kwargs):
+        hashed.append(threading.current_thread().name)
+        return real_hashes(*args, **kwargs)
+
+    monkeypatch.setattr(blocks, "block_hashes", block_hashes)
     store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, block_size=4096, min_delta_saving=0)
     buffers = HostBuffers()
     state = random_state(6, count=20000)
 
     def save(step: int) -> tuple[str, bool, str | None]:
         copied.clear()
+        hashed.clear()
         result = store.saver.finish_save(store.saver.begin_save(step, state, buffers=buffers))
-        return result.kind, bool(copied), result.full_reason
+        return result.kind, bool(copied) or "hpcckpt-save" in hashed, result.full_reason
 
     assert save(1)[:2] == ("full", False)  # nothing to compare with
     state["u"][:] = np.random.default_rng(9).random(state["u"].shape)  # every block changes
