@@ -37,7 +37,7 @@ from hpcckpt.store.io import blocks
 from hpcckpt.store.store import CheckpointStore
 
 #: The steps of a synchronous save, timed on each incremental store (``--phases``).
-PHASES = ("_prepare", "hashes", "_create", "_write_data", "_agree_or_discard", "_commit")
+PHASES = ("_prepare", "hashes", "create", "_write_data", "agree_or_discard", "_commit")
 
 
 class Phases:

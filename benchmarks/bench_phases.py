@@ -49,11 +49,13 @@ from mpi4py import MPI  # noqa: E402
 #: timed by this file and compared row by row.
 SAVE = [
     ("tree.encoding", "Encoder", "encode", "encode + agree", True),
+    ("save.commit", "Saver", "chain_intact", "chain intact? (rank 0)", False),
     ("save.commit", "Saver", "_chain_intact", "chain intact? (rank 0)", False),
     ("save.commit", "Saver", "_prepare_directory", "directory ready (rank 0)", False),
     ("save.commit", "Saver", "_prepare", "prepare (1-2)", False),
     ("save.commit", None, "write_file", "plan + create (3a)", True),
     ("save.commit", "Saver", "_write_data", "write + fsync (3b)", True),
+    ("save.commit", "Saver", "agree_or_discard", "every rank wrote (4)", True),
     ("save.commit", "Saver", "_agree_or_discard", "every rank wrote (4)", True),
     ("save.commit", "Saver", "_commit", "commit agreed (5)", True),
     ("file.writer", None, "_create", "create the file (rank 0)", False),
