@@ -7,6 +7,7 @@ server's part: mkdir, listing, statfs) takes 1.5 s; every rank's save returns at
 rank's save returns, and the commit raises on every rank naming rank 1.
 ``short``: rank 1's staging budget holds no copy: its saves write its live state and
 wait, the others' are copied; every checkpoint is good and exact.
+``plain``: no case of its own (run it with MPI initialized below MPI_THREAD_MULTIPLE).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ ck = hpcckpt.Checkpointer(
 )
 state = {"u": values(0), "step": 0}
 out: dict = {"rank": rank, "blocked": [], "said": [], "threads": [], "error": None}
+out["multiple"] = MPI.Query_thread() == MPI.THREAD_MULTIPLE
 for step in range(4):
     state["u"][:] = values(step)
     state["step"] = step

@@ -21,8 +21,8 @@ APP = Path(__file__).parents[1] / "apps" / "deferred_app.py"
 ROWS = 1 << 17
 
 
-def run(case: str, d: Path, n: int) -> list[dict]:
-    r = mpirun(n, [APP, case, d], timeout=180)
+def run(case: str, d: Path, n: int, env: dict[str, str] | None = None) -> list[dict]:
+    r = mpirun(n, [APP, case, d], timeout=180, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     return rank_reports(r.stdout, n)
 
@@ -78,3 +78,16 @@ def test_a_rank_without_room_to_copy_writes_its_live_state_and_the_others_go_on(
     refused = [e for e in read_events(d) if e["event"] == "staging_refused"]
     assert [e["step"] for e in refused] == [0, 1, 2, 3], refused
     assert all("rank 1" in e["reason"] for e in refused), refused
+
+
+def test_below_mpi_thread_multiple_every_staged_save_stays_in_the_foreground(tmp_path):
+    """MPI initialized MPI_THREAD_SERIALIZED (``MPI4PY_RC_THREAD_LEVEL``): no collective
+    may run in a second thread, so no save is deferred; each says its kind at once."""
+    d = tmp_path / "ck"
+    reports = run("plain", d, 2, env={"MPI4PY_RC_THREAD_LEVEL": "serialized"})
+    for rep in reports:
+        assert rep["multiple"] is False
+        assert rep["committed"] == [0, 1, 2, 3] and rep["error"] is None
+        assert "staged" not in rep["said"] and rep["said"][0] == "full", rep["said"]
+        assert not any("hpcckpt-save" in names for names in rep["threads"])
+    assert all(exact(d, int(name[5:-3]), 2) for name in reports[0]["files"])
