@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[3]
 DONE = [
     "barrier", "bcast", "gather", "allgather", "scatter", "allreduce", "allreduce_array",
     "iallreduce_array", "exscan_sum", "bcast_bytes", "reduce_array", "reduce_scatter_block",
-    "send/recv", "send_bytes/recv_bytes", "sendrecv_bytes", "split", "split_node", "background", "free",
+    "send/recv", "send_bytes/recv_bytes", "sendrecv_bytes", "split", "split_node",
+    "background", "free",
 ]  # fmt: skip
 
 
