@@ -75,10 +75,13 @@ class DeferredSaves:
         with buffers.lending(saver.changes.device_copies(saver.last, saver.chain_policy)):
             local = encode_local(state)
         faults.fault_point("save.begin", step)
-        plan = saver.local_plan(buffers, local.arrays)
-        mode = _mode(saver, buffers, plan)
         staged, stage_error = Staged(local.arrays), None
-        if local.error is None:
+        try:
+            plan = saver.local_plan(buffers, local.arrays)
+        except Exception as exc:  # every rank must reach the agreement (in the thread)
+            plan, stage_error = StagingPlan(staging_budget.SYNC, 0, 0, None, str(exc)), exc
+        mode = _mode(saver, buffers, plan)
+        if local.error is None and stage_error is None:
             try:
                 staged = mode.stage(step, local.arrays)
             except Exception as exc:  # every rank must reach the agreement (in the thread)
