@@ -26,7 +26,9 @@ previous set of checkpoints or the previous set plus this complete one.
 A *staged* save (:meth:`Saver.begin_save`) runs steps 1-2, copies the state to a
 staging area (:mod:`.save.staging_modes`), creates the ``.partial`` file with all its
 metadata and returns; a thread per rank writes the array bytes and fsyncs.
-:meth:`Saver.finish_save` then runs steps 4-5.
+:meth:`Saver.finish_save` then runs steps 4-5. After the first, a staged save in memory
+runs steps 1-3 but the copy in a thread of its own, over a group of its own
+(:mod:`.save.deferred`): it blocks for the copy only.
 
 Saves are incremental by default: each rank remembers the block hashes of the last
 committed (or restored) checkpoint (:class:`~.io.blocks.ChainState`) and the next save
