@@ -21,6 +21,12 @@ from hpcckpt.job.reporting import WARN, Reporter
 from hpcckpt.rundir import events
 from hpcckpt.rundir.env import INTERVAL_ENV, RESTART_ENV
 
+#: Seconds a step has to exit by itself once the restart files written on a stop look
+#: complete (a code that checkpoints on TERM exits after its write). Ending it at once
+#: cut the files of a write that paused longer than ``--settle`` (an fsync stalled on a
+#: busy disk), and that cut set was then kept; the set is kept once the step has ended.
+STOP_EXIT_GRACE = 10.0
+
 
 class AppContext(Reporter, Protocol):
     """What app mode needs of the wrapper: its log, and the step to signal or end."""
@@ -50,6 +56,8 @@ class AppMode:
         self.stop_cost: float | None = None
         self.stop_set_registered = False
         self.ended_by_wrapper = False
+        #: After a stop's complete restart files: when the step is ended if still running.
+        self.exit_by: float | None = None
 
     def prepare(self, *, restart: int, nodes: int, stop_in: float | None = None) -> dict[str, str]:
         """Check the restart files, set up the schedule; the extra environment of the step
@@ -126,6 +134,11 @@ class AppMode:
         (``may_signal``: no stop request, the application is ready; ``signal`` and ``pid``
         for the log: what is sent, to which launcher)."""
         ctx, cfg = self.ctx, self.config
+        if self.exit_by is not None and time.monotonic() >= self.exit_by:
+            self.exit_by = None
+            self.ended_by_wrapper = True
+            ctx.log(f"the step did not exit {STOP_EXIT_GRACE:g} s after its restart files")
+            ctx.end_step("its restart files are complete")
         if self.files is not None and self.pending is not None:
             pending = self.pending
             if self.files.poll(pending):
@@ -165,11 +178,11 @@ class AppMode:
         if pending.stop:
             self.set_after_stop = True
             self.stop_cost = cost
+            self.exit_by = time.monotonic() + STOP_EXIT_GRACE
             self.ctx.log(
-                f"restart files complete {cost:.1f} s after the stop signal; ending the step"
+                f"restart files complete {cost:.1f} s after the stop signal; the step has "
+                f"{STOP_EXIT_GRACE:g} s to exit before it is ended"
             )
-            self.ended_by_wrapper = True
-            self.ctx.end_step("its restart files are complete")
             return
         self.register(cost, stop=False)
 

@@ -40,7 +40,9 @@ def test_app_signal_without_restart_files_never_claims_a_checkpoint_it_cannot_se
 def test_app_signal_stop_then_resume_then_finish(tmp_path):
     ckpt, work = tmp_path / "ck", tmp_path / "work"
     work.mkdir()
-    cmd = [sys.executable, "-c", WRITER, str(work), "400"]
+    # It checkpoints on USR2 and runs on: the wrapper ends it once the files are complete
+    # and the step has not exited within its grace (appmode.STOP_EXIT_GRACE).
+    cmd = [sys.executable, "-c", WRITER, str(work), "1500"]
     opts = ["--app-signal", "USR2", "--app-ready", "0.5", "--restart-files", str(work / "state"),
             "--settle", "0.3"]  # fmt: skip
     w = Wrapped(ckpt, cmd, *opts)
@@ -48,9 +50,10 @@ def test_app_signal_stop_then_resume_then_finish(tmp_path):
     w.send(signal.SIGUSR1)  # held for --app-ready, then forwarded as USR2
     assert w.wait() == 0, w.stderr
     w.wait_line("restart files complete")
+    w.wait_line("the step did not exit 10 s after its restart files")
     w.wait_line("stopped after checkpoint; run again to resume")
     saved = int((work / "state").read_text())
-    assert 0 < saved < 400 and not (work / "done").exists()
+    assert 0 < saved < 1500 and not (work / "done").exists()
     evs = list(read_events(ckpt))
     assert [e["outcome"] for e in evs if e["event"] == "step_end"] == ["stopped"]
     sets = [e for e in evs if e["event"] == "restart_set"]
@@ -58,7 +61,7 @@ def test_app_signal_stop_then_resume_then_finish(tmp_path):
     w2 = Wrapped(ckpt, cmd, *opts)
     assert w2.wait() == 0, w2.stderr
     w2.wait_line("application finished")
-    assert (work / "done").read_text() == "400"
+    assert (work / "done").read_text() == "1500"
 
 
 def test_app_signal_periodic_checkpoints(tmp_path):
