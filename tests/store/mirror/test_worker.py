@@ -219,9 +219,10 @@ def test_thousands_of_failures_cost_little_cpu_few_lines_and_never_kill_the_thre
         logging.getLogger("hpcckpt.store").removeHandler(lines)
     tries = len(away.tries)
     assert alive
-    # retried all along: about 1,400 on a quiet machine, 368 in a loaded CI run; a thread
-    # that died or stalled makes a handful
-    assert tries >= 150, tries
+    # retried all along: about 1,400 on a quiet machine, 368 and 138 in loaded CI runs
+    # (the thread runs at nice 19: a busy machine starves it); a thread that died or
+    # stalled makes a handful
+    assert tries >= 40, tries
     assert worker.failures == tries
     # the pace follows the backoff: never back to back
     gaps = sorted(b - a for a, b in zip(away.tries, away.tries[1:], strict=False))
