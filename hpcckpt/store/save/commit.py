@@ -474,7 +474,8 @@ class Saver:
 
     def may_compare(self) -> bool:
         """Whether a staged save may be a delta of the last checkpoint, as far as this
-        rank knows before the ranks agree: then it hashes while it copies."""
+        rank knows before the ranks agree (the chain's check rides on their agreement):
+        then a deferred save's thread hashes its copy before it plans the file."""
         incremental = self.chain_policy.incremental and not self._full_ahead
         return incremental and self.last is not None
 

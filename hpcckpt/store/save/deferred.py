@@ -163,12 +163,11 @@ class _Job:
         # staged save does, a staging not hashed in the foreground is written full.
         delta = self.compare if self.mode.name == "copy" else not self.mode.hash_later
         parent = saver.last if encoded.answer and delta else None
-        hashes = {  # a copy the encoding replaced (a replica stored once) is hashed anew
-            p: h for p, h in self.staged.hashes.items() if encoded.arrays.get(p) is arrays.get(p)
-        }
+        # Nothing was hashed in the foreground: the file's writer hashes the staging, before
+        # it plans a delta or while it writes a full file.
         written, error = saver.create(
             partial, step, encoded, encoded.arrays, extra_meta, parent, self.agreement,
-            hashes=hashes or None, hash_while_writing=parent is None and self.mode.hash_later,
+            hash_while_writing=parent is None and self.mode.hash_later,
         )  # fmt: skip
         error = safety.explain_write_error(error, saver.directory, encoded.state_bytes)
         saver.agree_or_discard(

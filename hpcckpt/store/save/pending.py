@@ -21,7 +21,8 @@ class PendingSave:
     written: Written | None  # None until a deferred save's background steps made the file
     writer: BackgroundWrite | DeferredWrite
     foreground: float  # this rank's seconds in begin_save
-    blocked: float  # the slowest rank's seconds in begin_save
+    #: The slowest rank's seconds in begin_save (deferred: this rank's, until the commit).
+    blocked: float
     bytes_total: int  # over all ranks
     staging: str | None = None  # in memory: "copy" or "pieces" (staging_budget)
     staging_bytes: int = 0  # host bytes this rank's staging holds
