@@ -84,13 +84,19 @@ def test_every_nth_commit_is_copied_and_the_newest_on_finish(tmp_path, store):
 
 def test_an_interval_sends_the_first_commit_after_it(tmp_path, store):
     (tmp_path / "m").mkdir()
-    options = MirrorOptions(str(tmp_path / "m"), mirror_interval=0.5)
+    # An interval longer than a save on a loaded machine (one took over 0.5 s in a
+    # fresh-clone run): step 2 comes within it, step 3 after it.
+    interval = 3.0
+    options = MirrorOptions(str(tmp_path / "m"), mirror_interval=interval)
     worker = MirrorWorker(DirectoryBackend(tmp_path / "m"), options)
     try:
-        assert worker.committed(1, save(store, 1).path)  # the first one goes
+        first = save(store, 1).path
+        t0 = time.monotonic()
+        assert worker.committed(1, first)  # the first one goes
         assert not worker.committed(2, save(store, 2).path)
-        time.sleep(0.6)
-        assert worker.committed(3, save(store, 3).path)
+        third = save(store, 3).path
+        time.sleep(max(0.0, t0 + interval + 0.1 - time.monotonic()))
+        assert worker.committed(3, third)
     finally:
         worker.close()
 
