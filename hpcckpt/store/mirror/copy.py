@@ -521,8 +521,11 @@ def _send(
     else:
         chunk = getattr(backend, "read_chunk", CHUNK)
         pieces = read_source(local, chunk, check, seen, pause)
-        pieces = stored.count(encoder.encode(pieces) if encoder else pieces)
+        if encoder is not None:
+            pieces = stored.count(encoder.encode(pieces))
         backend.put_stream(name, pieces, local, pause=pause)  # between the store's requests
+        if encoder is None:  # the bytes sent are the bytes read, hashed once as they were
+            stored.size, stored.hex = seen.size, seen.checksum
     _rates(backend).note(seen.size, stored.size, time.perf_counter() - t0, encoder)
     if not backend.receipt_checked:  # the store checks nothing on receipt: read it back
         got = remote_checksum(backend, name, stored.size, pause)

@@ -60,10 +60,12 @@ ATTEMPTS = 3
 FULL = ("QuotaExceeded", "EntityTooLarge", "InsufficientStorage", "XMinioStorageFull")
 
 #: The checksums a store may check on receipt, cheapest first: the S3 flexible checksum
-#: CRC32 (AWS, recent MinIO and Ceph), then Content-MD5 (every S3 store that checks one;
-#: rclone serve s3 checks only this one). Error codes of a store that refused a body for
-#: its checksum.
-RECEIPT = ("crc32", "md5")
+#: CRC32 (AWS, recent MinIO and Ceph); "etag": the store answers each request with the MD5
+#: of the bytes it received as the ETag, which the backend compares with the MD5 of what
+#: it sent (no second MD5 on the store, where a Content-MD5 costs one: rclone serve s3);
+#: then Content-MD5 (every S3 store that checks one). Error codes of a store that refused
+#: a body for its checksum.
+RECEIPT = ("crc32", "etag", "md5")
 DIGEST_CODES = ("BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch", "InvalidChecksum")
 #: The object a probe writes with a wrong checksum: a store that checks refuses it.
 PROBE = ".hpcckpt-checksum-probe"
@@ -268,11 +270,12 @@ class S3Backend:
     # -- verified uploads -----------------------------------------------------------------
 
     def receipt_checksum(self) -> str | None:
-        """The checksum this store checks on receipt ("crc32", "md5"), None when it checks
-        none (then a copy is read back). With ``verify="auto"`` a probe finds it once per
-        store and process: a tiny object sent with a wrong checksum of each kind, which a
-        checking store refuses (one accepted is deleted at once); ``"checksum"`` takes
-        Content-MD5 without a probe, ``"readback"`` none."""
+        """The checksum this store checks on receipt ("crc32", "etag", "md5"), None when
+        it checks none (then a copy is read back). With ``verify="auto"`` a probe finds it
+        once per store and process: a tiny object sent with a wrong CRC32, which a
+        checking store refuses (one accepted is deleted at once), then whether a PUT's
+        and a part's ETags are the MD5 of the bytes sent, then a wrong Content-MD5;
+        ``"checksum"`` takes Content-MD5 without a probe, ``"readback"`` none."""
         if self.verify == "readback":
             return None
         if self.verify == "checksum":
@@ -292,6 +295,10 @@ class S3Backend:
         body = b"hpcckpt checks whether this store verifies checksums on receipt\n"
         key = self._key(PROBE)
         for algo in RECEIPT:
+            if algo == "etag":
+                if self._etag_is_md5(key, body):
+                    return algo
+                continue
             wrong = self._checksum(body + b"!", algo)
             try:
                 self.client.put_object(Bucket=self.bucket, Key=key, Body=body, **wrong)
@@ -306,6 +313,38 @@ class S3Backend:
                 raise self._unavailable("probing its checksums", err) from None
             self._call(f"deleting {PROBE}", self.client.delete_object, Bucket=self.bucket, Key=key)
         return None
+
+    def _etag_is_md5(self, key: str, body: bytes) -> bool:
+        """Whether the store answers a PUT and a multipart part with the MD5 of the bytes
+        it received as their ETag (AWS S3 and MinIO without KMS encryption, Ceph RGW,
+        rclone serve s3); the probe's objects and upload are removed."""
+        want = hashlib.md5(body).hexdigest()
+        try:
+            put = self.client.put_object(Bucket=self.bucket, Key=key, Body=body)
+            self.client.delete_object(Bucket=self.bucket, Key=key)
+            if _etag(put) != want:
+                return False
+            upload = self.client.create_multipart_upload(Bucket=self.bucket, Key=key)["UploadId"]
+            try:
+                part = self.client.upload_part(
+                    Bucket=self.bucket, Key=key, UploadId=upload, PartNumber=1, Body=body
+                )
+            finally:
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload)
+        except (bce.BotoCoreError, bce.ClientError) as err:
+            raise self._unavailable("probing its checksums", err) from None
+        return _etag(part) == want
+
+    def _check_etag(self, what: str, answer: dict[str, Any], body: bytes) -> None:
+        """MirrorUnavailable unless the store's ETag for ``body`` is its MD5 (receipt
+        mode "etag": what the store received is what was sent)."""
+        got, want = _etag(answer), hashlib.md5(body).hexdigest()
+        if got != want:
+            raise MirrorUnavailable(
+                f"{what} on the mirror {self.url}: the store received other bytes than "
+                f"were sent (its ETag {got} is not the MD5 {want} of the bytes read): "
+                "damaged on the way; nothing was stored"
+            )
 
     @staticmethod
     def _checksum(body: bytes | memoryview, algo: str | None) -> dict[str, str]:
@@ -343,7 +382,7 @@ class S3Backend:
         if second is None:
             self.throttle.spend(len(first))
             body, checksum = self._sent(first, algo)
-            self._call(
+            answer = self._call(
                 f"uploading {key}",
                 self.client.put_object,
                 Bucket=self.bucket,
@@ -351,6 +390,12 @@ class S3Backend:
                 Body=body,
                 **checksum,
             )
+            if algo == "etag":
+                try:
+                    self._check_etag(f"uploading {key}", answer, first)
+                except MirrorUnavailable:
+                    self.delete(key)  # what arrived is not the file's bytes: no object left
+                    raise
             return
         extra = {"ChecksumAlgorithm": "CRC32"} if algo == "crc32" else {}
         upload = self._call(
@@ -421,6 +466,8 @@ class S3Backend:
             Body=sent,
             **checksum,
         )
+        if algo == "etag":
+            self._check_etag(f"uploading {key} (part {number})", answer, body)
         part: dict[str, Any] = {"ETag": answer["ETag"], "PartNumber": number}
         if "ChecksumCRC32" in checksum:
             part["ChecksumCRC32"] = checksum["ChecksumCRC32"]
@@ -574,6 +621,11 @@ def _root_cause(err: BaseException) -> BaseException:
             return err
         err = inner
     return err
+
+
+def _etag(answer: dict[str, Any]) -> str:
+    """An answer's ETag without its quotes, lower case ("" when it has none)."""
+    return str(answer.get("ETag") or "").strip('"').lower()
 
 
 def _code(err: BaseException) -> str:

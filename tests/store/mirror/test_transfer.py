@@ -111,10 +111,25 @@ def test_the_directory_mirror_is_verified_without_reading_back(tmp_path):
     assert again.read_back == path.stat().st_size
 
 
+class Requests(CountingS3):
+    """The real S3 backend, noting the headers of every part it sends."""
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.headers: list[set[str]] = []
+        self.client.meta.events.register("before-send", self._note)
+
+    def _note(self, request, **_kw) -> None:
+        if request.method == "PUT" and "partNumber=" in request.url:
+            self.headers.append({k.lower() for k in request.headers.keys()})
+
+
 def test_the_real_s3_server_checks_content_md5_so_nothing_is_read_back(s3_mirror, tmp_path):
     path = checkpoint(tmp_path, n=5_000_000)  # 40 MB: a multipart upload of 16 MiB parts
     backend = CountingS3(s3_mirror.url)
-    assert backend.receipt_checksum() == "md5"  # rclone serve s3 checks Content-MD5 only
+    # rclone serve s3 checks Content-MD5 only, and answers every PUT and part with the MD5
+    # of what it received: compared here, which spares the store a second MD5
+    assert backend.receipt_checksum() == "etag"
     up = mirror.upload(backend, path)
     assert backend.read_back == 0 and up.bytes == path.stat().st_size
     assert (s3_mirror.prefix_path / path.name).read_bytes() == path.read_bytes()
@@ -125,11 +140,36 @@ def test_the_real_s3_server_checks_content_md5_so_nothing_is_read_back(s3_mirror
     assert reading.read_back == path.stat().st_size
 
 
+def test_etag_checked_parts_carry_no_content_md5_and_a_checksum_verify_sends_it(
+    s3_mirror, tmp_path
+):
+    path = checkpoint(tmp_path, n=5_000_000)
+    backend = Requests(s3_mirror.url)
+    assert backend.receipt_checksum() == "etag"
+    backend.headers.clear()  # the probe's part, when this process had not probed yet
+    mirror.upload(backend, path)
+    parts = backend.headers
+    assert len(parts) == 3 and not any("content-md5" in h for h in parts)
+    md5 = Requests(s3_mirror.url + "/md5", verify="checksum")
+    assert md5.receipt_checksum() == "md5"
+    mirror.upload(md5, path)
+    parts = md5.headers  # no probe
+    assert len(parts) == 3 and all("content-md5" in h for h in parts)
+    assert mirror.verify_mirrored(md5, path.name).good
+    assert md5.read_back == path.stat().st_size  # the verify above, not the upload
+
+
+@pytest.mark.parametrize("verify", ["auto", "checksum"], ids=["etag", "content-md5"])
 @pytest.mark.parametrize("n", [100_000, 5_000_000], ids=["one-put", "multipart"])
-def test_an_upload_damaged_on_the_way_is_refused_and_leaves_no_object(s3_mirror, tmp_path, n):
+def test_an_upload_damaged_on_the_way_is_refused_and_leaves_no_object(
+    s3_mirror, tmp_path, n, verify
+):
     path = checkpoint(tmp_path, n=n)
-    backend = Damaging(s3_mirror.url)
-    with pytest.raises(MirrorUnavailable, match="BadDigest.*damaged on the way"):
+    backend = Damaging(s3_mirror.url, verify=verify)
+    # the ETag differs from the MD5 of the bytes read ("auto"), or the store refused the
+    # Content-MD5 ("checksum")
+    why = "ETag .* is not the MD5" if verify == "auto" else "BadDigest"
+    with pytest.raises(MirrorUnavailable, match=f"{why}.*damaged on the way"):
         mirror.upload(backend, path)
     assert mirror.list_mirrored(backend) == []
     assert not (s3_mirror.prefix_path / path.name).exists()
