@@ -136,6 +136,27 @@ def read_hashed(
     page cache is read past it (:func:`_read_shifted`). Raises OSError when the file
     ends early.
     """
+    return start_hashed(path, offset, out, block_bytes, fd=fd, direct=direct)()
+
+
+def start_hashed(
+    path: str | os.PathLike[str],
+    offset: int,
+    out: memoryview,
+    block_bytes: int,
+    *,
+    fd: int | None = None,
+    direct: bool = True,
+    reads: HashedReads | None = None,
+) -> Callable[[], np.ndarray]:
+    """:func:`read_hashed` that returns as soon as every byte is read, while the last
+    pieces are still moved in place and hashed by the hashing thread: the caller's
+    thread goes on to its next read, and the device is not left idle while an array
+    drains. The function returned waits for them and returns the hashes; ``out`` is not
+    the file's bytes before it has returned. ``reads``: the restore's
+    :class:`HashedReads`, whose direct descriptor and hashing threads are used instead
+    of opening and starting new ones. Raises OSError (once the hashing has stopped).
+    """
     out = _flat(out)
     nblk = -(-len(out) // block_bytes)
     hashes = np.empty(nblk, dtype=np.uint64)
@@ -145,17 +166,17 @@ def read_hashed(
     direct_fd = -1
     try:
         if direct and len(out) >= MIN_DIRECT_BYTES and not _cached(fd, offset, len(out)):
-            direct_fd = _open_direct(path)
+            direct_fd = _open_direct(path) if reads is None else reads.direct_fd(path)
         if direct_fd < 0 and len(out) <= READ_PIECE_BYTES:
             # One piece: nothing to overlap, and a thread costs more.
             pread_all(fd, out, offset, path)
             digest = xxhash.xxh3_64_intdigest
             for j in range(nblk):
                 hashes[j] = digest(out[j * block_bytes : (j + 1) * block_bytes])
-            return hashes
+            return lambda: hashes
         # Items: the bytes in place so far; (at, n, shift): n bytes read shift bytes past
-        # ``at``, to move in place first (here, while the next piece is read); an Event:
-        # set once every move before it is done.
+        # ``at``, to move in place first; (at, tail): the last bytes, read aside while
+        # the moves before them were pending, to copy in place after them.
         ready: queue.Queue[Any] = queue.Queue()
         addr = np.frombuffer(out, dtype=np.uint8).ctypes.data if len(out) else 0
 
@@ -163,10 +184,11 @@ def read_hashed(
             digest = xxhash.xxh3_64_intdigest
             first = 0  # the blocks before it are hashed
             while (end := ready.get()) is not None:
-                if isinstance(end, threading.Event):
-                    end.set()
-                    continue
-                if isinstance(end, tuple):
+                if isinstance(end, tuple) and len(end) == 2:
+                    at, tail = end
+                    out[at : at + len(tail)] = tail
+                    end = at + len(tail)
+                elif isinstance(end, tuple):
                     at, moved, shift = end
                     ctypes.memmove(addr + at, addr + at + shift, moved)
                     end = at + moved
@@ -175,17 +197,15 @@ def read_hashed(
                     hashes[j] = digest(out[j * block_bytes : (j + 1) * block_bytes])
                 first = max(first, last)
 
-        hasher = threading.Thread(target=hash_pieces, name="hpcckpt-hash", daemon=True)
-        hasher.start()
+        if reads is None:
+            hasher = threading.Thread(target=hash_pieces, name="hpcckpt-hash", daemon=True)
+            hasher.start()
+            wait: Callable[[], Any] = hasher.join
+        else:
+            wait = reads.hash(hash_pieces)
         try:
             if direct_fd >= 0:
-
-                def settle() -> None:
-                    moved = threading.Event()
-                    ready.put(moved)
-                    moved.wait()
-
-                _read_shifted(direct_fd, fd, out, offset, path, ready.put, ready.put, settle)
+                _read_shifted(direct_fd, fd, out, offset, path, ready.put, ready.put)
             else:
                 done = 0
                 while done < len(out):
@@ -193,15 +213,125 @@ def read_hashed(
                     pread_all(fd, out[done:stop], offset + done, path)
                     done = stop
                     ready.put(done)
-        finally:
+        except BaseException:
             ready.put(None)
-            hasher.join()
+            wait()
+            raise
+        ready.put(None)
     finally:
-        if direct_fd >= 0:
+        if direct_fd >= 0 and reads is None:
             os.close(direct_fd)
         if own:
             os.close(fd)
-    return hashes
+
+    def finish() -> np.ndarray:
+        wait()
+        return hashes
+
+    return finish
+
+
+class HashedReads:
+    """The reads of one restore (:func:`start_hashed` of many arrays, from several
+    threads): one ``O_DIRECT`` descriptor per file, opened at its first direct read,
+    and hashing threads kept from one array to the next (one more only while every
+    one is busy), where each array would otherwise open its own descriptor and start
+    its own thread between two reads."""
+
+    def __init__(self, *, direct: bool = True) -> None:
+        self.direct = direct
+        self.direct_opens = 0  # direct descriptors opened
+        self.threads: list[threading.Thread] = []  # hashing threads started
+        self._fds: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._jobs: queue.Queue[Any] = queue.Queue()
+        self._idle = 0
+
+    def start(
+        self,
+        path: str | os.PathLike[str],
+        offset: int,
+        out: memoryview,
+        block_bytes: int,
+        *,
+        fd: int | None = None,
+    ) -> Callable[[], np.ndarray]:
+        """:func:`start_hashed` through this restore's descriptors and threads."""
+        return start_hashed(path, offset, out, block_bytes, fd=fd, direct=self.direct, reads=self)
+
+    def read_hashed(
+        self,
+        path: str | os.PathLike[str],
+        offset: int,
+        out: memoryview,
+        block_bytes: int,
+        *,
+        fd: int | None = None,
+    ) -> np.ndarray:
+        """:func:`read_hashed` through this restore's descriptors and threads."""
+        return self.start(path, offset, out, block_bytes, fd=fd)()
+
+    def direct_fd(self, path: str | os.PathLike[str]) -> int:
+        """The ``O_DIRECT`` descriptor on ``path`` (-1 where the file system has none)."""
+        key = os.fspath(path)
+        with self._lock:
+            if key not in self._fds:
+                self._fds[key] = _open_direct(path)
+                self.direct_opens += 1
+            return self._fds[key]
+
+    def hash(self, job: Callable[[], None]) -> Callable[[], None]:
+        """Run ``job`` on an idle hashing thread (a new one if none is); returns what
+        waits for it and raises its error."""
+        done = threading.Event()
+        failed: list[BaseException] = []
+        with self._lock:
+            if self._idle:
+                self._idle -= 1
+            else:
+                name = f"hpcckpt-hash-{len(self.threads)}"
+                thread = threading.Thread(target=self._work, name=name, daemon=True)
+                thread.start()
+                self.threads.append(thread)
+            self._jobs.put((job, done, failed))
+
+        def wait() -> None:
+            done.wait()
+            if failed:
+                raise failed[0]
+
+        return wait
+
+    def _work(self) -> None:
+        while (item := self._jobs.get()) is not None:
+            job, done, failed = item
+            try:
+                job()
+            except BaseException as exc:  # raised by the waiter
+                failed.append(exc)
+            with self._lock:
+                self._idle += 1  # before the waiter wakes: its next job finds this thread
+            done.set()
+
+    def close(self) -> None:
+        """End the hashing threads and close the descriptors (every read has ended)."""
+        with self._lock:
+            threads, self.threads = self.threads, []
+            fds, self._fds = self._fds, {}
+            self._idle = 0
+        for _ in threads:
+            self._jobs.put(None)
+        for thread in threads:
+            thread.join()
+        for fd in fds.values():
+            if fd >= 0:
+                os.close(fd)
+
+    def __enter__(self) -> HashedReads:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _cached(fd: int, offset: int, length: int) -> bool:
@@ -251,8 +381,7 @@ def _read_shifted(
     offset: int,
     path: str | os.PathLike[str],
     ready: Callable[[int], None],
-    move: Callable[[tuple[int, int, int]], None] | None = None,
-    settle: Callable[[], None] | None = None,
+    move: Callable[[tuple[Any, ...]], None] | None = None,
 ) -> int:
     """Fill ``out`` from ``offset`` with ``O_DIRECT`` reads into ``out`` itself; the
     number of bytes read past the page cache.
@@ -264,9 +393,10 @@ def _read_shifted(
     The unaligned first bytes and the last ``shift`` or so go through the page cache,
     as does the rest after a short or refused direct read. ``ready(n)``: the first
     ``n`` bytes are in place. With ``move``, each move is handed on as ``move((at, n,
-    shift))`` (done by another thread while the next piece is read; the pieces' spans
-    do not overlap) instead of being made here, and ``settle()`` returns once those are
-    done, before the last bytes are read over the last piece's shifted tail.
+    shift))`` (made by another thread, in order, while the next piece is read; the
+    pieces' spans do not overlap) instead of being made here, and the last bytes, which
+    the last piece's shifted tail still occupies, as ``move((at, tail))``: read aside,
+    to be copied in place after the moves (no waiting for them here).
     """
     n = len(out)
     addr = np.frombuffer(out, dtype=np.uint8).ctypes.data
@@ -295,8 +425,11 @@ def _read_shifted(
             ready(done)
         if got < want:
             break
-    if move is not None and settle is not None:
-        settle()
+    if shift and move is not None and done > head:
+        tail = bytearray(n - done)
+        pread_all(fd, memoryview(tail), offset + done, path)
+        move((done, tail))
+        return done - head
     pread_all(fd, out[done:], offset + done, path)
     ready(n)
     return done - head

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
@@ -24,6 +25,7 @@ from hpcckpt.store.file.descriptions import FEW_RANKS
 from hpcckpt.store.file.format import BLOCK_HASHES, FULL, RANK_TREE, dataset_name, delta_name
 from hpcckpt.store.file.reader import CheckpointReader, parse_tree
 from hpcckpt.store.io import blocks, direct_io, integrity
+from hpcckpt.store.io.direct_io import HashedReads
 
 #: Arrays read at once by one rank, each with its own hashing thread: while one drains
 #: (its last piece moved and hashed) the next is already reading, and the device sees
@@ -262,6 +264,8 @@ class PlanReader:
         self.path = Path(plan.files[-1])
         self._fds: list[int] = []
         self._owned = opened is None
+        #: One direct descriptor per file and hashing threads kept for every array.
+        self._reads = HashedReads(direct=direct_io)
         try:
             if opened is not None:
                 self._fds = [member.fd for member in opened.chain]
@@ -318,48 +322,66 @@ class PlanReader:
         """The array ``a`` as saved, read into ``out`` when given (C-contiguous, of its
         shape and dtype) and verified block by block. On a mismatch the file is opened
         with :class:`.CheckpointReader` to name the file at fault."""
+        out, check = self._start(a, out)
+        check()
+        return out
+
+    def _start(self, a: ArrayPlan, out: np.ndarray | None) -> tuple[np.ndarray, Callable[[], None]]:
+        """Read ``a`` (see :meth:`array`) and return the array with what checks it: that
+        waits for the hashing of its last pieces, which runs on while this thread goes
+        on to its next read, and raises where a block fails. The array is not the
+        file's bytes before the check has returned."""
         want = self.hashes(a)
         dtype = np.dtype(a.dtype)
         if out is None or out.shape != a.shape or out.dtype != dtype:
             out = np.empty(a.shape, dtype=dtype)
         if out.size == 0:
-            return out
+            return out, lambda: None
         flat = memoryview(out.reshape(-1).view(np.uint8))
         step = blocks.block_bytes(dtype, self.plan.block_size)
         try:
             if len(a.extents) == 1 and a.extents[0][2:] == (0, len(flat)):
                 k, offset = a.extents[0][:2]
-                got = direct_io.read_hashed(
-                    self.plan.files[k], offset, flat, step, fd=self._fds[k], direct=self.direct_io
-                )
+                finish = self._reads.start(self.plan.files[k], offset, flat, step, fd=self._fds[k])
             else:
                 for k, offset, at, nbytes in a.extents:
                     direct_io.pread_all(
                         self._fds[k], flat[at : at + nbytes], offset, self.plan.files[k]
                     )
                 got = blocks.block_hashes(out, self.plan.block_size)
+                finish = lambda: got  # noqa: E731
         except OSError as exc:
-            raise self._corrupt(
-                f"array {a.name!r} of rank {self.plan.rank}: unreadable ({exc})"
-            ) from exc
-        if not np.array_equal(got, want):
-            self._blame(a)
-        return out
+            raise self._unreadable(a, exc) from exc
+
+        def check() -> None:
+            try:
+                got = finish()
+            except OSError as exc:
+                raise self._unreadable(a, exc) from exc
+            if not np.array_equal(got, want):
+                self._blame(a)
+
+        return out, check
+
+    def _unreadable(self, a: ArrayPlan, exc: OSError) -> CorruptCheckpoint:
+        return self._corrupt(f"array {a.name!r} of rank {self.plan.rank}: unreadable ({exc})")
 
     def read_all(
         self, wanted: list[ArrayPlan], into: dict[str, np.ndarray]
     ) -> dict[str, np.ndarray]:
         """:meth:`array` of each of ``wanted`` (into ``into[name]`` where given), the large
-        ones :data:`READERS` at a time, by name; every read has ended when it returns or
-        raises (the first error in ``wanted``'s order)."""
+        ones :data:`READERS` at a time, by name, each reader going on to its next array
+        while the last pieces of the one before are hashed; every read and hash has ended
+        when it returns or raises (the first error in ``wanted``'s order)."""
         large = [a for a in wanted if _nbytes(a) >= OVERLAP_BYTES]
         if len(large) < 2:
             self.ask_ahead(wanted)
             return {a.name: self.array(a, into.get(a.name)) for a in wanted}
         out: dict[str, np.ndarray] = {}
+        checks: dict[str, Callable[[], None]] = {}
         errors: dict[str, Exception] = {}
         with ThreadPoolExecutor(READERS, thread_name_prefix="hpcckpt-read") as pool:
-            futures = {a.name: pool.submit(self.array, a, into.get(a.name)) for a in large}
+            futures = {a.name: pool.submit(self._start, a, into.get(a.name)) for a in large}
             self.ask_ahead(wanted)  # while the first large arrays are read
             for a in wanted:
                 if a.name not in futures:
@@ -371,7 +393,12 @@ class PlanReader:
                 if (exc := future.exception()) is not None:
                     errors[name] = exc  # type: ignore[assignment]
                 else:
-                    out[name] = future.result()
+                    out[name], checks[name] = future.result()
+        for name, check in checks.items():
+            try:
+                check()
+            except Exception as exc:
+                errors[name] = exc
         for a in wanted:
             if a.name in errors:
                 raise errors[a.name]
@@ -402,6 +429,7 @@ class PlanReader:
         raise self._corrupt(f"array {a.name!r} of rank {source} fails its checksum")
 
     def close(self) -> None:
+        self._reads.close()
         for fd in self._fds if self._owned else ():
             os.close(fd)
         self._fds = []

@@ -396,3 +396,100 @@ def test_the_cache_check_reads_nothing_and_never_sees_a_dropped_page(tmp_path, u
         assert direct_io._cached(fd, 0, 100 * KiB)
     finally:
         os.close(fd)
+
+
+def test_a_restores_reads_share_one_direct_descriptor_and_one_hashing_thread(
+    tmp_path, shifted_calls, uncached, monkeypatch
+):
+    """Arrays read one after another through one HashedReads: the file's direct
+    descriptor is opened once and the one hashing thread does every array's moves."""
+    from hpcckpt.store.io import blocks
+
+    if not takes_direct(tmp_path):
+        pytest.fail(f"{tmp_path} takes no direct reads: this test needs a file system that does")
+    n, count = 100 * KiB + 5, 5
+    payloads = [data(n, 20 + i) for i in range(count)]
+    path = tmp_path / "f"
+    path.write_bytes(b"h" * 400 + b"".join(p.tobytes() for p in payloads) + b"tail" * 1000)
+    uncached(path)
+    movers = []
+    real = direct_io.ctypes.memmove
+
+    def memmove(*args):
+        movers.append(threading.current_thread().name)
+        return real(*args)
+
+    monkeypatch.setattr(direct_io.ctypes, "memmove", memmove)
+    fds_before = len(os.listdir("/proc/self/fd"))
+    with direct_io.HashedReads() as reads:
+        for i, payload in enumerate(payloads):
+            guard = np.full(n + 8192, 0xA5, dtype=np.uint8)
+            base = -guard.ctypes.data % ALIGN
+            out = guard[base + 64 : base + 64 + n]  # shifted, as a torch tensor's memory
+            got = reads.read_hashed(path, 400 + i * n, memoryview(out), 8 * KiB)
+            assert out.tobytes() == payload.tobytes(), i
+            assert np.array_equal(got, blocks.block_hashes(payload, 8 * KiB)), i
+            assert (guard[: base + 64] == 0xA5).all() and (guard[base + 64 + n :] == 0xA5).all()
+        assert reads.direct_opens == 1
+        assert [t.name for t in reads.threads] == ["hpcckpt-hash-0"]
+        assert len(os.listdir("/proc/self/fd")) == fds_before + 1  # the direct descriptor
+    assert [ok for _, ok in shifted_calls] == [True] * count
+    assert len(movers) >= 8 * count and set(movers) == {"hpcckpt-hash-0"}
+    assert len(os.listdir("/proc/self/fd")) == fds_before
+    assert not [t for t in threading.enumerate() if t.name.startswith("hpcckpt-hash")]
+
+
+def test_a_started_read_returns_before_its_last_pieces_are_hashed(
+    tmp_path, shifted_calls, uncached, monkeypatch
+):
+    """The reading thread is free for its next read once every byte is read; the bytes
+    and hashes are whole once the function it returned has returned."""
+    from types import SimpleNamespace
+
+    from hpcckpt.store.io import blocks
+
+    if not takes_direct(tmp_path):
+        pytest.fail(f"{tmp_path} takes no direct reads: this test needs a file system that does")
+    n = 100 * KiB + 5
+    payload = data(n, 31)
+    path = tmp_path / "f"
+    path.write_bytes(b"h" * 400 + payload.tobytes() + b"tail" * 1000)
+    uncached(path)
+    gate = threading.Event()
+    real = direct_io.xxhash.xxh3_64_intdigest
+
+    def digest(buf):
+        gate.wait()
+        return real(buf)
+
+    monkeypatch.setattr(direct_io, "xxhash", SimpleNamespace(xxh3_64_intdigest=digest))
+    guard = np.full(n + 8192, 0xA5, dtype=np.uint8)
+    base = -guard.ctypes.data % ALIGN
+    out = guard[base + 64 : base + 64 + n]
+    started = []
+    with direct_io.HashedReads() as reads:
+        reader = threading.Thread(
+            target=lambda: started.append(reads.start(path, 400, memoryview(out), 8 * KiB))
+        )
+        reader.start()
+        reader.join(timeout=30)
+        assert not reader.is_alive() and len(started) == 1  # returned with no hash made
+        gate.set()
+        got = started[0]()
+    assert out.tobytes() == payload.tobytes()
+    assert np.array_equal(got, blocks.block_hashes(payload, 8 * KiB))
+    assert (guard[: base + 64] == 0xA5).all() and (guard[base + 64 + n :] == 0xA5).all()
+    assert shifted_calls == [(400, True)]
+
+
+def test_a_failed_hashing_job_is_raised_by_its_waiter():
+    with direct_io.HashedReads() as reads:
+
+        def job():
+            raise ValueError("boom")
+
+        wait = reads.hash(job)
+        with pytest.raises(ValueError, match="boom"):
+            wait()
+        reads.hash(lambda: None)()  # the thread is still there, and reused
+        assert len(reads.threads) == 1

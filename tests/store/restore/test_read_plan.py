@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -225,10 +226,10 @@ def test_large_arrays_are_read_two_at_a_time_into_the_applications_arrays(tmp_pa
     mine = {a.name: np.zeros(a.shape, np.dtype(a.dtype)) for a in plan.arrays}
     threads: set[str] = set()
     at_once, running = [0], [0]
-    inner = read_plan.PlanReader.array
+    inner = read_plan.PlanReader._start
     lock = threading.Lock()
 
-    def array(self, a, out=None):
+    def start(self, a, out=None):
         threads.add(threading.current_thread().name)
         if not a.name.startswith("w"):
             return inner(self, a, out)
@@ -242,7 +243,7 @@ def test_large_arrays_are_read_two_at_a_time_into_the_applications_arrays(tmp_pa
             with lock:
                 running[0] -= 1
 
-    monkeypatch.setattr(read_plan.PlanReader, "array", array)
+    monkeypatch.setattr(read_plan.PlanReader, "_start", start)
     with read_plan.PlanReader(plan) as posix:
         got = posix.read_all(list(plan.arrays), mine)
     assert list(got) == [a.name for a in plan.arrays]
@@ -253,6 +254,7 @@ def test_large_arrays_are_read_two_at_a_time_into_the_applications_arrays(tmp_pa
     assert sum(t.startswith("hpcckpt-read") for t in threads) == read_plan.READERS
     assert threading.main_thread().name in threads  # the small arrays, beside them
     assert not [t for t in threading.enumerate() if t.name.startswith("hpcckpt-read")]
+    assert not [t for t in threading.enumerate() if t.name.startswith("hpcckpt-hash")]
 
 
 def test_a_damaged_large_array_read_beside_others_is_caught_once_every_read_ended(tmp_path):
@@ -305,3 +307,68 @@ def test_the_bytes_read_through_the_page_cache_are_asked_for_at_once(tmp_path, m
             assert not [o for o, n in asked if offset + edge < o + n and o < offset + nbytes - edge]
         elif nbytes:
             assert (offset, nbytes) in asked, a.name
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_a_damaged_block_is_caught_read_through_the_page_cache_or_past_it(
+    tmp_path, monkeypatch, uncached, read_past, cached
+):
+    """A file whose pages are in the page cache (a restore right after a save) is read
+    through it, one that is not past it: either way every block is checked."""
+    from hpcckpt.store.io import direct_io
+
+    monkeypatch.setattr(direct_io, "MIN_DIRECT_BYTES", 64 * 1024)  # the 1.5 MiB arrays
+    monkeypatch.setattr(direct_io, "DIRECT_READ_PIECE_BYTES", 256 * 1024)  # many pieces
+    store = store_at(tmp_path, incremental=False)
+    store.save(1, large(1))
+    plan = plan_of(store, 1)
+    w2 = next(a for a in plan.arrays if a.name == "w2")
+    with open(plan.files[0], "r+b") as f:
+        f.seek(w2.extents[0][1] + 5 * BLOCK + 3)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0x01]))
+    if cached:  # the save wrote past the cache: read once through it
+        assert len(Path(plan.files[0]).read_bytes()) > 4 * 1536 * 1024
+    else:
+        uncached(plan.files[0])
+    with (
+        read_plan.PlanReader(plan, direct_io=True) as posix,
+        pytest.raises(CorruptCheckpoint) as err,
+    ):
+        posix.read_all(list(plan.arrays), {})
+    assert "array 'w2' of rank 0, block 5, fails its checksum" in str(err.value)
+    assert read_past == [] if cached else (len(read_past) == 4 and min(read_past) > 0)
+    assert not [t for t in threading.enumerate() if t.name.startswith("hpcckpt-")]
+
+
+def test_a_cold_planned_read_opens_one_direct_descriptor_per_file(
+    tmp_path, monkeypatch, uncached, read_past
+):
+    """Every large array of the file read past the page cache through the one direct
+    descriptor, the reads' hashing threads ended and their descriptors closed after."""
+    import os
+
+    from hpcckpt.store.io import direct_io
+
+    monkeypatch.setattr(direct_io, "MIN_DIRECT_BYTES", 64 * 1024)
+    monkeypatch.setattr(direct_io, "DIRECT_READ_PIECE_BYTES", 256 * 1024)
+    store = store_at(tmp_path, incremental=False)
+    state = large(5)
+    store.save(1, state)
+    plan = plan_of(store, 1)
+    uncached(plan.files[0])
+    opens = []
+    real = direct_io._open_direct
+    monkeypatch.setattr(direct_io, "_open_direct", lambda p: opens.append(p) or real(p))
+    fds = len(os.listdir("/proc/self/fd"))
+    mine = {a.name: np.zeros(a.shape, np.dtype(a.dtype)) for a in plan.arrays}
+    with read_plan.PlanReader(plan, direct_io=True) as posix:
+        got = posix.read_all(list(plan.arrays), mine)
+    for name, want in state.items():
+        if isinstance(want, np.ndarray):
+            assert got[name] is mine[name] and np.array_equal(mine[name], want), name
+    assert len(read_past) == 4 and min(read_past) > 0  # the four large arrays, past the cache
+    assert opens == [plan.files[0]]
+    assert len(os.listdir("/proc/self/fd")) == fds
+    assert not [t for t in threading.enumerate() if t.name.startswith("hpcckpt-")]
