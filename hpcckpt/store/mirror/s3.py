@@ -27,6 +27,7 @@ from typing import Any
 from hpcckpt.store.io.durability import atomic_path
 from hpcckpt.store.mirror import priority
 from hpcckpt.store.mirror.backend import MirrorUnavailable, ObjectInfo, Throttle, check_verify
+from hpcckpt.store.mirror.body import PartBody, holder
 
 try:  # the optional extra; importing hpcckpt never needs it
     import boto3
@@ -387,7 +388,7 @@ class S3Backend:
                 self.client.put_object,
                 Bucket=self.bucket,
                 Key=full,
-                Body=body,
+                Body=PartBody(body, holder(pause)),
                 **checksum,
             )
             if algo == "etag":
@@ -463,7 +464,7 @@ class S3Backend:
             Key=full,
             UploadId=upload,
             PartNumber=number,
-            Body=sent,
+            Body=PartBody(sent, holder(pause)),
             **checksum,
         )
         if algo == "etag":
