@@ -94,7 +94,7 @@ def _check_key(key: str) -> str:
     return key
 
 
-def _config(connect_timeout: float, read_timeout: float, attempts: int) -> Any:
+def _config(connect_timeout: float, read_timeout: float, attempts: int, tls: bool = False) -> Any:
     options: dict[str, Any] = {
         "connect_timeout": connect_timeout,
         "read_timeout": read_timeout,
@@ -102,6 +102,12 @@ def _config(connect_timeout: float, read_timeout: float, attempts: int) -> Any:
         "max_pool_connections": max(10, 2 * CONCURRENCY),
         "tcp_keepalive": True,
     }
+    if tls:
+        # Over TLS, with the bytes checked on receipt (a checksum, or the part's MD5 ETag
+        # compared), botocore's SHA-256 of every body for its signature is a third pass
+        # that protects nothing more; it skips it itself when a checksum header is sent,
+        # not for an ETag-checked part. Plain HTTP keeps the signed body.
+        options["s3"] = {"payload_signing_enabled": False}
     try:
         # Range reads must not be checked against the whole object's checksum (some stores
         # send it with a part); the mirror checks every byte against the checkpoint's own
@@ -162,6 +168,10 @@ class S3Backend:
             self.client = session.client(
                 "s3", config=_config(connect_timeout, read_timeout, attempts)
             )
+            if str(self.client.meta.endpoint_url).startswith("https:"):
+                self.client = session.client(
+                    "s3", config=_config(connect_timeout, read_timeout, attempts, tls=True)
+                )
         except bce.BotoCoreError as err:  # a bad profile, an unreadable config file
             raise MirrorUnavailable(
                 f"the S3 client for {self.url} could not start: {err}"

@@ -310,3 +310,14 @@ def test_a_part_in_flight_waits_at_the_gate_between_slices_for_a_bounded_time(
     # every part's request waited mid-body, never longer than HOLD per pass over it
     assert gate.paused >= 0.3 and took >= 0.3
     assert took < 30
+
+
+def test_over_tls_bodies_are_not_hashed_again_for_the_signature(monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "https://127.0.0.1:9")  # no request is made
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    tls = S3Backend("s3://bucket/p")
+    assert tls.client.meta.config.s3["payload_signing_enabled"] is False
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    plain = S3Backend("s3://bucket/p")  # plain HTTP: botocore signs every body
+    assert "payload_signing_enabled" not in (plain.client.meta.config.s3 or {})
