@@ -37,7 +37,9 @@ ratios per repetition then the median:
 - ``put_file``: the S3 backend's plain upload alone (its part size and concurrency);
 - ``mirror``: ``mirror.upload``, the whole verified copy a job makes: the file read
   once (checked block by block against its own hashes, its xxh3 taken, sent in parts
-  with the Content-MD5 the server checks on receipt), then its manifest;
+  whose MD5 is compared with the ETag the server answers, the MD5 of what it received:
+  the probe's choice for rclone, which checks a Content-MD5 too but then hashes each
+  part twice), then its manifest;
 - ``mirror_readback``: the same with ``verify="readback"`` (every byte read back from
   the store and compared: what stores that check no checksum get);
 - ``mirror_nosource``: ``mirror`` without the check of the source file;
@@ -66,7 +68,8 @@ saves ``--gap`` seconds apart, without a mirror and with each of ``--blocked-mir
 (``s3``, ``dir``: every save mirrored in the background, so later saves run while the
 worker still copies): the seconds save() blocked, median per run, and their ratio to
 no mirror (goal: at most 1.1). The copy steps aside while a save writes (it waits at
-the mirror worker's gate between its chunks): ``mirror_paused_s`` is the seconds each
+the mirror worker's gate between its chunks, an S3 part in flight between the 1 MiB
+slices of its body): ``mirror_paused_s`` is the seconds each
 run's copies waited so (the ``mirrored`` events' ``paused``), ``mirror_rate_MBps`` the
 median of the copies' own rates, pauses left out.
 
