@@ -1,0 +1,174 @@
+"""What a cold same-rank restore's read costs, apart from torch and DCP.
+
+Usage: ``python benchmarks/bench_cold_read.py [--size 256M] [--arrays 12] [--repeat 5]
+[--disk]``.
+
+Without ``--disk``: 2 ranks (under ``mpirun``, started here) save ``--arrays`` float32
+arrays of ``--size`` per rank in all (plus as many small ones, as an FSDP model's
+biases) with :class:`CheckpointStore`, then restore them in place ``--repeat`` times,
+each after the page cache was dropped; prints the slowest rank's median seconds. To
+compare two versions of the code, run it with ``PYTHONPATH`` set to each in turn.
+
+With ``--disk``: what the disk itself does with one file of twice ``--size``, cold
+(page cache dropped before each read): ``O_DIRECT`` reads of 1, 4, 8 and 16 MiB at 1, 2
+and 4 requests in flight, and buffered reads of 1 and 8 MiB (the kernel's readahead),
+each by two processes at once reading one half each, as two ranks do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import mmap
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing import Barrier, Process, Queue
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.append(str(HERE.parent))  # after PYTHONPATH: another tree's code can be measured
+
+import _util  # noqa: E402
+
+
+def parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", default="256M", help="bytes per rank")
+    ap.add_argument("--arrays", type=int, default=12)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--root", default="/var/tmp/hpcckpt-bench/cold_read")
+    ap.add_argument("--disk", action="store_true", help="measure the disk instead")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return ap.parse_args()
+
+
+def restores(args: argparse.Namespace) -> None:
+    import numpy as np
+    from mpi4py import MPI
+
+    from hpcckpt.store.store import CheckpointStore
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    each = _util.parse_size(args.size) // args.arrays // 4
+    rng = np.random.default_rng(rank)
+    state = {f"w{i}": rng.random(each, dtype=np.float32) for i in range(args.arrays)}
+    state.update({f"b{i}": rng.random(1024, dtype=np.float32) for i in range(args.arrays)})
+    store = CheckpointStore(args.root, comm, incremental=False)
+    store.save(1, state)
+    want = {k: v.copy() for k, v in state.items()}
+    cold = _util.ColdCache(comm)
+    seconds = []
+    for _ in range(args.repeat):
+        for v in state.values():
+            v[...] = 0
+        cold()
+        start = time.perf_counter()
+        store.restore(state)
+        seconds.append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
+        if not all(np.array_equal(state[k], want[k]) for k in want):
+            sys.exit("a restore was not exact")
+    if rank == 0:
+        print(
+            f"cold restore in place, 2 ranks x {args.size} ({args.arrays} large arrays): "
+            f"median {statistics.median(seconds):.3f} s, all "
+            f"{[round(s, 3) for s in seconds]}; drop: {cold.problem or 'ok'}; "
+            f"load average {os.getloadavg()[0]:.1f}"
+        )
+
+
+def _reader(path: str, part: int, half: int, bs: int, qd: int, direct: bool, q, bar) -> None:
+    buf = mmap.mmap(-1, half)
+    view = memoryview(buf)
+    view[:] = b"\1" * half  # touched, as an application's arrays
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
+    todo = iter(range(0, half, bs))
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                at = next(todo, None)
+            if at is None:
+                return
+            os.preadv(fd, [view[at : at + bs]], part * half + at)
+
+    bar.wait()
+    start = time.perf_counter()
+    threads = [threading.Thread(target=work) for _ in range(qd)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    q.put(time.perf_counter() - start)
+    os.close(fd)
+
+
+def disk(args: argparse.Namespace) -> None:
+    half = _util.parse_size(args.size) // (1 << 20) << 20
+    Path(args.root).mkdir(parents=True, exist_ok=True)
+    path = str(Path(args.root) / "disk.bin")
+    chunk = os.urandom(1 << 20)
+    with open(path, "wb") as fh:
+        for _ in range(2 * half >> 20):
+            fh.write(chunk)
+        fh.flush()
+        os.fsync(fh.fileno())
+    cases = [(False, 1, 1), (False, 8, 1)]
+    cases += [(True, mib, qd) for mib in (1, 4, 8, 16) for qd in (1, 2, 4)]
+    try:
+        for _ in range(args.repeat):
+            for direct, mib, qd in cases:
+                if problem := _util.drop_caches():
+                    sys.exit(problem)
+                q: Queue = Queue()
+                bar = Barrier(2)
+                procs = [
+                    Process(target=_reader, args=(path, p, half, mib << 20, qd, direct, q, bar))
+                    for p in range(2)
+                ]
+                for p in procs:
+                    p.start()
+                for p in procs:
+                    p.join()
+                took = max(q.get(), q.get())
+                kind = "O_DIRECT" if direct else "buffered"
+                print(
+                    f"{kind:8} {mib:2} MiB x {qd} in flight, 2 processes: "
+                    f"{2 * half / took / 1e9:.2f} GB/s ({took * 1000:.0f} ms), "
+                    f"load average {os.getloadavg()[0]:.1f}",
+                    flush=True,
+                )
+    finally:
+        os.unlink(path)
+
+
+def main() -> None:
+    args = parse()
+    if args.disk:
+        disk(args)
+        return
+    if args.worker:
+        restores(args)
+        return
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        sys.exit("mpirun not found: install Open MPI (make setup does)")
+    shutil.rmtree(args.root, ignore_errors=True)
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    argv = [mpirun, "-n", "2", "--oversubscribe", sys.executable, "-m", "mpi4py"]
+    argv += [__file__, "--worker", "--size", args.size, "--arrays", str(args.arrays)]
+    argv += ["--repeat", str(args.repeat), "--root", args.root]
+    try:
+        subprocess.run(argv, env=env, check=True)
+    finally:
+        shutil.rmtree(args.root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
