@@ -56,24 +56,30 @@ class PieceReader:
         if out is None or out.shape != want[1] or out.dtype != info.dtype:
             out = np.empty(want[1], dtype=info.dtype)
         found, parts = 0, []
-        for r in info.holders():
-            piece: sharded.Box = (info.piece_offsets[r], info.rank_shapes[r])  # type: ignore[assignment]
-            part = sharded.intersect(want, piece)
-            if part is None:
-                continue
-            first, stop, strides = sharded.span(piece, part)
-            where = tuple(
-                slice(p - o, p - o + n) for p, o, n in zip(part[0], want[0], part[1], strict=True)
-            )
-            target = out[where]
-            if stop - first == sharded.volume(part[1]) and target.flags.c_contiguous:
-                # the overlap is one run of the piece and of ``out``: read it in place
-                self._elements(name, r, first, stop, target.reshape(-1))
-            else:
-                flat = self._elements(name, r, first, stop)
-                out[where] = sharded.strided(flat, part[1], strides)
-            found += sharded.volume(part[1])
-            parts.append(part)
+        # One direct descriptor and one hashing thread for every run this box reads.
+        reads = direct_io.HashedReads(direct=self.reader.direct_io)
+        try:
+            for r in info.holders():
+                piece: sharded.Box = (info.piece_offsets[r], info.rank_shapes[r])  # type: ignore[assignment]
+                part = sharded.intersect(want, piece)
+                if part is None:
+                    continue
+                first, stop, strides = sharded.span(piece, part)
+                where = tuple(
+                    slice(p - o, p - o + n)
+                    for p, o, n in zip(part[0], want[0], part[1], strict=True)
+                )
+                target = out[where]
+                if stop - first == sharded.volume(part[1]) and target.flags.c_contiguous:
+                    # the overlap is one run of the piece and of ``out``: read it in place
+                    self._elements(name, r, first, stop, target.reshape(-1), reads)
+                else:
+                    flat = self._elements(name, r, first, stop, reads=reads)
+                    out[where] = sharded.strided(flat, part[1], strides)
+                found += sharded.volume(part[1])
+                parts.append(part)
+        finally:
+            reads.close()
         overlap = any(
             sharded.intersect(a, b) is not None for i, a in enumerate(parts) for b in parts[:i]
         )
@@ -93,7 +99,13 @@ class PieceReader:
         return self.box(name, (0,) * len(shape), shape, out)
 
     def _elements(
-        self, name: str, rank: int, first: int, stop: int, dest: np.ndarray | None = None
+        self,
+        name: str,
+        rank: int,
+        first: int,
+        stop: int,
+        dest: np.ndarray | None = None,
+        reads: direct_io.HashedReads | None = None,
     ) -> np.ndarray:
         """Elements ``[first, stop)`` of rank ``rank``'s piece (C order), verified; into
         ``dest`` (flat, contiguous, ``stop - first`` elements) when it is given: the
@@ -125,21 +137,21 @@ class PieceReader:
             if dest is None:
                 e0, e1 = b0 * elems, min(b1 * elems, count)
                 buf = np.empty(e1 - e0, dtype=info.dtype)
-                self._read_blocks(fd, name, rank, at, elems, b0, buf, hashes)
+                self._read_blocks(fd, name, rank, at, elems, b0, buf, hashes, reads)
                 return buf[first - e0 : stop - e0]
             inner0 = -(-first // elems)  # the first block wholly inside [first, stop)
             inner1 = b1 if min(b1 * elems, count) <= stop else b1 - 1  # one past the last
             if inner0 < inner1:
                 lo, hi = inner0 * elems, min(inner1 * elems, count)
                 self._read_blocks(
-                    fd, name, rank, at, elems, inner0, dest[lo - first : hi - first], hashes
+                    fd, name, rank, at, elems, inner0, dest[lo - first : hi - first], hashes, reads
                 )
             for b in sorted({b0, b1 - 1}):
                 if inner0 <= b < inner1:
                     continue
                 lo, hi = b * elems, min((b + 1) * elems, count)
                 buf = np.empty(hi - lo, dtype=info.dtype)
-                self._read_blocks(fd, name, rank, at, elems, b, buf, hashes)
+                self._read_blocks(fd, name, rank, at, elems, b, buf, hashes, reads)
                 a, z = max(lo, first), min(hi, stop)
                 dest[a - first : z - first] = buf[a - lo : z - lo]
             return dest
@@ -156,6 +168,7 @@ class PieceReader:
         b0: int,
         buf: np.ndarray,
         hashes: np.ndarray,
+        reads: direct_io.HashedReads | None = None,
     ) -> None:
         """Fill ``buf`` with the elements of rank ``rank``'s piece from block ``b0`` on
         (whole blocks, the piece's last one possibly short) and check their hashes."""
@@ -169,9 +182,12 @@ class PieceReader:
             )
         # Each piece hashed while the next is read, past the page cache when cold: as
         # the planned read of the same bytes (a reshard's read costs no pass of its own).
-        got = direct_io.read_hashed(
-            r.path, offset, view, elems * buf.itemsize, fd=fd, direct=r.direct_io
-        )
+        if reads is None:
+            got = direct_io.read_hashed(
+                r.path, offset, view, elems * buf.itemsize, fd=fd, direct=r.direct_io
+            )
+        else:
+            got = reads.read_hashed(r.path, offset, view, elems * buf.itemsize, fd=fd)
         self.bytes_read += len(view)
         want = hashes[b0 : b0 + -(-buf.size // elems)]
         bad = np.nonzero(got != want)[0]

@@ -75,6 +75,38 @@ def test_a_cold_box_is_read_past_the_page_cache_and_verified(saved, tmp_path, mo
     assert across.bytes_read == 4 * 1024 + 16 * 1024 + 4 * 1024  # rows 28-31, 32-47, 48-51
 
 
+def test_a_box_across_pieces_opens_one_direct_descriptor(saved, tmp_path, monkeypatch):
+    """The runs of one box (here three, of two pieces) share one direct descriptor and
+    one hashing thread, both ended with the box."""
+    import threading
+
+    path = tmp_path / FILE
+    shutil.copy(saved, path)
+    with CheckpointReader(path) as reader:
+        whole = PieceReader(reader).whole("t/big")
+    monkeypatch.setattr(direct_io, "MIN_DIRECT_BYTES", 4096)
+    shifted: list[int] = []
+    real_shifted = direct_io._read_shifted
+
+    def spy(*args, **kwargs):
+        shifted.append(len(args[2]))
+        return real_shifted(*args, **kwargs)
+
+    monkeypatch.setattr(direct_io, "_read_shifted", spy)
+    opens: list[str] = []
+    real_open = direct_io._open_direct
+    monkeypatch.setattr(direct_io, "_open_direct", lambda p: opens.append(p) or real_open(p))
+    # The buffered edge of one run reads ahead into the next: every run direct all the same.
+    monkeypatch.setattr(direct_io, "_cached", lambda fd, offset, length: False)
+    with CheckpointReader(path, direct_io=True) as reader:
+        drop_pages(path)
+        got = PieceReader(reader).box("t/big", (30, 0), (20, 256))
+    assert np.array_equal(got, whole[30:50])
+    assert shifted == [4 * 1024, 16 * 1024, 4 * 1024]  # rows 28-31, 32-47, 48-51: past the cache
+    assert opens == [path]
+    assert not [t for t in threading.enumerate() if t.name.startswith("hpcckpt-hash")]
+
+
 def test_a_piece_past_the_end_of_the_file_is_damage(saved, tmp_path):
     path = tmp_path / FILE
     shutil.copy(saved, path)
