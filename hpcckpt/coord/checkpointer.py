@@ -505,6 +505,7 @@ class Checkpointer:
         line, fields = logbook.staged(pending, blocked, self.cache)
         log.debug("%s", line)
         self.record.event(job_events.CHECKPOINT_STAGED, **fields)
+        pending.go()  # the write's thread now, not during the event's write
         return pending.staged_result()
 
     def wait(self) -> SaveResult | None:

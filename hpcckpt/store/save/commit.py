@@ -152,10 +152,15 @@ class Saver:
 
     def defers(self, state: Any, buffers: HostBuffers | None, redrain: bool = False) -> bool:
         """Whether :meth:`begin_save` runs its collective steps in the background
-        (:mod:`.save.deferred`): a save staged in memory after the first."""
-        return (
-            self.deferred is not None and buffers is not None and state is not None and not redrain
-        )
+        (:mod:`.save.deferred`): after the first, a save staged in memory or on a
+        node-local tier whose copies each rank seals alone (no redundancy)."""
+        return self.deferred is not None and self._may_defer(state, buffers, redrain)
+
+    def _may_defer(self, state: Any, buffers: HostBuffers | None, redrain: bool) -> bool:
+        """A staged save in memory, or one whose node-local copy each rank seals alone."""
+        if state is None or redrain:
+            return False
+        return buffers is not None or (self.tier is not None and self.tier.seals_alone())
 
     # -- what the restore side tells it ----------------------------------------------------
     def remember(self, chain: ChainState | None) -> None:
@@ -280,9 +285,9 @@ class Saver:
         if (buffers is None) == (self.tier is None):
             raise ValueError("a staged save needs exactly one staging area: buffers or a cache")
         if self.defers(state, buffers, redrain):  # blocks for the copy only
-            assert self.deferred is not None and buffers is not None and state is not None
+            assert self.deferred is not None and state is not None
             return self.deferred.begin(self, step, state, extra_meta, buffers)
-        if buffers is not None and state is not None and not redrain:
+        if self._may_defer(state, buffers, redrain):
             if not self._deferred_tried:  # the background's group: made by every rank here
                 self._deferred_tried = True
                 background = self.agreement.comm.background()
@@ -368,7 +373,7 @@ class Saver:
         t_wait = time.perf_counter()
         pending.writer.wait()
         waited = time.perf_counter() - t_wait
-        if pending.writer.seal is not None:  # every rank's node-local copy sealed alone?
+        if pending.writer.seals:  # every rank's node-local copy sealed alone?
             assert self.tier is not None
             if pending.writer.seal_error is not None:
                 log.warning("rank %d: cannot seal its copy in %s: %s",

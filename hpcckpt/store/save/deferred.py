@@ -16,16 +16,24 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import uuid
 from typing import Any
 
 from hpcckpt.store.agreement import Agreement
 from hpcckpt.store.comm import MAX
-from hpcckpt.store.io import faults, memory, safety
+from hpcckpt.store.io import blocks, faults, memory, safety
 from hpcckpt.store.save import staging_budget
 from hpcckpt.store.save.pending import PendingSave
 from hpcckpt.store.save.staging import BackgroundWrite, DeferredWrite, HostBuffers
 from hpcckpt.store.save.staging_budget import StagingPlan
-from hpcckpt.store.save.staging_modes import HostCopy, Pieces, Staged, StagingMode, Unstaged
+from hpcckpt.store.save.staging_modes import (
+    HostCopy,
+    NodeLocal,
+    Pieces,
+    Staged,
+    StagingMode,
+    Unstaged,
+)
 from hpcckpt.store.tree.encoding import LocalEncoding, encode_local
 
 #: The :class:`~hpcckpt.store.save.commit.Saver` these saves belong to (which imports
@@ -64,23 +72,32 @@ class DeferredSaves:
         step: int,
         state: dict[str, Any],
         extra_meta: dict[str, Any] | None,
-        buffers: HostBuffers,
+        buffers: HostBuffers | None,
     ) -> PendingSave:
         """Encode and copy this rank's state (no collective) and start the thread that
-        makes the checkpoint's file and writes it; :meth:`Saver.finish_save` commits."""
+        makes the checkpoint's file and writes it; :meth:`Saver.finish_save` commits.
+        Without ``buffers`` the copy goes to the saver's node-local tier, to be hashed
+        and sealed by each rank alone in the thread (``NodeLocalTier.seals_alone``)."""
         t0 = time.perf_counter()
         memory.reset_peak()
-        buffers.reset_peak()
         final, partial = saver.names(step)
-        with buffers.lending(saver.changes.device_copies(saver.last, saver.chain_policy)):
+        stage_error: BaseException | None = None
+        mode: StagingMode
+        if buffers is None:
             local = encode_local(state)
+            plan = StagingPlan(staging_budget.COPY, 0, 0, None)  # the tier's own room
+            mode = NodeLocal(saver.tier, hash_later=True)
+        else:
+            buffers.reset_peak()
+            with buffers.lending(saver.changes.device_copies(saver.last, saver.chain_policy)):
+                local = encode_local(state)
+            try:
+                plan = saver.local_plan(buffers, local.arrays)
+            except Exception as exc:  # every rank must reach the agreement (in the thread)
+                plan, stage_error = StagingPlan(staging_budget.SYNC, 0, 0, None, str(exc)), exc
+            mode = _mode(saver, buffers, plan)
         faults.fault_point("save.begin", step)
-        staged, stage_error = Staged(local.arrays), None
-        try:
-            plan = saver.local_plan(buffers, local.arrays)
-        except Exception as exc:  # every rank must reach the agreement (in the thread)
-            plan, stage_error = StagingPlan(staging_budget.SYNC, 0, 0, None, str(exc)), exc
-        mode = _mode(saver, buffers, plan)
+        staged = Staged(local.arrays)
         if local.error is None and stage_error is None:
             try:
                 staged = mode.stage(step, local.arrays)
@@ -101,10 +118,14 @@ class DeferredSaves:
             deferred=True,
         )
         job = _Job(self.agreement, saver, pending, local, staged, stage_error, mode, plan)
-        pending.writer = self.job = DeferredWrite(lambda: job.run(extra_meta))
-        self._queue.put(self.job)
+        write = DeferredWrite(
+            lambda: job.run(extra_meta),
+            launch=lambda: self._queue.put(write),
+            seals=isinstance(mode, NodeLocal),
+        )
+        pending.writer = self.job = write  # its thread takes it at go(), after save()'s last word
         if plan.mode != staging_budget.COPY:  # its live state is written: it waits
-            pending.writer.wait()
+            write.wait()
         pending.foreground = pending.blocked = time.perf_counter() - t0
         return pending
 
@@ -159,15 +180,28 @@ class _Job:
         encoded = saver.encoder.agree_on(
             step, LocalEncoding(self.local.tree, arrays, self.local.error), answer, self.agreement
         )
+        uid = copied = None  # in memory: the uid comes with the file's plan
+        if isinstance(self.mode, NodeLocal):
+            # Its seal describes the copy as written (a rank other than 0 holds its own copy
+            # of a replicated array, which the file stands in for): hashed here, whole; the
+            # file takes the hashes of the arrays it writes as they are.
+            uid = self.agreement.from_root(lambda: uuid.uuid4().hex)
+            self.mode.staged(step, uid, encoded.tree, arrays, self.staged, encoded.replicated)
+            copied = {n: blocks.block_hashes(a, saver.block_size) for n, a in arrays.items()}
         # A copy may be a delta: hashed first, then planned. Otherwise, as a classic
         # staged save does, a staging not hashed in the foreground is written full.
-        delta = self.compare if self.mode.name == "copy" else not self.mode.hash_later
+        copy = self.mode.name == "copy" or copied is not None
+        delta = self.compare if copy else not self.mode.hash_later
         parent = saver.last if encoded.answer and delta else None
         # Nothing was hashed in the foreground: the file's writer hashes the staging, before
         # it plans a delta or while it writes a full file.
+        known = None
+        if copied is not None:
+            known = {n: h for n, h in copied.items() if encoded.arrays.get(n) is arrays[n]}
         written, error = saver.create(
             partial, step, encoded, encoded.arrays, extra_meta, parent, self.agreement,
-            hash_while_writing=parent is None and self.mode.hash_later,
+            hashes=known, uid=uid,
+            hash_while_writing=parent is None and self.mode.hash_later and copied is None,
         )  # fmt: skip
         error = safety.explain_write_error(error, saver.directory, encoded.state_bytes)
         saver.agree_or_discard(
@@ -180,5 +214,9 @@ class _Job:
         saver.learn(written, parent if self.mode.name == "copy" else None)
         pending.written, pending.bytes_total = written, written.all_bytes
         return self.mode.start(
-            partial, list(written.extents), saver.direct_io, written.hashing, written.state.hashes
+            partial,
+            list(written.extents),
+            saver.direct_io,
+            written.hashing,
+            written.state.hashes if copied is None else copied,
         )

@@ -31,6 +31,12 @@ class PendingSave:
     #: Set in the background when some rank's budget held no copy: "rank R: why".
     refused: str | None = None
 
+    def go(self) -> None:
+        """Let the background write run: the caller has done what it does before its
+        ``save()`` returns (until then the write is held, or a deferred save's steps not
+        handed to their thread; waiting for the write lets it run too)."""
+        self.writer.go()
+
     def done(self) -> bool:
         """Whether this rank's background write has finished (well or not); never blocks."""
         return self.writer.done()

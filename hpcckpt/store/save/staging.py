@@ -392,14 +392,23 @@ class BackgroundWrite:
     sealed: bool = False
     seal_error: BaseException | None = None
     _thread: threading.Thread | None = field(default=None, repr=False)
+    _go: threading.Event = field(default_factory=threading.Event, repr=False)
 
     def start(self) -> BackgroundWrite:
+        """Start the thread, held until :meth:`go` (or :meth:`wait`): the caller ends its
+        own short work (events, heartbeat) before the write competes with it for the
+        interpreter, which a thread holds for up to its switch interval (5 ms)."""
         if self.error is None:  # a stream that failed while fed has nothing left to write
             self._thread = threading.Thread(target=self._run, name="hpcckpt-write", daemon=True)
             self._thread.start()
         return self
 
+    def go(self) -> None:
+        """Let the started thread write (again is harmless)."""
+        self._go.set()
+
     def _run(self) -> None:
+        self._go.wait()
         t0 = time.perf_counter()
         if self.stream is not None:
             try:
@@ -450,11 +459,17 @@ class BackgroundWrite:
         if i == 0:
             fault_point("drain.writing")  # tests: die with the write half done
 
+    @property
+    def seals(self) -> bool:
+        """Whether it seals a node-local copy before it drains it."""
+        return self.seal is not None
+
     def done(self) -> bool:
         """Whether the thread has finished (successfully or not); never blocks."""
         return self._thread is None or not self._thread.is_alive()
 
     def wait(self) -> None:
+        self.go()
         if self._thread is not None:
             self._thread.join()
 
@@ -466,22 +481,45 @@ class DeferredWrite:
     extents), then that write; what went wrong is kept as :class:`BackgroundWrite`
     keeps it (never raised in the thread)."""
 
-    seal: Callable[[], None] | None = None  # the node-local tier never defers
-    sealed = False
-    seal_error: BaseException | None = None
-
-    def __init__(self, steps: Callable[[], BackgroundWrite]) -> None:
+    def __init__(
+        self,
+        steps: Callable[[], BackgroundWrite],
+        launch: Callable[[], None] | None = None,
+        seals: bool = False,
+    ) -> None:
         self.steps = steps
+        #: Whether its write seals a node-local copy (the same on every rank).
+        self.seals = seals
         self.error: BaseException | None = None
         self.seconds = 0.0  # from the steps' start to durable bytes
         self.bytes = 0
+        self._write: BackgroundWrite | None = None
         self._done = threading.Event()
+        self._launch = launch  # hands it to its thread, at go()
+
+    @property
+    def sealed(self) -> bool:
+        """Whether its write sealed this rank's node-local copy."""
+        return self._write is not None and self._write.sealed
+
+    @property
+    def seal_error(self) -> BaseException | None:
+        """Why it did not seal (None: sealed, or nothing to seal)."""
+        if self._write is None:
+            return self.error if self.seals else None
+        return self._write.seal_error
+
+    def go(self) -> None:
+        """Hand it to the thread that runs it, once (again is harmless)."""
+        launch, self._launch = self._launch, None
+        if launch is not None:
+            launch()
 
     def run(self) -> None:
         """The steps and the write, in the calling thread."""
         t0 = time.perf_counter()
         try:
-            write = self.steps()
+            self._write = write = self.steps()
             write.wait()
             self.error, self.bytes = write.error, write.bytes
         except BaseException as exc:  # surfaced to the main thread by finish_save
@@ -494,6 +532,7 @@ class DeferredWrite:
         return self._done.is_set()
 
     def wait(self) -> None:
+        self.go()
         self._done.wait()
 
 

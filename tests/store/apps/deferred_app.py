@@ -8,6 +8,9 @@ rank's save returns, and the commit raises on every rank naming rank 1.
 ``short``: rank 1's staging budget holds no copy: its saves write its live state and
 wait, the others' are copied; every checkpoint is good and exact.
 ``plain``: no case of its own (run it with MPI initialized below MPI_THREAD_MULTIPLE).
+
+An optional third argument is a node-local cache (``%n``: each rank's fake node ``n<R>``),
+a fourth its ``redundancy``; then each rank reports its cache's files after each commit.
 """
 
 from __future__ import annotations
@@ -28,6 +31,10 @@ from hpcckpt.store.save.commit import Saver
 comm = MPI.COMM_WORLD
 rank = comm.Get_rank()
 case, directory = sys.argv[1], Path(sys.argv[2])
+cache = sys.argv[3] if len(sys.argv) > 3 else None
+tier = {} if cache is None else {"cache": cache, "node_name": f"n{rank}"}
+if len(sys.argv) > 4:
+    tier["redundancy"] = sys.argv[4]
 ROWS = 1 << 17  # 1 MiB of float64 per rank
 
 
@@ -45,9 +52,8 @@ if case == "slow" and rank == 0:
     Saver._prepare_directory = slow_prepare
 
 budget = 100_000 if case == "short" and rank == 1 else "1G"  # under a 1 MiB state
-ck = hpcckpt.Checkpointer(
-    directory, comm=comm, every_steps=1, async_save=True, staging_budget=budget, validate=None
-)
+staging = {"async_save": True, "staging_budget": budget} if cache is None else tier
+ck = hpcckpt.Checkpointer(directory, comm=comm, every_steps=1, validate=None, **staging)
 state = {"u": values(0), "step": 0}
 out: dict = {"rank": rank, "blocked": [], "said": [], "threads": [], "error": None}
 out["multiple"] = MPI.Query_thread() == MPI.THREAD_MULTIPLE
@@ -66,6 +72,8 @@ for step in range(4):
     try:
         done = ck.wait()
         out.setdefault("committed", []).append(None if done is None else done.step)
+        if ck.cache is not None:
+            out.setdefault("cache_files", []).append(sorted(p.name for p in ck.cache.iterdir()))
     except CheckpointError as exc:
         out["error"] = {"step": step, "message": str(exc)}
 ck.finish()

@@ -13,6 +13,7 @@ import pytest
 from hpcckpt.rundir.events import read_events
 from hpcckpt.store.file import layout
 from hpcckpt.store.file.reader import CheckpointReader
+from hpcckpt.store.tier import copies as fast_tier
 from tests.mpi_helpers import mpirun, rank_reports
 
 pytestmark = pytest.mark.mpi
@@ -48,6 +49,42 @@ def test_a_save_does_not_wait_for_rank_0_to_create_its_file(tmp_path):
         assert max(rep["blocked"][1:]) < 0.75, rep["blocked"]
         assert "hpcckpt-save" in rep["threads"][1]
     assert all(exact(d, int(name[5:-3]), 3) for name in reports[0]["files"])
+
+
+def test_a_node_local_save_does_not_wait_for_rank_0_and_each_rank_seals_its_copy(tmp_path):
+    """``cache=`` without redundancy: after the first, a save returns once its copy is on
+    the node-local tier; the file's creation, each rank's seal and the drain run in the
+    background, and every commit leaves each rank's copy sealed (its manifest)."""
+    d = tmp_path / "ck"
+    r = mpirun(3, [APP, "slow", d, tmp_path / "cache" / "%n"], timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    reports = rank_reports(r.stdout, 3)
+    for rep in reports:
+        assert rep["committed"] == [0, 1, 2, 3] and rep["error"] is None
+        assert rep["said"] == ["full", "staged", "staged", "staged"]
+        assert rep["blocked"][0] > 1.5, rep["blocked"]
+        assert max(rep["blocked"][1:]) < 0.75, rep["blocked"]
+        assert "hpcckpt-save" in rep["threads"][1]
+        k = rep["rank"]
+        for step, names in enumerate(rep["cache_files"]):
+            assert fast_tier.manifest_name(step, k) in names, (step, names)
+            assert fast_tier.data_name(step, k) in names, (step, names)
+    assert all(exact(d, int(name[5:-3]), 3) for name in reports[0]["files"])
+
+
+def test_a_node_local_save_with_redundancy_stays_in_the_foreground(tmp_path):
+    """A partner copy is exchanged between the ranks while sealing: no save is deferred,
+    each waits for rank 0's file as before, and every checkpoint is exact."""
+    d = tmp_path / "ck"
+    r = mpirun(2, [APP, "slow", d, tmp_path / "cache" / "%n", "partner"], timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    reports = rank_reports(r.stdout, 2)
+    for rep in reports:
+        assert rep["committed"] == [0, 1, 2, 3] and rep["error"] is None
+        assert "staged" not in rep["said"], rep["said"]
+        assert min(rep["blocked"]) > 1.5, rep["blocked"]
+        assert not any("hpcckpt-save" in names for names in rep["threads"])
+    assert all(exact(d, int(name[5:-3]), 2) for name in reports[0]["files"])
 
 
 def test_a_value_one_rank_cannot_save_fails_the_commit_on_every_rank(tmp_path):

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from hpcckpt.store.io import blocks, direct_io, faults
-from hpcckpt.store.save.staging import BackgroundWrite, Extent, HostBuffers, copy_and_hash
+from hpcckpt.store.save.staging import (
+    BackgroundWrite,
+    DeferredWrite,
+    Extent,
+    HostBuffers,
+    copy_and_hash,
+)
 
 BLOCK = 4096
 
@@ -182,6 +191,39 @@ def test_background_write_writes_extents_at_their_offsets_and_fsyncs(tmp_path, m
     assert data[:100] == b"\xee" * 100
     assert data[900:5000] == b"\xee" * 4100
     assert data[20000:21000] == b"\0" * 1000
+
+
+def test_a_started_write_waits_for_go_and_a_wait_lets_it_run(tmp_path):
+    """The thread is started at once but writes nothing before go(): the caller's own
+    last work (an event, a heartbeat) does not share the interpreter with it."""
+    path = tmp_path / "f"
+    path.write_bytes(b"")
+    u = random_array((5000,), "f8", 3)
+    writer = BackgroundWrite(path, [Extent(0, memoryview(u))]).start()
+    time.sleep(0.3)
+    assert not writer.done() and writer.bytes == 0 and path.stat().st_size == 0
+    writer.go()
+    writer._thread.join(30)
+    assert writer.done() and writer.error is None and path.read_bytes() == u.tobytes()
+    held = BackgroundWrite(tmp_path / "g", [Extent(0, memoryview(u))])
+    (tmp_path / "g").write_bytes(b"")
+    held.start().wait()  # no go(): waiting lets it run
+    assert held.done() and (tmp_path / "g").read_bytes() == u.tobytes()
+
+
+def test_a_deferred_write_is_handed_to_its_thread_once_at_go_or_wait():
+    handed = []
+    write = DeferredWrite(
+        lambda: BackgroundWrite(Path("/nonexistent/x"), []), launch=lambda: handed.append(1)
+    )
+    assert handed == [] and not write.done()
+    write.go()
+    write.go()
+    assert handed == [1]
+    other = DeferredWrite(lambda: None, launch=lambda: handed.append(2))  # type: ignore[arg-type,return-value]
+    threading.Timer(0.2, other.run).start()
+    other.wait()  # hands it over, then waits for the run
+    assert handed == [1, 2] and other.done()
 
 
 def test_background_write_loops_over_chunks(tmp_path, monkeypatch):

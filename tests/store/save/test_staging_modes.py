@@ -111,6 +111,9 @@ def test_node_local_seals_a_copy_in_the_cache_then_drains_it(tmp_path, monkeypat
     assert hashed_in <= {"hpcckpt-write"}, "nothing hashed in the foreground"
     assert (cache / fast_tier.data_name(3, 0)).is_file()
     manifest = cache / fast_tier.manifest_name(3, 0)
+    time.sleep(0.3)
+    assert not manifest.is_file(), "the thread is held until go()"
+    pending.go()  # what save() does once its own last work is done
     for _ in range(600):  # the thread seals, then waits for go before writing
         if manifest.is_file():
             break
