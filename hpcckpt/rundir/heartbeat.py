@@ -24,6 +24,10 @@ from hpcckpt.atomicfile import atomic_write
 HEARTBEAT_DIR = "heartbeat"
 #: Seconds between two heartbeats of one rank (the cost: one tiny file write).
 DEFAULT_PERIOD = 5.0
+#: At most this long (seconds) between a beat and its writing: the writer's thread looks
+#: for a new beat that often, so ``beat()`` never wakes it (a wakeup inside a save's
+#: blocked window can cost the caller its core for milliseconds on a busy node).
+WRITE_LAG = 0.2
 #: Phases that say the rank is inside one of the Checkpointer's collective calls.
 CALL_PHASES = ("due", "restore", "save", "wait", "finish", "close")
 #: Of these, the calls made at a step (the heartbeat's step is the call's).
@@ -126,11 +130,12 @@ def clear_heartbeats(directory: str | os.PathLike[str]) -> None:
 class HeartbeatWriter:
     """Rate-limited heartbeat of one rank: ``beat()`` is cheap to call every step.
 
-    A thread of its own writes the file: a beat inside a save's blocked window costs a
-    lock, not a rename (milliseconds on a file system busy with the checkpoint's own
-    write-back, or a metadata server away). Only the newest beat is kept for it: one
-    never written is older than the next. :meth:`flush` waits until the newest is
-    written; after :meth:`close` beats are written by the caller.
+    A thread of its own writes the file within :data:`WRITE_LAG`: a beat inside a save's
+    blocked window costs a lock, not a rename (milliseconds on a file system busy with
+    the checkpoint's own write-back, or a metadata server away) nor a thread's wakeup.
+    Only the newest beat is kept for it: one never written is older than the next.
+    :meth:`flush` waits until the newest is written; after :meth:`close` beats are
+    written by the caller.
     """
 
     def __init__(
@@ -159,13 +164,13 @@ class HeartbeatWriter:
                         target=self._run, name="hpcckpt-heartbeat", daemon=True
                     )
                     self._thread.start()
-                self._cond.notify_all()
-                return
+                return  # its thread looks within WRITE_LAG
         _write_quietly(self.directory, beat)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait up to ``timeout`` seconds until the newest beat is written; whether it is."""
         with self._cond:
+            self._cond.notify_all()
             return self._cond.wait_for(lambda: self._latest is None, timeout)
 
     def close(self, timeout: float = 5.0) -> None:
@@ -180,7 +185,10 @@ class HeartbeatWriter:
     def _run(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._latest is not None or self._closed)
+                while not self._cond.wait_for(
+                    lambda: self._latest is not None or self._closed, WRITE_LAG
+                ):
+                    pass
                 beat = self._latest
                 if beat is None:  # closed, nothing left
                     return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from hpcckpt.rundir import heartbeat
 from hpcckpt.rundir.heartbeat import (
@@ -52,6 +53,20 @@ def test_beats_are_written_by_the_writers_thread_and_close_writes_the_newest(tmp
     w.beat(51, "compute", force=True)  # after close: written at once, by the caller
     assert read_heartbeats(tmp_path)[0].step == 51
     assert writers[-1] == threading.current_thread().name
+
+
+def test_a_beat_is_written_within_the_lag_without_a_flush(tmp_path):
+    """beat() never wakes the thread: it finds the beat within WRITE_LAG by itself."""
+    w = HeartbeatWriter(tmp_path, rank=2, period=0)
+    try:
+        for step in (1, 2):
+            w.beat(step, "save", force=True)
+            end = time.monotonic() + 30
+            while (b := read_heartbeats(tmp_path).get(2)) is None or b.step != step:
+                assert time.monotonic() < end, f"beat {step} never written"
+                time.sleep(0.01)
+    finally:
+        w.close()
 
 
 def test_a_heartbeat_folder_that_cannot_be_written_never_stops_the_rank(tmp_path):
