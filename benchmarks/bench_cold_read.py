@@ -7,7 +7,11 @@ Without ``--disk``: 2 ranks (under ``mpirun``, started here) save ``--arrays`` f
 arrays of ``--size`` per rank in all (plus as many small ones, as an FSDP model's
 biases) with :class:`CheckpointStore`, then restore them in place ``--repeat`` times,
 each after the page cache was dropped; prints the slowest rank's median seconds. To
-compare two versions of the code, run it with ``PYTHONPATH`` set to each in turn.
+compare two versions of the code, run it with ``PYTHONPATH`` set to each in turn. With
+``--variants 2x8,4x8,2x16``: each repetition restores once per variant in turn (readers
+at once x MiB per direct read), and each variant's median ratio to the first one's time
+of the same repetition is printed too (pairs taken minutes apart would differ by the
+machine's load alone).
 
 With ``--disk``: what the disk itself does with one file of twice ``--size``, cold
 (page cache dropped before each read): ``O_DIRECT`` reads of 1, 4, 8 and 16 MiB at 1, 2
@@ -42,6 +46,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--arrays", type=int, default=12)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--root", default="/var/tmp/hpcckpt-bench/cold_read")
+    ap.add_argument("--variants", default="", help="READERSxMIB,... compared in turn")
     ap.add_argument("--disk", action="store_true", help="measure the disk instead")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return ap.parse_args()
@@ -63,23 +68,35 @@ def restores(args: argparse.Namespace) -> None:
     store.save(1, state)
     want = {k: v.copy() for k, v in state.items()}
     cold = _util.ColdCache(comm)
-    seconds = []
+    variants = [v for v in args.variants.split(",") if v] or ["default"]
+    seconds: dict[str, list[float]] = {v: [] for v in variants}
     for _ in range(args.repeat):
-        for v in state.values():
-            v[...] = 0
-        cold()
-        start = time.perf_counter()
-        store.restore(state)
-        seconds.append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
-        if not all(np.array_equal(state[k], want[k]) for k in want):
-            sys.exit("a restore was not exact")
+        for variant in variants:
+            if variant != "default":
+                from hpcckpt.store.io import direct_io
+                from hpcckpt.store.restore import read_plan
+
+                readers, mib = variant.split("x")
+                read_plan.READERS = int(readers)
+                direct_io.DIRECT_READ_PIECE_BYTES = int(mib) << 20
+            for v in state.values():
+                v[...] = 0
+            cold()
+            start = time.perf_counter()
+            store.restore(state)
+            seconds[variant].append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
+            if not all(np.array_equal(state[k], want[k]) for k in want):
+                sys.exit("a restore was not exact")
     if rank == 0:
-        print(
-            f"cold restore in place, 2 ranks x {args.size} ({args.arrays} large arrays): "
-            f"median {statistics.median(seconds):.3f} s, all "
-            f"{[round(s, 3) for s in seconds]}; drop: {cold.problem or 'ok'}; "
-            f"load average {os.getloadavg()[0]:.1f}"
-        )
+        first = np.array(seconds[variants[0]])
+        for variant, took in seconds.items():
+            ratio = float(np.median(np.array(took) / first))
+            print(
+                f"cold restore in place, 2 ranks x {args.size} ({args.arrays} large arrays), "
+                f"{variant}: median {statistics.median(took):.3f} s (x{ratio:.3f} of "
+                f"{variants[0]}, paired), all {[round(s, 3) for s in took]}; drop: "
+                f"{cold.problem or 'ok'}; load average {os.getloadavg()[0]:.1f}"
+            )
 
 
 def _reader(path: str, part: int, half: int, bs: int, qd: int, direct: bool, q, bar) -> None:
@@ -163,7 +180,7 @@ def main() -> None:
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     argv = [mpirun, "-n", "2", "--oversubscribe", sys.executable, "-m", "mpi4py"]
     argv += [__file__, "--worker", "--size", args.size, "--arrays", str(args.arrays)]
-    argv += ["--repeat", str(args.repeat), "--root", args.root]
+    argv += ["--repeat", str(args.repeat), "--root", args.root, "--variants", args.variants]
     try:
         subprocess.run(argv, env=env, check=True)
     finally:
