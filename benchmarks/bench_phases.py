@@ -94,7 +94,8 @@ RESTORE = [
     ("restore.read_plan", None, "plans", "every rank's plan (rank 0)", False),
     ("restore.read_plan", "PlanReader", "__init__", "open + read the hash rows", True),
     ("restore.read_plan", "PlanReader", "tree", "read + check the tree", True),
-    ("io.direct_io", None, "read_hashed", "read + hash the data", True),
+    ("restore.read_plan", "PlanReader", "read_all", "read + hash the data", True),
+    ("io.direct_io", None, "read_hashed", "read + hash the data", True),  # general, or older
     ("restore.load", "Loader", "_load_planned", "planned read", False),
     ("restore.load", "Loader", "_own_piece", "DTensor: own piece? (planned)", True),
     ("restore.load", None, "read_targets", "the state's arrays to read into", True),
