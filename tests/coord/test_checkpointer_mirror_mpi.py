@@ -24,7 +24,8 @@ def test_a_wiped_directory_resumes_from_the_mirror_bit_identical(tmp_path):
     mirror_dir.mkdir()
     env = {MIRROR_ENV: str(mirror_dir)}
     every = ["--steps", "60", "--every", "10", "--ckpt-dir", str(ck)]
-    crashed = mpirun(2, [*HEAT2D, *every, "--crash-at", "35"], env=env)
+    # Steps of 0.1 s: the copy of step 29 (at nice 19) has until step 35 on a busy machine.
+    crashed = mpirun(2, [*HEAT2D, *every, "--crash-at", "35", "--sleep", "0.1"], env=env)
     assert crashed.returncode != 0, "the injected crash must fail the run"
     copied = [e["step"] for e in read_events(ck) if e["event"] == "mirrored"]
     assert copied and copied[-1] == 29, crashed.stderr

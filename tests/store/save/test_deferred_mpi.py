@@ -37,17 +37,22 @@ def exact(d: Path, step: int, n: int) -> bool:
         )
 
 
+def deferred_after_the_first(rep: dict) -> None:
+    """The ``slow`` case's report: every save committed; the first staged save makes the
+    background's group with every rank and waits for the file, the later ones return
+    while rank 0 is still 1.5 s from it."""
+    assert rep["committed"] == [0, 1, 2, 3] and rep["error"] is None
+    assert rep["said"] == ["full", "staged", "staged", "staged"]
+    assert rep["blocked"][0] > 1.5, rep["blocked"]
+    assert max(rep["blocked"][1:]) < 0.75, rep["blocked"]
+    assert "hpcckpt-save" in rep["threads"][1]
+
+
 def test_a_save_does_not_wait_for_rank_0_to_create_its_file(tmp_path):
     d = tmp_path / "ck"
     reports = run("slow", d, 3)
     for rep in reports:
-        assert rep["committed"] == [0, 1, 2, 3] and rep["error"] is None
-        assert rep["said"] == ["full", "staged", "staged", "staged"]
-        # The first staged save makes the background's group with every rank and waits
-        # for the file; the later ones return while rank 0 is still 1.5 s from it.
-        assert rep["blocked"][0] > 1.5, rep["blocked"]
-        assert max(rep["blocked"][1:]) < 0.75, rep["blocked"]
-        assert "hpcckpt-save" in rep["threads"][1]
+        deferred_after_the_first(rep)
     assert all(exact(d, int(name[5:-3]), 3) for name in reports[0]["files"])
 
 
@@ -60,11 +65,7 @@ def test_a_node_local_save_does_not_wait_for_rank_0_and_each_rank_seals_its_copy
     assert r.returncode == 0, r.stderr[-3000:]
     reports = rank_reports(r.stdout, 3)
     for rep in reports:
-        assert rep["committed"] == [0, 1, 2, 3] and rep["error"] is None
-        assert rep["said"] == ["full", "staged", "staged", "staged"]
-        assert rep["blocked"][0] > 1.5, rep["blocked"]
-        assert max(rep["blocked"][1:]) < 0.75, rep["blocked"]
-        assert "hpcckpt-save" in rep["threads"][1]
+        deferred_after_the_first(rep)
         k = rep["rank"]
         for step, names in enumerate(rep["cache_files"]):
             assert fast_tier.manifest_name(step, k) in names, (step, names)
