@@ -403,9 +403,9 @@ class Checkpointer:
         returns once the state is staged: the result's ``blocked_seconds`` is what the
         ranks waited, and the checkpoint is committed later (see the class docs). With
         ``async_save``, and with ``cache`` without ``redundancy``, after the first save
-        the ranks decide the kind in the background: the result says ``kind="staged"`` and ``bytes_written=0`` (the
-        commit's result has both), and a value that cannot be saved is raised at the
-        commit, on every rank (docs/async-and-fast-tier.md).
+        the ranks decide the kind in the background: the result says ``kind="staged"``
+        and ``bytes_written=0`` (the commit's result has both), and a value that cannot
+        be saved is raised at the commit, on every rank (docs/async-and-fast-tier.md).
         """
         self._calls.enter("save", step)
         t0 = time.perf_counter()
