@@ -81,7 +81,7 @@ def close_store(ck: Any, timeout: float = JOIN_TIMEOUT) -> None:
     pending, ck._pending = ck._pending, None
     mirroring = ck.store.mirroring
     if pending is not None:  # never committed (an error, or no finish): not waited on
-        pending.go()  # one held since its save ends as any other
+        pending.go()  # still held if its save() raised before letting it go: it runs out
         _join(getattr(pending.writer, "_thread", None), end)
     ck.store.close()
     if mirroring is not None:
