@@ -68,8 +68,7 @@ saves ``--gap`` seconds apart, without a mirror and with each of ``--blocked-mir
 (``s3``, ``dir``: every save mirrored in the background, so later saves run while the
 worker still copies): the seconds save() blocked, median per run, and their ratio to
 no mirror (goal: at most 1.1). The copy steps aside while a save writes (it waits at
-the mirror worker's gate between its chunks, an S3 part in flight between the 1 MiB
-slices of its body): ``mirror_paused_s`` is the seconds each
+the mirror worker's gate between its chunks and S3 parts): ``mirror_paused_s`` is the seconds each
 run's copies waited so (the ``mirrored`` events' ``paused``), ``mirror_rate_MBps`` the
 median of the copies' own rates, pauses left out.
 

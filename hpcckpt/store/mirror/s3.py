@@ -27,7 +27,6 @@ from typing import Any
 from hpcckpt.store.io.durability import atomic_path
 from hpcckpt.store.mirror import priority
 from hpcckpt.store.mirror.backend import MirrorUnavailable, ObjectInfo, Throttle, check_verify
-from hpcckpt.store.mirror.body import PartBody, holder
 
 try:  # the optional extra; importing hpcckpt never needs it
     import boto3
@@ -398,7 +397,7 @@ class S3Backend:
                 self.client.put_object,
                 Bucket=self.bucket,
                 Key=full,
-                Body=PartBody(body, holder(pause)),
+                Body=body,
                 **checksum,
             )
             if algo == "etag":
@@ -474,7 +473,7 @@ class S3Backend:
             Key=full,
             UploadId=upload,
             PartNumber=number,
-            Body=PartBody(sent, holder(pause)),
+            Body=sent,
             **checksum,
         )
         if algo == "etag":

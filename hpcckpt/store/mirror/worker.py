@@ -131,23 +131,17 @@ class Gate:
         with self._cond:
             return self._held()
 
-    def wait_open(self, timeout: float | None = None) -> None:
-        """Return once no save holds the gate (at once when none does), or after
-        ``timeout`` seconds (None: no limit) when one still holds it."""
+    def wait_open(self) -> None:
+        """Return once no save holds the gate (at once when none does)."""
         with self._cond:
             if self._open_for_good or not self._held():
                 return
             if not self._waiting:
                 self._since = time.monotonic()
             self._waiting += 1
-            end = None if timeout is None else time.monotonic() + timeout
             try:
                 while not self._open_for_good and self._held():
-                    left = None if end is None else end - time.monotonic()
-                    if left is not None and left <= 0:
-                        break
-                    wait = POLL if self._until else None
-                    self._cond.wait(wait if left is None else min(left, wait or left))
+                    self._cond.wait(POLL if self._until else None)
             finally:
                 self._waiting -= 1
                 if not self._waiting:

@@ -14,7 +14,6 @@ from pathlib import Path
 import boto3
 import pytest
 
-from hpcckpt.store.mirror import body as bodymod
 from hpcckpt.store.mirror.backend import (
     MirrorBackend,
     MirrorUnavailable,
@@ -23,7 +22,6 @@ from hpcckpt.store.mirror.backend import (
     open_backend,
 )
 from hpcckpt.store.mirror.s3 import S3Backend, parse_s3_url
-from hpcckpt.store.mirror.worker import Gate
 from tests.s3_server import KEY, SECRET
 
 MiB = 1 << 20
@@ -282,34 +280,6 @@ def test_without_boto3_hpcckpt_imports_and_an_s3_mirror_names_the_extra(tmp_path
         [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True
     )
     assert "pip install 'hpcckpt[s3]'" in out.stdout, out.stdout + out.stderr
-
-
-def test_a_part_in_flight_waits_at_the_gate_between_slices_for_a_bounded_time(
-    s3_mirror, tmp_path, monkeypatch
-):
-    monkeypatch.setattr(bodymod, "HOLD", 0.3)
-    data = os.urandom(40 * MiB)  # 3 parts of 16 MiB, each sent in 1 MiB slices
-    gate = Gate()
-    gate.hold()  # a save writes during the whole upload
-    holds: list[float] = []
-
-    def pause(timeout: float | None = None) -> None:
-        if timeout is None:
-            return  # between requests: open here, so that the upload can go on at all
-        holds.append(timeout)
-        gate.wait_open(timeout)
-
-    backend = S3Backend(s3_mirror.url, compress=None)
-    t0 = time.monotonic()
-    backend.put_stream(
-        "held.bin", [data[i : i + MiB] for i in range(0, len(data), MiB)], pause=pause
-    )
-    took = time.monotonic() - t0
-    assert (s3_mirror.prefix_path / "held.bin").read_bytes() == data
-    assert holds and all(0 < t <= 0.3 for t in holds)
-    # every part's request waited mid-body, never longer than HOLD per pass over it
-    assert gate.paused >= 0.3 and took >= 0.3
-    assert took < 30
 
 
 def test_over_tls_bodies_are_not_hashed_again_for_the_signature(monkeypatch):
