@@ -198,11 +198,12 @@ class Checkpointer:
         self._end = JobEnd(options, self.agreement)  # collective: rank 0 may ask Slurm
         #: The job's end time and when the last checkpoint must begin before it.
         self.deadline: Deadline = self._end.deadline
-        #: Host memory an async save stages into (None: not async, or staged to ``cache``).
+        #: Host memory an async save stages into, or a save to ``cache`` on its way there
+        #: (None: saves are synchronous).
         staging = options.staging
         self.buffers = (
             HostBuffers(staging.staging_budget)  # type: ignore[arg-type]
-            if staging.async_save and self.cache is None
+            if staging.async_save or self.cache is not None
             else None
         )
         self._pending: PendingSave | None = None
@@ -330,10 +331,10 @@ class Checkpointer:
         # metadata after a restart, up to tens of ms, is off rank 0's path).
         self._heartbeat.beat(None, "restore", True)
         result = self.store.restore(state, only=only, strict=strict)
-        if self.buffers is not None:  # the first save's staging, populated in the background
-            self.buffers.reserve(state, self.comm)
-        elif self.store.tier is not None:  # or its node-local data file
+        if self.store.tier is not None:  # the first save's node-local data file
             self.store.tier.reserve(state)
+        if self.buffers is not None:  # the staging of the saves after, populated meanwhile
+            self.buffers.reserve(state, self.comm)
         set_aside = [] if self.store.tier is None else self.store.tier.take_set_aside()
         self._heartbeat.beat(None, force=True)  # back to compute
         self._calls.drain()

@@ -160,7 +160,7 @@ class Saver:
         """A staged save in memory, or one whose node-local copy each rank seals alone."""
         if state is None or redrain:
             return False
-        return buffers is not None or (self.tier is not None and self.tier.seals_alone())
+        return self.tier.seals_alone() if self.tier is not None else buffers is not None
 
     # -- what the restore side tells it ----------------------------------------------------
     def remember(self, chain: ChainState | None) -> None:
@@ -278,15 +278,21 @@ class Saver:
         """Steps 1-3 with the array bytes written by a thread per rank; returns at once.
 
         The state is staged in ``buffers`` (host memory) or, with a node-local tier, in
-        this rank's files there. ``redrain``: drain the tier's copy of ``step`` (just
-        restored, or held for the drain) as it is; with ``state=None`` the copy's own
-        tree and arrays stand for the state. :meth:`finish_save` commits.
+        this rank's files there; with both, a deferred save copies into ``buffers`` and
+        its thread into the tier (:class:`~.save.staging_modes.MemoryThenLocal`).
+        ``redrain``: drain the tier's copy of ``step`` (just restored, or held for the
+        drain) as it is; with ``state=None`` the copy's own tree and arrays stand for the
+        state. :meth:`finish_save` commits.
         """
-        if (buffers is None) == (self.tier is None):
-            raise ValueError("a staged save needs exactly one staging area: buffers or a cache")
+        if buffers is None and self.tier is None:
+            raise ValueError(
+                "a staged save needs a staging area: host buffers (async_save) or a cache"
+            )
         if self.defers(state, buffers, redrain):  # blocks for the copy only
             assert self.deferred is not None and state is not None
             return self.deferred.begin(self, step, state, extra_meta, buffers)
+        if self.tier is not None:
+            buffers = None  # the tier stages it; host buffers serve deferred saves only
         if self._may_defer(state, buffers, redrain):
             if not self._deferred_tried:  # the background's group: made by every rank here
                 self._deferred_tried = True

@@ -28,6 +28,7 @@ from hpcckpt.store.save.staging import BackgroundWrite, DeferredWrite, HostBuffe
 from hpcckpt.store.save.staging_budget import StagingPlan
 from hpcckpt.store.save.staging_modes import (
     HostCopy,
+    MemoryThenLocal,
     NodeLocal,
     Pieces,
     Staged,
@@ -76,8 +77,9 @@ class DeferredSaves:
     ) -> PendingSave:
         """Encode and copy this rank's state (no collective) and start the thread that
         makes the checkpoint's file and writes it; :meth:`Saver.finish_save` commits.
-        Without ``buffers`` the copy goes to the saver's node-local tier, to be hashed
-        and sealed by each rank alone in the thread (``NodeLocalTier.seals_alone``)."""
+        With a node-local tier the copy is sealed by each rank alone in the thread
+        (``NodeLocalTier.seals_alone``): it goes into ``buffers`` when their budget holds
+        it, and from there into the tier in the thread; otherwise straight into the tier."""
         t0 = time.perf_counter()
         memory.reset_peak()
         final, partial = saver.names(step)
@@ -85,12 +87,17 @@ class DeferredSaves:
         mode: StagingMode
         if buffers is None:
             local = encode_local(state)
-            plan = StagingPlan(staging_budget.COPY, 0, 0, None)  # the tier's own room
-            mode = NodeLocal(saver.tier, hash_later=True)
         else:
             buffers.reset_peak()
             with buffers.lending(saver.changes.device_copies(saver.last, saver.chain_policy)):
                 local = encode_local(state)
+        if saver.tier is not None:  # through memory when the budget holds a copy
+            plan = StagingPlan(staging_budget.COPY, 0, 0, None)  # the tier's own room
+            mode = NodeLocal(saver.tier, hash_later=True)
+            if buffers is not None and _fits(saver, buffers, local.arrays):
+                mode = MemoryThenLocal(saver.tier, buffers)
+        else:
+            assert buffers is not None
             try:
                 plan = saver.local_plan(buffers, local.arrays)
             except Exception as exc:  # every rank must reach the agreement (in the thread)
@@ -128,6 +135,14 @@ class DeferredSaves:
             write.wait()
         pending.foreground = pending.blocked = time.perf_counter() - t0
         return pending
+
+
+def _fits(saver: Saver, buffers: HostBuffers, arrays: dict[str, Any]) -> bool:
+    """Whether this rank's budget holds a whole copy of ``arrays`` in ``buffers``."""
+    try:
+        return saver.local_plan(buffers, arrays).mode == staging_budget.COPY
+    except Exception:  # no room said otherwise: the copy goes straight to the tier
+        return False
 
 
 def _mode(saver: Saver, buffers: HostBuffers, plan: StagingPlan) -> StagingMode:
@@ -168,6 +183,11 @@ class _Job:
         comm, saver, pending = self.agreement.comm, self.saver, self.pending
         step, partial = pending.step, pending.partial
         saver.settle()  # a prune under way ends before rank 0 reads the directory
+        if isinstance(self.mode, MemoryThenLocal) and self.stage_error is None:
+            try:  # every rank must reach the agreement below
+                self.staged = self.mode.to_tier(step, self.staged)
+            except Exception as exc:
+                self.stage_error = exc
         sync = self.plan.mode == staging_budget.SYNC
         short = comm.allreduce(saver.rank if sync else -1, MAX)
         if short >= 0:  # said once, at the commit
@@ -187,7 +207,9 @@ class _Job:
             # file takes the hashes of the arrays it writes as they are.
             uid = self.agreement.from_root(lambda: uuid.uuid4().hex)
             self.mode.staged(step, uid, encoded.tree, arrays, self.staged, encoded.replicated)
-            copied = {n: blocks.block_hashes(a, saver.block_size) for n, a in arrays.items()}
+            copied = self.staged.hashes or {
+                n: blocks.block_hashes(a, saver.block_size) for n, a in arrays.items()
+            }
         # A copy may be a delta: hashed first, then planned. Otherwise, as a classic
         # staged save does, a staging not hashed in the foreground is written full.
         copy = self.mode.name == "copy" or copied is not None

@@ -14,6 +14,9 @@ the background write of the created file's extents. The modes:
 - :class:`NodeLocal`: into this rank's files on the node-local tier, which survive a
   crash of the job's processes (a full save: written in the foreground, hashed and
   sealed by the background thread before the commit);
+- :class:`MemoryThenLocal`: into host buffers first (one copy, the blocked time), then,
+  by the background thread, into this rank's files on the node-local tier, hashed as they
+  are written there (a deferred save whose copy each rank seals alone);
 - :class:`Redrain`: a copy already on the node-local tier (just restored, or the newest
   one at the end of the allocation), drained as it is without writing it again.
 """
@@ -198,6 +201,31 @@ class NodeLocal:
                 self.tier.seal_alone(step, uid, tree, arrays, done, offsets, replicated)
 
         return BackgroundWrite(partial, extents, direct, hashing=hashing, seal=seal).start()
+
+
+class MemoryThenLocal(NodeLocal):
+    """A node-local save whose blocked time is one copy into host memory: the copy into
+    the tier's files (pages of a memory file system, 4 KiB each where ``shmem_enabled`` is
+    ``never``, slower to fill than anonymous memory), the hashes and the removal of the
+    older copy are the background thread's (:meth:`to_tier`), before it drains and seals."""
+
+    def __init__(self, tier: NodeLocalTier, buffers: HostBuffers) -> None:
+        super().__init__(tier, hash_later=True)
+        self.buffers = buffers
+        self.where = f" in memory, then {tier.path}"
+
+    def stage(self, step: int, arrays: dict[str, Any]) -> Staged:
+        copies, _ = self.buffers.stage(arrays, 0, hashed=False)
+        return Staged(copies)
+
+    def to_tier(self, step: int, staged: Staged) -> Staged:
+        """Write the host copy into this rank's tier files, hashed in the same pass (the
+        background thread's; not collective)."""
+        return Staged(*self.tier.stage(step, staged.arrays, hashed=True))
+
+    @property
+    def held_bytes(self) -> int:  # type: ignore[override]
+        return self.buffers.nbytes
 
 
 class Redrain(NodeLocal):

@@ -137,6 +137,33 @@ def test_node_local_seals_a_copy_in_the_cache_then_drains_it(tmp_path, monkeypat
     assert again.restore(back).source == "directory", "the copy is no newer"
 
 
+def test_memory_then_local_leaves_the_tier_to_the_thread(tmp_path):
+    """A deferred save to the cache with host buffers: save() copies into memory and no
+    more (the tier's old copy is still there, the new one not yet); the thread writes the
+    tier's copy, hashes it in that pass and seals it; the copy and the file restore alike."""
+    cache = tmp_path / "cache"
+    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, cache=cache)
+    buffers = HostBuffers()
+    store.saver.finish_save(store.saver.begin_save(1, random_state(1), buffers=buffers))
+    assert buffers.nbytes == 0, "the first save goes straight to the tier"
+    state = random_state(2)
+    saved = copy_of(state)
+    pending = store.saver.begin_save(2, state, buffers=buffers)
+    assert pending.deferred and pending.staging_bytes == buffers.nbytes > 0
+    time.sleep(0.3)
+    assert not (cache / fast_tier.data_name(2, 0)).exists(), "the tier's copy: in the thread"
+    assert (cache / fast_tier.manifest_name(1, 0)).is_file(), "the old copy: removed there too"
+    state["u"][:] = 0.0  # the application goes on at once: the memory copy is its own
+    result = store.saver.finish_save(pending)
+    assert result.step == 2 and store.tier.newest_step == 2
+    assert not (cache / fast_tier.manifest_name(1, 0)).exists()
+    (copy,) = fast_tier.scan(cache, store.directory, 0, 1)
+    assert copy.step == 2 and fast_tier.load(copy)["u"].tobytes() == saved["u"].tobytes()
+    with CheckpointReader(result.path) as reader:
+        assert str(reader.uid) == copy.uid, "the copy and the file are one checkpoint"
+    restores_bit_exactly(store.directory, 2, saved)
+
+
 @pytest.fixture
 def restored_from_the_tier(tmp_path):
     """A checkpoint of step 5 saved on the tier only, restored by a new store (a restart):
