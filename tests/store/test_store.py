@@ -120,6 +120,17 @@ def test_a_cache_with_buffers_copies_later_saves_into_memory_then_the_tier(tmp_p
     np.testing.assert_array_equal(state["u"], make_state(3)["u"])
 
 
+def test_a_cache_whose_budget_holds_no_copy_copies_straight_into_the_tier(tmp_path, make_state):
+    cached = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, cache=tmp_path / "cache")
+    buffers = HostBuffers(budget=1024)  # under the state's 8000 bytes
+    for step in (1, 2, 3):
+        pending = cached.begin_save(step, make_state(step), buffers=buffers)
+        assert pending.staging_bytes == 0 and buffers.nbytes == 0, "no host copy held"
+        assert cached.finish_save(pending).tier == "directory"
+    assert pending.deferred, "the later saves still block for their copy only"
+    assert cached.tier is not None and cached.tier.newest_step == 3
+
+
 def test_restore_takes_a_dict_and_only_by_key(store, make_state):
     store.save(1, make_state(1))
     with pytest.raises(TypeError, match="state must be a dict, not list"):
