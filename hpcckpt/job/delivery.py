@@ -140,6 +140,25 @@ def rank_processes(
     return sorted(rank_signal.ranks_below(launcher_pid, kind))
 
 
+def without_handler(
+    kind: Launcher,
+    launcher_pid: int,
+    sig: signal.Signals,
+    environ: Mapping[str, str] | None = None,
+) -> list[int] | None:
+    """The rank processes of an mpirun step on this node that neither catch nor ignore
+    ``sig`` yet (still in MPI_Init or reading their restart files): the signal would kill
+    them. None while no rank has started (mpirun itself would get the signal); empty for
+    other launchers, whose ranks are not signalled one by one."""
+    if kind is not Launcher.MPIRUN:
+        return []
+    job_id = slurm_env.job_id(os.environ if environ is None else environ)
+    ranks = rank_processes(launcher_pid, job_id)
+    if not ranks:
+        return None
+    return [p for p in ranks if not rank_signal.takes(p, sig)]
+
+
 def signal_on_every_node(
     job_id: str,
     nodes: int,

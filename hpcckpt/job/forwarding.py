@@ -35,6 +35,11 @@ from hpcckpt.slurm.runner import SlurmError
 
 __all__ = ["Forwarding", "ForwardingContext", "forward_signal"]
 
+#: Seconds past ``--app-ready`` a stop is held while a rank process on this node has no
+#: handler for the application's signal yet (mpirun steps): the signal would kill it
+#: before it could write anything. Then it is sent all the same.
+HANDLER_WAIT = 60.0
+
 
 def forward_signal(config: WrapperConfig) -> signal.Signals:
     """What a stop request becomes for the step: --app-signal, else --signal."""
@@ -71,6 +76,9 @@ class Forwarding:
         self.w = wrapper
         #: The background check of Slurm's warning (one per attempt; job/leadtime.py).
         self.lead_thread: threading.Thread | None = None
+        #: The step (pid) whose ranks on this node were all seen to take the signal.
+        self._handlers_seen: int | None = None
+        self._handler_wait_logged = False
 
     @property
     def forward_signal(self) -> signal.Signals:
@@ -82,9 +90,44 @@ class Forwarding:
             return False
         if self.w.config.app_mode:
             assert self.w.child_started is not None
-            return time.monotonic() - self.w.child_started >= self.w.config.app_ready
+            ran = time.monotonic() - self.w.child_started
+            return ran >= self.w.config.app_ready and self._handlers_ready(ran)
         status = self.w.own_status()
         return status is not None and status.state == RUNNING
+
+    def _rank_path(self) -> bool:
+        """Does the signal go to the rank processes one by one (an mpirun step)?"""
+        return delivery.launcher_kind(self.w.command) is delivery.Launcher.MPIRUN
+
+    def _handlers_ready(self, ran: float) -> bool:
+        """Do the step's ranks on this node take the signal (catch or ignore it)? A rank
+        still starting would die of it, its restart files untouched; the stop waits for
+        it up to :data:`HANDLER_WAIT` s past --app-ready, then goes all the same."""
+        w = self.w
+        assert w.child is not None
+        if w.own is not None or self._handlers_seen == w.child.pid:
+            return True  # own-schedule mode sends no signal
+        kind = delivery.launcher_kind(w.command)
+        bare = delivery.without_handler(kind, w.child.pid, self.forward_signal, w.environ)
+        if bare == []:
+            self._handlers_seen = w.child.pid
+            return True
+        if ran < w.config.app_ready + HANDLER_WAIT:
+            return False
+        if not self._handler_wait_logged:
+            self._handler_wait_logged = True
+            sig = self._fwd_name()
+            what = (
+                f"rank process(es) {', '.join(map(str, bare))} have no handler for {sig}"
+                if bare
+                else "no rank process found on this node"
+            )
+            w.log(
+                f"warning: {what} after {ran:.0f} s; sending {sig} all the same (its "
+                "default action ends a process)",
+                WARN,
+            )
+        return True
 
     def handle(self, signum: int, t: float | None, heard: str | None = None) -> None:
         """A stop request: a signal, or (``heard``) the wrapper's own end-time stop."""
@@ -147,6 +190,7 @@ class Forwarding:
                 w.log(
                     f"{heard} {when}{note}; held until the application has run "
                     f"{w.config.app_ready:g} s (--app-ready)"
+                    + (" and its ranks here take it" if self._rank_path() else "")
                 )
                 w.event(events.SIGNAL, name=name, elapsed=elapsed, forwarded=False, held=True)
             return

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from hpcckpt.job import forwarding
 from hpcckpt.job.config import WrapperConfig
 from hpcckpt.job.forwarding import Forwarding, forward_signal
 from hpcckpt.job.stop import StopRequest
@@ -174,6 +176,80 @@ def test_app_mode_waits_for_app_ready_and_sends_the_app_signal(tmp_path):
         fwd.check_held()
         assert sent == ["the application has run 0.2 s"] and w.stop.forwarded
         assert ended_by(w) == -signal.SIGUSR2
+    finally:
+        if w.child.poll() is None:
+            w.child.kill()
+
+
+#: A rank process as mpirun starts one (OMPI_COMM_WORLD_RANK in its environment) that
+#: spends DELAY seconds starting (MPI_Init, reading its restart files) before it installs
+#: its TERM handler, or never does (DELAY < 0); the handler writes "caught" and exits 0.
+RANK = """
+import os, signal, sys, time
+out, delay = sys.argv[1], float(sys.argv[2])
+if delay >= 0:
+    time.sleep(delay)
+    def caught(signum, frame):
+        open(os.path.join(out, "caught"), "w").close()
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, caught)
+    open(os.path.join(out, "handler"), "w").close()
+time.sleep(60)
+"""
+#: mpirun's part: start one rank, wait for it, exit with its status.
+LAUNCHER = """
+import os, subprocess, sys
+env = dict(os.environ, OMPI_COMM_WORLD_RANK="0")
+sys.exit(subprocess.run([sys.executable, "-c", sys.argv[1], *sys.argv[2:]], env=env).returncode)
+"""
+
+
+def mpirun_stand_in(tmp_path: Path, delay: float) -> StandIn:
+    """An app-mode wrapper (TERM, no --app-ready wait) over an mpirun step of one rank."""
+    w = StandIn(tmp_path, app_signal=signal.SIGTERM, app_ready=0.0)
+    w.app = SimpleNamespace(stop=lambda what, send: send())
+    w.child = subprocess.Popen([sys.executable, "-c", LAUNCHER, RANK, str(tmp_path), str(delay)])
+    w.child_started = time.monotonic()
+    w.command = ["mpirun", "-n", "1", "app"]
+    return w
+
+
+def forward_when_ready(w: StandIn, fwd: Forwarding, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while w.stop.held and time.monotonic() < deadline:
+        fwd.check_held()
+        time.sleep(0.02)
+
+
+def test_an_mpirun_rank_still_starting_gets_the_signal_once_it_has_its_handler(tmp_path):
+    """TERM to a rank before it installed its handler would kill it, its restart files
+    never written: the stop is held past --app-ready until every rank here catches it."""
+    w = mpirun_stand_in(tmp_path, delay=1.5)
+    fwd = Forwarding(w)
+    try:
+        fwd.handle(signal.SIGUSR1, time.monotonic())
+        assert w.stop.held and "(--app-ready) and its ranks here take it" in w.lines[-1]
+        forward_when_ready(w, fwd)
+        assert w.stop.forwarded and (tmp_path / "handler").exists()
+        assert w.child.wait(timeout=10) == 0 and (tmp_path / "caught").exists()
+        assert "forwarded as TERM to the rank processes directly" in w.lines[-1]
+    finally:
+        if w.child.poll() is None:
+            w.child.kill()
+
+
+def test_a_rank_that_never_takes_the_signal_gets_it_after_the_handler_wait(tmp_path, monkeypatch):
+    monkeypatch.setattr(forwarding, "HANDLER_WAIT", 1.0)
+    w = mpirun_stand_in(tmp_path, delay=-1)
+    fwd = Forwarding(w)
+    try:
+        t = time.monotonic()
+        fwd.handle(signal.SIGUSR1, t)
+        assert w.stop.held
+        forward_when_ready(w, fwd)
+        assert w.stop.forwarded and time.monotonic() - t >= 1.0
+        assert any("have no handler for TERM" in line for line in w.lines), w.lines
+        assert w.child.wait(timeout=10) != 0 and not (tmp_path / "caught").exists()
     finally:
         if w.child.poll() is None:
             w.child.kill()
