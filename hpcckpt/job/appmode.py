@@ -53,6 +53,9 @@ class AppMode:
         self.schedule: PeriodicSchedule | None = None  # when --ckpt-every is given
         self.pending: Any = None  # restart_files.PendingSet being watched
         self.set_after_stop = False  # a complete set appeared after the stop request
+        #: The step was killed (by a signal) after the stop request, before writing any
+        #: restart file: a rank without a handler yet; the newest kept set stands.
+        self.killed_before_writing = False
         self.stop_cost: float | None = None
         self.stop_set_registered = False
         self.ended_by_wrapper = False
@@ -244,6 +247,7 @@ class AppMode:
             watching_files=self.files is not None,
             set_after_stop=self.set_after_stop,
             ended_by_wrapper=self.ended_by_wrapper,
+            killed_before_writing=self.killed_before_writing,
         )
 
     def after_stop(self) -> None:

@@ -90,17 +90,22 @@ def classify_app(
     watching_files: bool,
     set_after_stop: bool,
     ended_by_wrapper: bool = False,
+    killed_before_writing: bool = False,
 ) -> StepResult:
     """The outcome of an application without the Python API (``--app-signal``).
 
     ``stop_sent``: the wrapper forwarded a stop request (time limit, preemption) to it.
     ``watching_files``: ``--restart-files`` was given. ``set_after_stop``: a complete
     restart set appeared after the stop request. ``ended_by_wrapper``: the wrapper ended
-    the step itself after that set was complete.
+    the step itself after that set was complete. ``killed_before_writing``: a signal
+    killed the step after the stop request and before any restart file was written (the
+    signal reached a rank before its handler): a stop that kept nothing new, its newest
+    kept set intact; continued like any such stop (job/stalled.py gives up on a streak).
 
     | stop sent | restart files | exit status    | outcome                      |
     |-----------|---------------|----------------|------------------------------|
     | yes       | complete set  | any            | stopped                      |
+    | yes       | none written  | killed         | stopped (nothing new kept)   |
     | yes       | not watched   | 0              | stopped                      |
     | yes       | incomplete    | any            | crashed (kept the older set) |
     | no        | -             | 0              | finished                     |
@@ -115,6 +120,9 @@ def classify_app(
             )
         if not watching_files and returncode == 0:
             return StepResult(Outcome.STOPPED, returncode, None, f"{exited} after the stop signal")
+        if watching_files and killed_before_writing:
+            why = f"{exited} after the stop signal, before writing any restart file"
+            return StepResult(Outcome.STOPPED, returncode, None, why)
         if watching_files:
             why = f"{exited} after the stop signal, before its restart files were complete"
         else:

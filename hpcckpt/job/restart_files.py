@@ -150,6 +150,12 @@ class RestartFiles:
     def begin(self, stop: bool) -> PendingSet:
         return PendingSet(time.time_ns(), time.monotonic(), stop)
 
+    def written_since(self, pending: PendingSet) -> bool:
+        """Was any restart file (or the marker) written since ``pending``'s signal?"""
+        since = pending.signal_wall_ns - _MTIME_SLACK_NS
+        paths = [*self.current(), *([self.marker] if self.marker is not None else [])]
+        return any((st := _stat(p)) is not None and st[1] >= since for p in paths)
+
     def poll(self, pending: PendingSet) -> bool:
         """Advance the watch; True once the restart files are complete (see module doc)."""
         now = time.monotonic()

@@ -424,9 +424,17 @@ class Wrapper:
             return result if self.elastic is None else self.elastic.adjust(result)
         if self.own is not None:
             return self.own.result(rc)
-        if self.app.pending is not None and died_by_signal(rc):  # killed mid-write
-            self.log(f"the step was {describe_returncode(rc)}: its restart files may be cut")
-            self.app.pending = None
+        if self.app.pending is not None and died_by_signal(rc):  # killed mid-write, or before
+            pending, self.app.pending = self.app.pending, None
+            if pending.stop and not self.app.files.written_since(pending):
+                self.app.killed_before_writing = True
+                self.log(
+                    f"the step was {describe_returncode(rc)} after the stop signal, before "
+                    "writing any restart file (a rank with no handler for it yet?): the newest "
+                    "kept set stands"
+                )
+            else:
+                self.log(f"the step was {describe_returncode(rc)}: its restart files may be cut")
         self.app.finish_pending()
         if not self.stop.forwarded and rc != 0 and self.stops is not None:
             self.stops.preempted_app_stop(rc)  # Slurm's TERM went to the tasks directly
@@ -484,7 +492,7 @@ class Wrapper:
                     "takes no signal, so a stop ends it by a kill; it resumes from its newest "
                     "kept restart set: a stop, not a crash"
                 )
-            elif rc != 0 and not self.app.ended_by_wrapper:
+            elif rc != 0 and not self.app.ended_by_wrapper and not self.app.killed_before_writing:
                 what = "its restart files were" if self.config.app_mode else "the checkpoint was"
                 self.log(
                     f"note: the step ended with {describe_returncode(rc)} after {what} "

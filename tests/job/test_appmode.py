@@ -81,3 +81,26 @@ def test_app_options_need_app_signal(tmp_path):
     w = Wrapped(tmp_path / "ck", app("finish"), "--restart-files", "x.*", "--ckpt-every", "60")
     assert w.wait() == 2
     assert "add --app-signal" in w.stderr
+
+
+def test_a_stop_that_kills_the_app_before_it_writes_is_a_stop_that_kept_nothing(tmp_path):
+    """The application's signal reached it before its handler (a rank still starting):
+    killed, no restart file written since; not a crash (the wrapper's own signal did it,
+    the newest kept set stands) but a stop that kept nothing new, continued as such stops
+    are (job/stalled.py gives up on a streak of them)."""
+    ckpt, work = tmp_path / "ck", tmp_path / "work"
+    work.mkdir()
+    (work / "state").write_text("7")  # an earlier run's restart file
+    starting = "import time; time.sleep(60)"  # no handler for USR2: its default action kills
+    opts = ["--app-signal", "USR2", "--app-ready", "0.5", "--restart-files", str(work / "state"),
+            "--settle", "0.3"]  # fmt: skip
+    w = Wrapped(ckpt, [sys.executable, "-c", starting], *opts)
+    w.wait_line("started step")
+    w.send(signal.SIGUSR1)
+    w.wait()
+    w.wait_line("before writing any restart file (a rank with no handler for it yet?)")
+    w.wait_line("nothing new was kept")
+    assert "may be cut" not in w.stderr and "step crashed" not in w.stderr, w.stderr
+    evs = list(read_events(ckpt))
+    assert [e["outcome"] for e in evs if e["event"] == "step_end"] == ["stopped"]
+    assert (work / "state").read_text() == "7"

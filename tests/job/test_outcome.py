@@ -19,6 +19,9 @@ def test_classify_app_table():
     assert out(2, stop_sent=True) is Outcome.CRASHED
     assert out(-15, stop_sent=True, watching_files=True, set_after_stop=True) is Outcome.STOPPED
     assert out(0, stop_sent=True, watching_files=True) is Outcome.CRASHED
+    # killed by the stop's signal before any restart file was written: nothing new kept
+    stopped = out(143, stop_sent=True, watching_files=True, killed_before_writing=True)
+    assert stopped is Outcome.STOPPED
 
 
 def test_classify():
