@@ -27,7 +27,9 @@ tests start, tests/s3_server.py), on this machine: every byte goes over loopback
 the server's CPU competes with the client's. That server hashes the whole object for its
 ETag on every request, even a range read (``--etag-hash``, MD5 by default, as in the
 tests), which a real S3 store does not (it keeps the ETag): ``--etag-hash ""`` turns it
-off (through ``RCLONE_ETAG_HASH``) to measure without that artifact.
+off (through ``RCLONE_ETAG_HASH``) to measure without that artifact. ``--s3-dir`` puts
+the server's objects elsewhere than ``--dir`` (``/dev/shm``: its writes then do not
+share the checkpoints' disk, as a real store's, on another machine, do not).
 
 Measurements, in an order shuffled per repetition (seeded); medians over ``--reps``,
 ratios per repetition then the median:
@@ -147,7 +149,12 @@ class Bench:
             else self.root / "mirror-dir"
         )
         self.mirror_dir.mkdir(parents=True)
-        self.server = S3Server(self.root / "s3")
+        self.store_dir = (
+            Path(args.s3_dir).resolve() / f"bench-mirror-{os.getpid()}"
+            if getattr(args, "s3_dir", None)
+            else self.root / "s3"
+        )
+        self.server = S3Server(self.store_dir)
         self.server.start()
         os.environ.update(self.server.env())
         self.bucket = "bench"
@@ -161,6 +168,9 @@ class Bench:
 
     def close(self) -> None:
         self.server.stop()
+        shutil.rmtree(self.store_dir, ignore_errors=True)
+        if self.store_dir.parent != self.root:
+            self.server.log.unlink(missing_ok=True)
         shutil.rmtree(self.mirror_dir, ignore_errors=True)
         shutil.rmtree(self.root, ignore_errors=True)
 
@@ -784,6 +794,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--with-parts", action="store_true", help="also the part-size matrix")
     ap.add_argument("--dir", default="/tmp", help="where the checkpoints and the S3 data go")
     ap.add_argument("--mirror-dir", default=None, help="the directory mirror (default: in --dir)")
+    ap.add_argument(
+        "--s3-dir",
+        default=None,
+        help="where the S3 server keeps its objects (default: in --dir, the checkpoints' "
+        "disk; a real store's writes do not compete with the node's: /dev/shm stands for "
+        "another machine's disk)",
+    )
     ap.add_argument(
         "--etag-hash",
         default="MD5",
