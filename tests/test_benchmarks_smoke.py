@@ -195,6 +195,39 @@ def test_bench_async_reports_blocked_time(tmp_path: Path) -> None:
     assert not any((tmp_path / "cache").iterdir()), "the node-local copies are left behind"
 
 
+def test_bench_mirror_measures_every_goal_of_the_second_tier(tmp_path: Path) -> None:
+    out = tmp_path / "mirror.json"
+    proc = _run(
+        [
+            str(BENCH / "bench_mirror.py"),
+            "--size",
+            "2M",
+            "--reps",
+            "1",
+            "--saves",
+            "2",
+            "--gap",
+            "0.1",
+            "--etag-hash",
+            "",
+            "--skip",
+            "slowdown,compression,index",
+            "--methods",
+            "boto3,mirror,copy,dir_mirror",
+            "--dir",
+            str(tmp_path / "work"),
+            "--s3-dir",
+            str(tmp_path / "store"),
+            "--json",
+            str(out),
+        ]
+    )
+    assert "goals" in proc.stdout
+    goals = json.loads(out.read_text())["goals"]
+    assert len(goals) == 4 and all(g["value"] and g["value"] > 0 for g in goals), goals
+    assert not list((tmp_path / "store").iterdir()), "the server's objects are removed"
+
+
 def test_bench_torch_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "torch.json"
     argv = [
