@@ -342,7 +342,9 @@ def test_array_tasks_continue_alone(slurm_cluster, tmp_path, stopapp, how):
     subprocess.run(["scancel", "-n", f"arr-{how}"], env=env, capture_output=True, timeout=30)
     logs = "\n".join(log_of(p) for p in sorted(tmp_path.glob("task-*.out")))
     assert len(done) == len(jobs), f"not all ended: {sorted(jobs - set(done))}\n{logs}"
-    assert all(i["JobState"] == "COMPLETED" for i in done.values()), (done, logs)
+    states = {job: (i["JobState"], i.get("ExitCode"), i.get("Reason")) for job, i in done.items()}
+    print(logs)  # shown with a failure (an assertion message that long is cut)
+    assert all(state == "COMPLETED" for state, _, _ in states.values()), states
     per_index = 2 if how == "chain" else 1
     assert set(most) <= {"0", "1", "2"} and max(most.values()) <= per_index, (most, logs)
     for t in range(3):
