@@ -37,8 +37,10 @@ __all__ = ["Forwarding", "ForwardingContext", "forward_signal"]
 
 #: Seconds past ``--app-ready`` a stop is held while a rank process on this node has no
 #: handler for the application's signal yet (mpirun steps): the signal would kill it
-#: before it could write anything. Then it is sent all the same.
-HANDLER_WAIT = 60.0
+#: before it could write anything. Then it is sent all the same: held longer, it would eat
+#: into the time the checkpoint needs before the limit (a rank it kills costs only its
+#: start: a stop that kept nothing new, continued).
+HANDLER_WAIT = 30.0
 
 
 def forward_signal(config: WrapperConfig) -> signal.Signals:

@@ -239,6 +239,7 @@ def test_an_mpirun_rank_still_starting_gets_the_signal_once_it_has_its_handler(t
 
 
 def test_a_rank_that_never_takes_the_signal_gets_it_after_the_handler_wait(tmp_path, monkeypatch):
+    assert forwarding.HANDLER_WAIT == 30.0  # docs/wrapper.md: "for at most 30 s more"
     monkeypatch.setattr(forwarding, "HANDLER_WAIT", 1.0)
     w = mpirun_stand_in(tmp_path, delay=-1)
     fwd = Forwarding(w)
