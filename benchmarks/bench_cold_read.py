@@ -1,17 +1,19 @@
 """What a cold same-rank restore's read costs, apart from torch and DCP.
 
 Usage: ``python benchmarks/bench_cold_read.py [--size 256M] [--arrays 12] [--repeat 5]
-[--disk]``.
+[--variants d2x8,b2x16] [--torch] [--disk]``.
 
 Without ``--disk``: 2 ranks (under ``mpirun``, started here) save ``--arrays`` float32
 arrays of ``--size`` per rank in all (plus as many small ones, as an FSDP model's
 biases) with :class:`CheckpointStore`, then restore them in place ``--repeat`` times,
 each after the page cache was dropped; prints the slowest rank's median seconds. To
 compare two versions of the code, run it with ``PYTHONPATH`` set to each in turn. With
-``--variants 2x8,4x8,2x16``: each repetition restores once per variant in turn (readers
-at once x MiB per direct read), and each variant's median ratio to the first one's time
-of the same repetition is printed too (pairs taken minutes apart would differ by the
-machine's load alone).
+``--variants d2x8,b2x16,4x8``: each repetition restores once per variant in turn, and
+each variant's median ratio to the first one's time of the same repetition is printed
+too (pairs taken minutes apart would differ by the machine's load alone). A variant is
+``[d|b]READERSxMIB``: arrays read at once, and how a cold extent is read
+(``direct_io.COLD_READ``): ``d`` (or nothing) past the page cache in MIB pieces, ``b``
+through it in MIB pieces. ``--torch``: the state as torch tensors (torch's allocator).
 
 With ``--disk``: what the disk itself does with one file of twice ``--size``, cold
 (page cache dropped before each read): ``O_DIRECT`` reads of 1, 4, 8 and 16 MiB at 1, 2
@@ -47,6 +49,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--root", default="/var/tmp/hpcckpt-bench/cold_read")
     ap.add_argument("--variants", default="", help="READERSxMIB,... compared in turn")
+    ap.add_argument("--torch", action="store_true", help="the state as torch tensors")
     ap.add_argument("--disk", action="store_true", help="measure the disk instead")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return ap.parse_args()
@@ -64,39 +67,55 @@ def restores(args: argparse.Namespace) -> None:
     rng = np.random.default_rng(rank)
     state = {f"w{i}": rng.random(each, dtype=np.float32) for i in range(args.arrays)}
     state.update({f"b{i}": rng.random(1024, dtype=np.float32) for i in range(args.arrays)})
+    if args.torch:  # memory from torch's allocator, as a model's and an optimizer's
+        import torch
+
+        state = {k: torch.from_numpy(v).clone() for k, v in state.items()}
     store = CheckpointStore(args.root, comm, incremental=False)
     store.save(1, state)
-    want = {k: v.copy() for k, v in state.items()}
+    want = {k: np.array(v, copy=True) for k, v in state.items()}
     cold = _util.ColdCache(comm)
     variants = [v for v in args.variants.split(",") if v] or ["default"]
     seconds: dict[str, list[float]] = {v: [] for v in variants}
     for _ in range(args.repeat):
         for variant in variants:
             if variant != "default":
-                from hpcckpt.store.io import direct_io
-                from hpcckpt.store.restore import read_plan
-
-                readers, mib = variant.split("x")
-                read_plan.READERS = int(readers)
-                direct_io.DIRECT_READ_PIECE_BYTES = int(mib) << 20
+                configure(variant)
             for v in state.values():
                 v[...] = 0
             cold()
             start = time.perf_counter()
             store.restore(state)
             seconds[variant].append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
-            if not all(np.array_equal(state[k], want[k]) for k in want):
+            if not all(np.array_equal(np.asarray(state[k]), want[k]) for k in want):
                 sys.exit("a restore was not exact")
     if rank == 0:
         first = np.array(seconds[variants[0]])
         for variant, took in seconds.items():
             ratio = float(np.median(np.array(took) / first))
             print(
-                f"cold restore in place, 2 ranks x {args.size} ({args.arrays} large arrays), "
+                f"cold restore in place, 2 ranks x {args.size} ({args.arrays} large "
+                f"{'tensors' if args.torch else 'arrays'}), "
                 f"{variant}: median {statistics.median(took):.3f} s (x{ratio:.3f} of "
                 f"{variants[0]}, paired), all {[round(s, 3) for s in took]}; drop: "
                 f"{cold.problem or 'ok'}; load average {os.getloadavg()[0]:.1f}"
             )
+
+
+def configure(variant: str) -> None:
+    """Set the restore's cold read to ``variant``: ``[d|b]READERSxMIB``, ``d`` (the
+    default) past the page cache in MIB pieces, ``b`` through it in MIB pieces."""
+    from hpcckpt.store.io import direct_io
+    from hpcckpt.store.restore import read_plan
+
+    mode = "buffered" if variant[0] == "b" else "direct"
+    readers, mib = variant.lstrip("db").split("x")
+    read_plan.READERS = int(readers)
+    direct_io.COLD_READ = mode
+    if mode == "direct":
+        direct_io.DIRECT_READ_PIECE_BYTES = int(mib) << 20
+    else:
+        direct_io.READ_PIECE_BYTES = int(mib) << 20
 
 
 def _reader(path: str, part: int, half: int, bs: int, qd: int, direct: bool, q, bar) -> None:
@@ -181,6 +200,7 @@ def main() -> None:
     argv = [mpirun, "-n", "2", "--oversubscribe", sys.executable, "-m", "mpi4py"]
     argv += [__file__, "--worker", "--size", args.size, "--arrays", str(args.arrays)]
     argv += ["--repeat", str(args.repeat), "--root", args.root, "--variants", args.variants]
+    argv += ["--torch"] if args.torch else []
     try:
         subprocess.run(argv, env=env, check=True)
     finally:

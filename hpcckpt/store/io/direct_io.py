@@ -44,6 +44,11 @@ WRITE_CHUNK = 1 << 30
 READ_PIECE_BYTES = 16 << 20
 #: Direct reads of a restore: each piece is moved into place and hashed meanwhile.
 DIRECT_READ_PIECE_BYTES = 8 << 20
+#: How a restore reads an extent of at least MIN_DIRECT_BYTES that is not in the page
+#: cache (chosen by measurement, docs/performance.md): "direct" past the page cache into
+#: the destination (where the caller allows it), "buffered" through the cache with a
+#: descriptor of its own (its own readahead state) and sequential readahead.
+COLD_READ = "direct"
 
 
 @dataclass(frozen=True)
@@ -163,10 +168,15 @@ def start_hashed(
     own = fd is None
     if fd is None:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    opened = fd
     direct_fd = -1
+    own_fd = -1  # a cold buffered read's own descriptor
     try:
-        if direct and len(out) >= MIN_DIRECT_BYTES and not _cached(fd, offset, len(out)):
-            direct_fd = _open_direct(path) if reads is None else reads.direct_fd(path)
+        if len(out) >= MIN_DIRECT_BYTES and not _cached(fd, offset, len(out)):
+            if COLD_READ == "direct" and direct:
+                direct_fd = _open_direct(path) if reads is None else reads.direct_fd(path)
+            elif COLD_READ == "buffered":
+                own_fd = fd = _open_sequential(path, offset, len(out))
         if direct_fd < 0 and len(out) <= READ_PIECE_BYTES:
             # One piece: nothing to overlap, and a thread costs more.
             pread_all(fd, out, offset, path)
@@ -221,8 +231,10 @@ def start_hashed(
     finally:
         if direct_fd >= 0 and reads is None:
             os.close(direct_fd)
+        if own_fd >= 0:
+            os.close(own_fd)
         if own:
-            os.close(fd)
+            os.close(opened)
 
     def finish() -> np.ndarray:
         wait()
@@ -359,6 +371,16 @@ def resident_pages(fd: int, offset: int, length: int) -> int:
     except (OSError, ValueError, BufferError):  # no mmap here, or past the end
         return 0
     return sum(v & 1 for v in vec) if rc == 0 else 0
+
+
+def _open_sequential(path: str | os.PathLike[str], offset: int, length: int) -> int:
+    """A buffered read-only descriptor on ``path`` for one extent read from start to end:
+    its own readahead state (two readers of one descriptor share one and spoil it), the
+    kernel told the reads are sequential (a larger readahead window)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    with contextlib.suppress(AttributeError, OSError):  # a hint: the reads work without it
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_SEQUENTIAL)
+    return fd
 
 
 def _open_direct(path: str | os.PathLike[str]) -> int:

@@ -339,6 +339,58 @@ def test_read_hashed_raises_when_the_file_ends_early(tmp_path):
         direct_io.read_hashed(path, 0, memoryview(bytearray(2000)), 4096)
 
 
+@pytest.mark.parametrize("through_reads", [False, True])
+def test_a_cold_buffered_read_has_its_own_sequential_descriptor(
+    tmp_path, shifted_calls, uncached, monkeypatch, through_reads
+):
+    """With ``COLD_READ = "buffered"`` an extent not in the page cache is read through
+    it on a descriptor of its own (its own readahead state), advised sequential, closed
+    after; nothing is read past the cache, and the bytes and hashes are the file's."""
+    from hpcckpt.store.io import blocks
+
+    monkeypatch.setattr(direct_io, "COLD_READ", "buffered")
+    monkeypatch.setattr(direct_io, "READ_PIECE_BYTES", 16 * KiB)  # many pieces
+    payload = data(100 * KiB + 5, 40)
+    path = tmp_path / "f"
+    path.write_bytes(b"h" * 400 + payload.tobytes() + b"tail" * 1000)
+    advised: list[tuple[int, int, int, int]] = []
+    real = os.posix_fadvise
+
+    def advise(fd: int, offset: int, length: int, advice: int) -> None:
+        advised.append((fd, offset, length, advice))
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", advise)
+    caller = os.open(path, os.O_RDONLY)
+    fds = len(os.listdir("/proc/self/fd"))
+    try:
+        for cold in (True, False):
+            if cold:
+                uncached(path)
+            else:
+                os.pread(caller, len(payload) + 400, 0)  # now in the page cache
+            advised.clear()
+            out = np.zeros(payload.size, dtype=np.uint8)
+            if through_reads:
+                with direct_io.HashedReads() as reads:
+                    got = reads.read_hashed(path, 400, memoryview(out), 8 * KiB, fd=caller)
+                assert reads.direct_opens == 0
+            else:
+                got = direct_io.read_hashed(path, 400, memoryview(out), 8 * KiB, fd=caller)
+            assert out.tobytes() == payload.tobytes()
+            assert np.array_equal(got, blocks.block_hashes(payload, 8 * KiB))
+            sequential = [a for a in advised if a[3] == os.POSIX_FADV_SEQUENTIAL]
+            if cold:
+                assert [(o, n) for _, o, n, _ in sequential] == [(400, payload.size)]
+                assert sequential[0][0] != caller
+            else:
+                assert sequential == []  # cached: read through the caller's descriptor
+            assert len(os.listdir("/proc/self/fd")) == fds
+    finally:
+        os.close(caller)
+    assert shifted_calls == []
+
+
 @pytest.mark.parametrize("direct", [True, False])
 def test_a_streamed_write_lands_exactly_through_a_ring_smaller_than_the_data(
     tmp_path, small, direct

@@ -343,6 +343,44 @@ def test_a_damaged_block_is_caught_read_through_the_page_cache_or_past_it(
     assert not [t for t in set(threading.enumerate()) - before if t.name.startswith("hpcckpt-")]
 
 
+def test_a_damaged_block_is_caught_by_a_cold_read_through_the_page_cache(
+    tmp_path, monkeypatch, uncached, read_past
+):
+    """Cold reads taken through the page cache (``COLD_READ = "buffered"``) check every
+    block as the direct ones do: the bytes hashed are those placed in the arrays."""
+    from hpcckpt.store.io import direct_io
+
+    monkeypatch.setattr(direct_io, "COLD_READ", "buffered")
+    monkeypatch.setattr(direct_io, "MIN_DIRECT_BYTES", 64 * 1024)  # the 1.5 MiB arrays
+    monkeypatch.setattr(direct_io, "READ_PIECE_BYTES", 256 * 1024)  # many pieces
+    store = store_at(tmp_path, incremental=False)
+    state = large(2)
+    store.save(1, state)
+    plan = plan_of(store, 1)
+    uncached(plan.files[0])
+    with read_plan.PlanReader(plan, direct_io=True) as posix:
+        got = posix.read_all(list(plan.arrays), {})
+    for name, want in state.items():
+        if isinstance(want, np.ndarray):
+            assert np.array_equal(got[name], want), name
+    w3 = next(a for a in plan.arrays if a.name == "w3")
+    with open(plan.files[0], "r+b") as f:
+        f.seek(w3.extents[0][1] + 7 * BLOCK + 11)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0x10]))
+    uncached(plan.files[0])
+    before = set(threading.enumerate())  # other tests' never-closed stores keep theirs
+    with (
+        read_plan.PlanReader(plan, direct_io=True) as posix,
+        pytest.raises(CorruptCheckpoint) as err,
+    ):
+        posix.read_all(list(plan.arrays), {})
+    assert "array 'w3' of rank 0, block 7, fails its checksum" in str(err.value)
+    assert read_past == []  # nothing was read past the page cache
+    assert not [t for t in set(threading.enumerate()) - before if t.name.startswith("hpcckpt-")]
+
+
 def test_a_cold_planned_read_opens_one_direct_descriptor_per_file(
     tmp_path, monkeypatch, uncached, read_past
 ):
