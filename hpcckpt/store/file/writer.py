@@ -167,49 +167,61 @@ def write_file(
     """
     rank, size = comm.rank, comm.size
     policy = policy or ChainPolicy()
-    tree_bytes = json.dumps(tree, separators=(",", ":"), allow_nan=True).encode()
-    specs = array_specs(tree, arrays)
-    t_hash = time.perf_counter()
-    hashes, later = _block_hashes(
-        arrays, dict(hashes or {}), block_size, hash_while_writing and parent is None
-    )
-    hash_seconds = time.perf_counter() - t_hash
-    mine = blocks.specs_of(arrays, distributed)
     name = layout.checkpoint_name(step)
-    dirty: dict[str, np.ndarray] | None = None
-    if (
-        policy.incremental
-        and parent is not None
-        and parent.fits(size, block_size, mine)
-        and name not in parent.names  # never overwrite a file the delta needs
-    ):
-        dirty = {p: np.nonzero(h != parent.hashes[p])[0] for p, h in hashes.items()}
-    counts = rank_counts(arrays, hashes, dirty, block_size)
+    hash_seconds, dirty = 0.0, None
+    local_error: BaseException | None = None
+    try:  # what this rank meets here reaches rank 0 in the gather: no rank is left waiting
+        tree_bytes = json.dumps(tree, separators=(",", ":"), allow_nan=True).encode()
+        specs = array_specs(tree, arrays)
+        t_hash = time.perf_counter()
+        hashes, later = _block_hashes(
+            arrays, dict(hashes or {}), block_size, hash_while_writing and parent is None
+        )
+        hash_seconds = time.perf_counter() - t_hash
+        mine = blocks.specs_of(arrays, distributed)
+        if (
+            policy.incremental
+            and parent is not None
+            and parent.fits(size, block_size, mine)
+            and name not in parent.names  # never overwrite a file the delta needs
+        ):
+            dirty = {p: np.nonzero(h != parent.hashes[p])[0] for p, h in hashes.items()}
+        counts = rank_counts(arrays, hashes, dirty, block_size)
+        payload: Any = (specs, len(tree_bytes), dirty is not None, counts)
+    except Exception as exc:
+        local_error = exc
+        payload = f"rank {rank} could not describe its arrays: {type(exc).__name__}: {exc}"
     names = sorted(arrays)
-    before = _ranks_before(comm, len(tree_bytes), names, arrays, counts)
-    gathered = comm.gather((specs, len(tree_bytes), dirty is not None, counts), root=0)
-    plan = _created(
-        comm,
-        path,
-        gathered,
-        lambda gathered: _create(
+    gathered = comm.gather(payload, root=0)
+    try:
+        plan = _created(
+            comm,
             path,
             gathered,
-            step,
-            size,
-            extra_meta,
-            distributed,
-            alignment,
-            block_size,
-            parent,
-            policy,
-            uid,
-            replicated,
-            prepare,
-        ),
-    )
+            lambda gathered: _create(
+                path,
+                gathered,
+                step,
+                size,
+                extra_meta,
+                distributed,
+                alignment,
+                block_size,
+                parent,
+                policy,
+                uid,
+                replicated,
+                prepare,
+            ),
+        )
+    except CheckpointError:
+        if local_error is not None:  # this rank's own error, as it is; the others name it
+            raise local_error from None
+        raise
     if rank != 0 and list(plan["names"]) != names:
         raise CheckpointError(f"rank {rank} holds other arrays than rank 0")
+    # Every rank's arrays have the names rank 0 planned (the plan checked them).
+    before = _ranks_before(comm, len(tree_bytes), names, arrays, counts)
     incremental = plan["kind"] == INCREMENTAL
     uid = plan["uid"]
     extents, written, hashing = _rank_extents(
@@ -286,8 +298,9 @@ def _created(
     failure: BaseException | None = None
     if comm.rank == 0:
         assert gathered is not None
+        said = [g for g in gathered if isinstance(g, str)]  # a rank's own failure
         try:
-            plan = create(gathered)
+            plan = said[0] if said else create(gathered)
         except CheckpointError as exc:  # the states do not fit one layout: said alike
             plan = str(exc)
         except Exception as exc:  # rank 0 raises it as it is (ENOSPC is explained so)
