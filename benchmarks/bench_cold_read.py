@@ -1,7 +1,7 @@
 """What a cold same-rank restore's read costs, apart from torch and DCP.
 
 Usage: ``python benchmarks/bench_cold_read.py [--size 256M] [--arrays 12] [--repeat 5]
-[--variants d2x8,b2x16] [--torch] [--disk]``.
+[--variants d2x8,b2x16] [--torch | --fsdp] [--disk]``.
 
 Without ``--disk``: 2 ranks (under ``mpirun``, started here) save ``--arrays`` float32
 arrays of ``--size`` per rank in all (plus as many small ones, as an FSDP model's
@@ -14,6 +14,8 @@ too (pairs taken minutes apart would differ by the machine's load alone). A vari
 ``[d|b]READERSxMIB``: arrays read at once, and how a cold extent is read
 (``direct_io.COLD_READ``): ``d`` (or nothing) past the page cache in MIB pieces, ``b``
 through it in MIB pieces. ``--torch``: the state as torch tensors (torch's allocator).
+``--fsdp``: ``bench_fsdp.py``'s state and restore instead (:func:`fsdp_restores`), each
+variant paired with DCP's restore of the same state.
 
 With ``--disk``: what the disk itself does with one file of twice ``--size``, cold
 (page cache dropped before each read): ``O_DIRECT`` reads of 1, 4, 8 and 16 MiB at 1, 2
@@ -50,6 +52,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--root", default="/var/tmp/hpcckpt-bench/cold_read")
     ap.add_argument("--variants", default="", help="READERSxMIB,... compared in turn")
     ap.add_argument("--torch", action="store_true", help="the state as torch tensors")
+    ap.add_argument("--fsdp", action="store_true", help="an FSDP2 model + AdamW, DCP beside")
     ap.add_argument("--disk", action="store_true", help="measure the disk instead")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return ap.parse_args()
@@ -99,6 +102,91 @@ def restores(args: argparse.Namespace) -> None:
                 f"{variant}: median {statistics.median(took):.3f} s (x{ratio:.3f} of "
                 f"{variants[0]}, paired), all {[round(s, 3) for s in took]}; drop: "
                 f"{cold.problem or 'ok'}; load average {os.getloadavg()[0]:.1f}"
+            )
+
+
+def fsdp_restores(args: argparse.Namespace) -> None:
+    """The restore of ``bench_fsdp.py``'s state (an FSDP2 MLP of 4 layers + AdamW, gloo,
+    ``--size`` per rank) by ``Checkpointer.restore`` once per variant and by DCP
+    (``dcp.load`` + ``set_state_dict``), in turn, cold, in a rotated order, in one
+    process: each median is also given as a ratio to DCP's time of the same repetition."""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from mpi4py import MPI
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    import hpcckpt
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    torch.set_num_threads(1)
+    port = None
+    if rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    url = f"tcp://127.0.0.1:{comm.bcast(port)}"
+    dist.init_process_group("gloo", init_method=url, rank=rank, world_size=comm.Get_size())
+    width = max(8, int((2 * _util.parse_size(args.size) / 12 / 4) ** 0.5))  # as bench_fsdp
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(4)])
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(4, width)).square().mean().backward()
+    optim.step()
+    tensors = list(model.parameters())
+    tensors += [v for st in optim.state.values() for v in st.values() if torch.is_tensor(v)]
+    locals_ = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+    want = [t.clone() for t in locals_]
+    state = {"model": model, "optim": optim}
+    root = Path(args.root)
+    ck = hpcckpt.Checkpointer(
+        root / "hpcckpt", comm, every_steps=1, keep_last=None, incremental=False, validate=None
+    )
+    ck.restore(state)
+    ck.save(1, state)
+    msd, osd = get_state_dict(model, optim)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(root / "dcp"))
+    cold = _util.ColdCache(comm)
+    methods = [v for v in args.variants.split(",") if v] or ["default"]
+    methods.append("dcp")
+    seconds: dict[str, list[float]] = {m: [] for m in methods}
+    for rep in range(args.repeat):
+        for method in methods[rep % len(methods) :] + methods[: rep % len(methods)]:
+            with torch.no_grad():
+                for t in locals_:
+                    t.zero_()
+            cold()
+            start = time.perf_counter()
+            if method == "dcp":
+                msd, osd = get_state_dict(model, optim)
+                sd = {"model": msd, "optim": osd}
+                dcp.load(sd, checkpoint_id=str(root / "dcp"))
+                set_state_dict(model, optim, model_state_dict=sd["model"], optim_state_dict=osd)
+            else:
+                if method != "default":
+                    configure(method)
+                ck.restore(state)
+            seconds[method].append(comm.allreduce(time.perf_counter() - start, op=MPI.MAX))
+            if not all(torch.equal(t, w) for t, w in zip(locals_, want, strict=True)):
+                sys.exit(f"a restore ({method}) was not exact")
+    ck.finish()
+    dist.destroy_process_group()
+    if rank == 0:
+        dcp_s = seconds["dcp"]
+        for method, took in seconds.items():
+            ratio = statistics.median([a / b for a, b in zip(took, dcp_s, strict=True)])
+            print(
+                f"cold FSDP restore, 2 ranks x {args.size}, {method}: median "
+                f"{statistics.median(took):.3f} s (x{ratio:.3f} of DCP, paired), all "
+                f"{[round(s, 3) for s in took]}; drop: {cold.problem or 'ok'}; "
+                f"load average {os.getloadavg()[0]:.1f}"
             )
 
 
@@ -190,7 +278,7 @@ def main() -> None:
         disk(args)
         return
     if args.worker:
-        restores(args)
+        fsdp_restores(args) if args.fsdp else restores(args)
         return
     mpirun = shutil.which("mpirun")
     if mpirun is None:
@@ -201,6 +289,7 @@ def main() -> None:
     argv += [__file__, "--worker", "--size", args.size, "--arrays", str(args.arrays)]
     argv += ["--repeat", str(args.repeat), "--root", args.root, "--variants", args.variants]
     argv += ["--torch"] if args.torch else []
+    argv += ["--fsdp"] if args.fsdp else []
     try:
         subprocess.run(argv, env=env, check=True)
     finally:
