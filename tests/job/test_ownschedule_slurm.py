@@ -84,7 +84,7 @@ def test_series_shorter_writes_than_the_run_continues_across_segments(
     assert sets and all(e["files"] == 1 and e["began"] <= e["ended"] for e in sets), sets
     kept = sorted((ckpt / "restart-sets").glob("[0-9]*"))
     assert len(kept) == 2, kept  # bounded retention of the kept copies
-    assert (tmp_path / "out.bin").read_bytes() == expected
+    assert (tmp_path / "out.bin").read_bytes() == expected.bytes()
     keep_log(tmp_path, "series-across-segments")
 
 
@@ -145,7 +145,7 @@ def test_series_file_cut_by_slurms_term_is_moved_aside_and_the_run_resumes(
     assert "the application takes no signal, so a stop ends it by a kill" in text, text
     assert "after its restart files were complete" not in text, text  # a write was cut
     assert (tmp_path / "restart.100.bin").exists()  # the application's older files stay
-    assert (tmp_path / "out.bin").read_bytes() == expected
+    assert (tmp_path / "out.bin").read_bytes() == expected.bytes()
 
 
 def test_fixed_set_rewritten_in_place_still_continues_across_segments(
@@ -171,4 +171,4 @@ def test_fixed_set_rewritten_in_place_still_continues_across_segments(
     # period (5 s here; longer when the machine is busy and the writes come late).
     assert len(stops) == len(ends) - 1 and all(e["lost"] < 10 for e in stops), (stops, text)
     assert not events_of(ckpt, "restart_files_cut") and not events_of(ckpt, "give_up")
-    assert (tmp_path / "out.bin").read_bytes() == expected
+    assert (tmp_path / "out.bin").read_bytes() == expected.bytes()

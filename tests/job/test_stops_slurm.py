@@ -35,15 +35,36 @@ def cluster_env(cluster) -> dict[str, str]:
     return env
 
 
-def reference(binary: Path, tmp_path: Path, mode_args: list[str], ranks: int = 2) -> bytes:
+class Reference:
     """The result of an uninterrupted run (no sleep; its writes still pause: "periodic 3000
-    ... 40" takes 68 s alone, more beside the other tests' fsyncs)."""
-    mode, steps, _sleep, *rest = mode_args
-    args = [mode, steps, "0", str(tmp_path / "ref-rs"), str(tmp_path / "ref.bin"), *rest]
-    r = subprocess.run(["mpirun", "-n", str(ranks), str(binary), *args], env=mpi_env(),
-                       capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    return (tmp_path / "ref.bin").read_bytes()
+    ... 40" takes 68 s alone, more beside the other tests' fsyncs), run in the background
+    while the test's job runs: :meth:`bytes` waits for it."""
+
+    def __init__(self, binary: Path, tmp_path: Path, mode_args: list[str], ranks: int) -> None:
+        mode, steps, _sleep, *rest = mode_args
+        self.out = tmp_path / "ref.bin"
+        args = [mode, steps, "0", str(tmp_path / "ref-rs"), str(self.out), *rest]
+        self.log = tmp_path / "ref.log"
+        with open(self.log, "wb") as log:
+            cmd = ["mpirun", "-n", str(ranks), str(binary), *args]
+            self.proc = subprocess.Popen(cmd, env=mpi_env(), stdout=log, stderr=subprocess.STDOUT)
+        self._bytes: bytes | None = None
+
+    def bytes(self) -> bytes:
+        if self._bytes is None:
+            try:
+                self.proc.wait(timeout=300)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            assert self.proc.returncode == 0, log_of(self.log)
+            self._bytes = self.out.read_bytes()
+        return self._bytes
+
+
+def reference(binary: Path, tmp_path: Path, mode_args: list[str], ranks: int = 2) -> Reference:
+    """:class:`Reference`, started now."""
+    return Reference(binary, tmp_path, mode_args, ranks)
 
 
 def app_args(binary: Path, tmp_path: Path, mode_args: list[str]) -> list[str]:
@@ -146,7 +167,51 @@ def test_term_app_three_segments(slurm_cluster, tmp_path, stopapp, launcher):
                if line.startswith("stopapp: resuming after step")]  # fmt: skip
     assert len(resumed) == 2 and 0 < resumed[0] < resumed[1] < 400, text
     assert not events_of(ckpt, "crashed"), text
-    assert (tmp_path / "out.bin").read_bytes() == expected
+    assert (tmp_path / "out.bin").read_bytes() == expected.bytes()
+
+
+def test_a_stop_that_kills_the_app_still_starting_is_continued_not_given_up(
+    slurm_cluster, tmp_path, stopapp
+):
+    """The second run's stop reaches the application still starting (a shell in front of
+    it, as a code still in MPI_Init or reading its restart files has no TERM handler yet):
+    its tasks die of the TERM, no restart file written. Not a crash to give up on (the run
+    was seconds old: --min-progress) but a stop that kept nothing new: requeued, the third
+    run resumes from the first run's set; result identical."""
+    mode = ["term", "200", "50"]
+    expected = reference(stopapp, tmp_path, mode)
+    env = cluster_env(slurm_cluster)
+    ckpt, log = tmp_path / "ckpt", tmp_path / "job.out"
+    app = shlex.join(app_args(stopapp, tmp_path, mode))
+    starting = f'if [ "$SLURM_RESTART_COUNT" = 1 ]; then sleep 60; fi; exec {app}'
+    wrapper = [HPCCKPT, "srun", "--ckpt-dir", str(ckpt), "--app-signal", "TERM",
+               "--restart-files", f"{tmp_path}/rs.*", "--", "--mpi=pmix", "-n", "2",
+               "sh", "-c", starting]  # fmt: skip
+    script = write_script(tmp_path / "job.sbatch", "exec " + shlex.join(wrapper))
+    job = sbatch(["--time=5", "-n", "2", "--requeue", "--open-mode=append", f"--output={log}",
+                  script], env, cwd=str(tmp_path))  # fmt: skip
+    signalled: set[int] = set()
+
+    def stop_first_two(restart: int, running_for: float) -> None:
+        started = "stopapp: starting" in log_of(log)  # the first run's ranks have handlers
+        if restart < 2 and restart not in signalled and running_for > 6 and started:
+            signalled.add(restart)
+            subprocess.run(["scancel", "-b", "--signal=USR1", job], env=env, timeout=30)
+
+    info = drive(job, env, ckpt, timeout=300, on_start=stop_first_two)
+    text = log_of(log)
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 2, text
+    ends = [e["outcome"] for e in events_of(ckpt, "step_end")]
+    assert ends == ["stopped", "stopped", "finished"], text
+    assert "before writing any restart file" in text and "nothing new was kept" in text, text
+    requeues = events_of(ckpt, "requeue")
+    assert [(e["cause"], e.get("progress", True)) for e in requeues] == [
+        ("stop", True),
+        ("stop", False),
+    ], text
+    assert not events_of(ckpt, "crashed") and not events_of(ckpt, "give_up"), text
+    assert [e["set"] for e in events_of(ckpt, "restart_files_checked")] == [1, 1], text
+    assert (tmp_path / "out.bin").read_bytes() == expected.bytes()
 
 
 def _cut_write_then_kill(path: Path, job: str, timeout: float = 8.0) -> int | None:
@@ -209,7 +274,7 @@ def test_no_signal_app_own_schedule_across_segments(slurm_cluster, tmp_path, sto
     sets = events_of(ckpt, "restart_set")
     assert all(not e["stop"] and e["seconds"] < 5 for e in sets), sets  # one write each
     assert "HPCCKPT_INTERVAL=" in text
-    assert (tmp_path / "out.bin").read_bytes() == expected
+    assert (tmp_path / "out.bin").read_bytes() == expected.bytes()
 
 
 def _heat_words(tmp_path: Path, steps: int) -> list[str]:
@@ -257,7 +322,7 @@ def test_no_signal_time_limit_both_kinds(slurm_cluster, tmp_path, stopapp):
         assert len(stops) == int(info["Restarts"]) and all(e["left"] > 5 for e in stops), text
         assert [e["cause"] for e in events_of(where / "ckpt", "requeue")] == ["stop"] * len(stops)
         assert "end-time stop armed" in text and "TIMEOUT" not in text, text
-    assert (c_dir / "out.bin").read_bytes() == expected
+    assert (c_dir / "out.bin").read_bytes() == expected.bytes()
     api_stops = [e for e in read_events(api_dir / "ckpt") if e["event"] == "stop"]
     assert api_stops and all(e["reason"] != "deadline" for e in api_stops), api_stops
     assert np.load(api_dir / "heat.npy").tobytes() == np.load(api_dir / "ref.npy").tobytes()
@@ -364,7 +429,7 @@ def test_array_tasks_continue_alone(slurm_cluster, tmp_path, stopapp, how):
             subs = [e for e in evs if e["event"] == "chain_submitted"]
             assert len(subs) == len(ends) - 1, logs
             assert all(int(i.get("Restarts", 0)) == 0 for i in done.values())
-        assert (tmp_path / f"out{t}.bin").read_bytes() == expected
+        assert (tmp_path / f"out{t}.bin").read_bytes() == expected.bytes()
     if how == "chain":
         assert len(jobs) == 3 + sum(
             len([e for e in read_events(tmp_path / f"ckpt-{t}") if e["event"] == "chain_submitted"])
@@ -441,7 +506,7 @@ def test_preemption_checkpoints_within_grace_and_requeues_once(preempt_cluster, 
         delivered = events_of(ckpt, "signal_delivered")
         assert [e["signal"] for e in delivered] == ["TERM"], text
         assert not events_of(ckpt, "preempted"), text
-    assert (tmp_path / "out.bin").read_bytes() == expected
+    assert (tmp_path / "out.bin").read_bytes() == expected.bytes()
 
 
 def test_scancel_keeps_newest_set_and_resubmission_resumes(slurm_cluster, tmp_path, stopapp):
@@ -495,7 +560,7 @@ def test_scancel_keeps_newest_set_and_resubmission_resumes(slurm_cluster, tmp_pa
     resumed = [int(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("stopapp: resuming after step")]  # fmt: skip
     assert len(resumed) == 2 and resumed[0] == resumed[1], text  # twice from set 1
-    assert (tmp_path / "out.bin").read_bytes() == expected
+    assert (tmp_path / "out.bin").read_bytes() == expected.bytes()
 
 
 def _own_schedule_job(tmp_path: Path, stopapp: Path, mode: list[str], header: str = "") -> Path:
@@ -538,7 +603,7 @@ def test_own_schedule_limit_shortened_mid_run(slurm_cluster, tmp_path, stopapp):
     assert ends[-1] == "finished" and set(ends[:-1]) == {"stopped"}, text
     assert [e["cause"] for e in events_of(ckpt, "requeue")] == ["stop"] * (len(ends) - 1)
     assert "TIMEOUT" not in text and "HPCCKPT_INTERVAL=" in text, text
-    assert (tmp_path / "out.bin").read_bytes() == expected
+    assert (tmp_path / "out.bin").read_bytes() == expected.bytes()
 
 
 def test_own_schedule_slurm_term_at_the_limit_first(slurm_cluster, tmp_path, stopapp):
@@ -573,7 +638,7 @@ def test_own_schedule_slurm_term_at_the_limit_first(slurm_cluster, tmp_path, sto
     kept = [e for e in events_of(ckpt, "restart_set") if e["restart"] == 0]
     checked = [e for e in events_of(ckpt, "restart_files_checked") if e["restart"] == 1]
     assert kept and checked and checked[0]["set"] == kept[-1]["set"], text
-    assert (tmp_path / "out.bin").read_bytes() == expected
+    assert (tmp_path / "out.bin").read_bytes() == expected.bytes()
 
 
 def test_term_app_mpirun_two_nodes_each_node_signals_its_own_ranks(
@@ -620,4 +685,4 @@ def test_term_app_mpirun_two_nodes_each_node_signals_its_own_ranks(
     resumed = [int(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("stopapp: resuming after step")]  # fmt: skip
     assert len(resumed) == 2 and 0 < resumed[0] < resumed[1] < 400, text
-    assert (tmp_path / "out.bin").read_bytes() == expected
+    assert (tmp_path / "out.bin").read_bytes() == expected.bytes()
