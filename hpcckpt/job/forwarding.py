@@ -109,6 +109,8 @@ class Forwarding:
         assert w.child is not None
         if w.own is not None or self._handlers_seen == w.child.pid:
             return True  # own-schedule mode sends no signal
+        if self._handler_wait_logged:
+            return True  # waited HANDLER_WAIT already
         kind = delivery.launcher_kind(w.command)
         bare = delivery.without_handler(kind, w.child.pid, self.forward_signal, w.environ)
         if bare == []:
@@ -116,19 +118,18 @@ class Forwarding:
             return True
         if ran < w.config.app_ready + HANDLER_WAIT:
             return False
-        if not self._handler_wait_logged:
-            self._handler_wait_logged = True
-            sig = self._fwd_name()
-            what = (
-                f"rank process(es) {', '.join(map(str, bare))} have no handler for {sig}"
-                if bare
-                else "no rank process found on this node"
-            )
-            w.log(
-                f"warning: {what} after {ran:.0f} s; sending {sig} all the same (its "
-                "default action ends a process)",
-                WARN,
-            )
+        self._handler_wait_logged = True
+        sig = self._fwd_name()
+        what = (
+            f"rank process(es) {', '.join(map(str, bare))} have no handler for {sig}"
+            if bare
+            else "no rank process found on this node"
+        )
+        w.log(
+            f"warning: {what} {ran:.0f} s after the start; {sig} goes to them all the same "
+            "(its default action ends a process)",
+            WARN,
+        )
         return True
 
     def handle(self, signum: int, t: float | None, heard: str | None = None) -> None:
