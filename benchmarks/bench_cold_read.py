@@ -11,9 +11,11 @@ compare two versions of the code, run it with ``PYTHONPATH`` set to each in turn
 ``--variants d2x8,b2x16,4x8``: each repetition restores once per variant in turn, and
 each variant's median ratio to the first one's time of the same repetition is printed
 too (pairs taken minutes apart would differ by the machine's load alone). A variant is
-``[d|b]READERSxMIB``: arrays read at once, and how a cold extent is read
-(``direct_io.COLD_READ``): ``d`` (or nothing) past the page cache in MIB pieces, ``b``
-through it in MIB pieces. ``--torch``: the state as torch tensors (torch's allocator).
+``[d|s|b]READERSxMIB``: arrays read at once, and how a cold extent is read
+(``direct_io.COLD_READ``, ``DIRECT_BOUNCE``): ``d`` (or nothing) past the page cache in
+MIB pieces into huge-page buffers copied in place, ``s`` straight into the destination,
+``b`` through the page cache in MIB pieces. ``--torch``: the state as torch tensors
+(torch's allocator).
 ``--fsdp``: ``bench_fsdp.py``'s state and restore instead (:func:`fsdp_restores`), each
 variant paired with DCP's restore of the same state.
 
@@ -191,15 +193,18 @@ def fsdp_restores(args: argparse.Namespace) -> None:
 
 
 def configure(variant: str) -> None:
-    """Set the restore's cold read to ``variant``: ``[d|b]READERSxMIB``, ``d`` (the
-    default) past the page cache in MIB pieces, ``b`` through it in MIB pieces."""
+    """Set the restore's cold read to ``variant``: ``[d|s|b]READERSxMIB``, ``d`` (the
+    default) past the page cache in MIB pieces through huge-page buffers, ``s`` the
+    same straight into the destination (moved by up to a page), ``b`` through the page
+    cache in MIB pieces."""
     from hpcckpt.store.io import direct_io
     from hpcckpt.store.restore import read_plan
 
     mode = "buffered" if variant[0] == "b" else "direct"
-    readers, mib = variant.lstrip("db").split("x")
+    readers, mib = variant.lstrip("dbs").split("x")
     read_plan.READERS = int(readers)
     direct_io.COLD_READ = mode
+    direct_io.DIRECT_BOUNCE = variant[0] != "s"
     if mode == "direct":
         direct_io.DIRECT_READ_PIECE_BYTES = int(mib) << 20
     else:

@@ -30,6 +30,7 @@ import numpy as np
 import xxhash
 
 from hpcckpt import libc
+from hpcckpt.store.io import bounce
 
 #: Alignment of file offsets, lengths and memory for O_DIRECT (the largest logical
 #: block size in common use; a multiple of every smaller one).
@@ -49,6 +50,9 @@ DIRECT_READ_PIECE_BYTES = 8 << 20
 #: the destination (where the caller allows it), "buffered" through the cache with a
 #: descriptor of its own (its own readahead state) and sequential readahead.
 COLD_READ = "direct"
+#: A restore's direct reads land in huge pages (:class:`.bounce.BounceRing`), copied in
+#: place, not in the destination itself (moved by up to a page): see that module.
+DIRECT_BOUNCE = True
 
 
 @dataclass(frozen=True)
@@ -186,7 +190,8 @@ def start_hashed(
             return lambda: hashes
         # Items: the bytes in place so far; (at, n, shift): n bytes read shift bytes past
         # ``at``, to move in place first; (at, tail): the last bytes, read aside while
-        # the moves before them were pending, to copy in place after them.
+        # the moves before them were pending, to copy in place after them; (at, n, buf,
+        # ring): n bytes read into a ring's buffer, to copy to ``at`` and give back.
         ready: queue.Queue[Any] = queue.Queue()
         addr = np.frombuffer(out, dtype=np.uint8).ctypes.data if len(out) else 0
 
@@ -194,7 +199,14 @@ def start_hashed(
             digest = xxhash.xxh3_64_intdigest
             first = 0  # the blocks before it are hashed
             while (end := ready.get()) is not None:
-                if isinstance(end, tuple) and len(end) == 2:
+                if isinstance(end, tuple) and len(end) == 4:
+                    at, moved, buf, ring = end
+                    try:
+                        ctypes.memmove(addr + at, buf.ctypes.data, moved)
+                    finally:
+                        ring.give(buf)
+                    end = at + moved
+                elif isinstance(end, tuple) and len(end) == 2:
                     at, tail = end
                     out[at : at + len(tail)] = tail
                     end = at + len(tail)
@@ -215,7 +227,8 @@ def start_hashed(
             wait = reads.hash(hash_pieces)
         try:
             if direct_fd >= 0:
-                _read_shifted(direct_fd, fd, out, offset, path, ready.put, ready.put)
+                ring = reads.ring() if reads is not None and DIRECT_BOUNCE else None
+                _read_shifted(direct_fd, fd, out, offset, path, ready.put, ready.put, ring)
             else:
                 done = 0
                 while done < len(out):
@@ -258,6 +271,7 @@ class HashedReads:
         self._lock = threading.Lock()
         self._jobs: queue.Queue[Any] = queue.Queue()
         self._idle = 0
+        self._ring: bounce.BounceRing | None = None
 
     def start(
         self,
@@ -282,6 +296,13 @@ class HashedReads:
     ) -> np.ndarray:
         """:func:`read_hashed` through this restore's descriptors and threads."""
         return self.start(path, offset, out, block_bytes, fd=fd)()
+
+    def ring(self) -> bounce.BounceRing:
+        """The bounce buffers of this restore's direct reads (made at the first)."""
+        with self._lock:
+            if self._ring is None:
+                self._ring = bounce.BounceRing(DIRECT_READ_PIECE_BYTES)
+            return self._ring
 
     def direct_fd(self, path: str | os.PathLike[str]) -> int:
         """The ``O_DIRECT`` descriptor on ``path`` (-1 where the file system has none)."""
@@ -331,6 +352,7 @@ class HashedReads:
             threads, self.threads = self.threads, []
             fds, self._fds = self._fds, {}
             self._idle = 0
+            self._ring = None  # its memory goes with the last reference
         for _ in threads:
             self._jobs.put(None)
         for thread in threads:
@@ -404,6 +426,7 @@ def _read_shifted(
     path: str | os.PathLike[str],
     ready: Callable[[int], None],
     move: Callable[[tuple[Any, ...]], None] | None = None,
+    ring: bounce.BounceRing | None = None,
 ) -> int:
     """Fill ``out`` from ``offset`` with ``O_DIRECT`` reads into ``out`` itself; the
     number of bytes read past the page cache.
@@ -418,9 +441,19 @@ def _read_shifted(
     shift))`` (made by another thread, in order, while the next piece is read; the
     pieces' spans do not overlap) instead of being made here, and the last bytes, which
     the last piece's shifted tail still occupies, as ``move((at, tail))``: read aside,
-    to be copied in place after the moves (no waiting for them here).
+    to be copied in place after the moves (no waiting for them here). With ``ring``
+    (and ``move``), each piece is read into one of its buffers instead and handed on as
+    ``move((at, n, buf, ring))``, to be copied in place and given back.
     """
     n = len(out)
+    if ring is not None and move is not None:
+        head = min(n, -offset % ALIGN)
+        pread_all(fd, out[:head], offset, path)
+        end = head + (n - head) // ALIGN * ALIGN
+        done = bounce.read_pieces(direct_fd, offset, head, end, ring, move)
+        pread_all(fd, out[done:], offset + done, path)  # beside the copies: other bytes
+        ready(n)
+        return done - head
     addr = np.frombuffer(out, dtype=np.uint8).ctypes.data
     head = min(n, -offset % ALIGN)
     pread_all(fd, out[:head], offset, path)
