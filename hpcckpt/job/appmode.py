@@ -94,6 +94,11 @@ class AppMode:
                 ctx.event(
                     events.RESTART_FILES_CHECKED, set=number, restored=restored, problems=wrong
                 )
+            elif not self.files.sets():
+                # no set was ever kept (the runs so far stopped or crashed before their
+                # first write): a restart has nothing to resume from, the application
+                # starts afresh rather than look for files that are not there
+                resuming = False
         if cfg.ckpt_every:
             try:
                 history = list(events.read_events(cfg.ckpt_dir))

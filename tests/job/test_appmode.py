@@ -5,8 +5,9 @@ from __future__ import annotations
 import signal
 import sys
 
+from hpcckpt.job.restart_files import RestartFiles
 from hpcckpt.rundir.events import read_events
-from tests.job.test_wrapper import Wrapped, app
+from tests.job.test_wrapper import Wrapped, app, clean_env
 
 WRITER = r"""
 import os, signal, sys, time
@@ -104,3 +105,24 @@ def test_a_stop_that_kills_the_app_before_it_writes_is_a_stop_that_kept_nothing(
     evs = list(read_events(ckpt))
     assert [e["outcome"] for e in evs if e["event"] == "step_end"] == ["stopped"]
     assert (work / "state").read_text() == "7"
+
+
+def test_a_restart_with_no_set_ever_kept_starts_afresh(tmp_path):
+    """HPCCKPT_RESTART=1 tells the application to resume from its restart files; after
+    runs that kept none (stopped or crashed before their first write) it gets 0."""
+    ckpt, work = tmp_path / "ck", tmp_path / "work"
+    work.mkdir()
+    told = work / "told"
+    code = f"import os; open({str(told)!r}, 'w').write(os.environ['HPCCKPT_RESTART'])"
+    tell = [sys.executable, "-c", code]
+    opts = ["--app-signal", "USR2", "--restart-files", str(work / "state")]
+
+    def run(chain: str) -> str:
+        w = Wrapped(ckpt, tell, *opts, env=clean_env(HPCCKPT_CHAIN_COUNT=chain))
+        assert w.wait() == 0, w.stderr
+        return told.read_text()
+
+    assert run("0") == "0" and run("1") == "0"
+    (work / "state").write_text("7")
+    RestartFiles([str(work / "state")], ckpt).register(attempt="earlier", seconds=None)
+    assert run("2") == "1"  # a kept set: a restart resumes
