@@ -454,6 +454,8 @@ class Bench:
                     flush=True,
                 )
         host_buffers = self.max(self.ck["async"].buffers.nbytes)
+        cache_buffers = self.ck["cache"].buffers  # a cache save's copy goes through them
+        cache_host = self.max(cache_buffers.nbytes if cache_buffers is not None else 0)
         every = self.first_memory + [
             {k: s[f"async_{k}"] for k in ("staging_peak", "staging_rss_peak", "staging_budget")}
             for s in raw
@@ -476,6 +478,7 @@ class Bench:
         comm.Barrier()
         row = summarize(size, raw, first, host_buffers, cache_bytes)
         row["memory_per_rank"].update(
+            cache_host_buffers=cache_host,
             async_staging_peak=peak,
             async_staging_rss_peak=rss_peak,
             staging_budget=budget,
@@ -765,7 +768,9 @@ def format_report(doc: dict) -> str:
             f"{m['async_staging_peak'] / 2**20:.0f} MiB held, "
             f"{m['async_staging_rss_peak'] / 2**20:.0f} MiB resident; budget "
             f"{_mib(m['staging_budget'])}, {m['saves_over_budget']} saves over it), cache copy "
-            f"{m['cache_copy'] / 2**20:.0f} MiB; first save blocked: sync {f['sync']:.3f} s, "
+            f"{m['cache_copy'] / 2**20:.0f} MiB and its host buffers "
+            f"{m['cache_host_buffers'] / 2**20:.0f} MiB; first save blocked: "
+            f"sync {f['sync']:.3f} s, "
             f"async {f['async']:.3f} s ({r['ratios']['async_first_x_later']:.1f}x a later one),"
             f" cache {f['cache']:.3f} s ({r['ratios']['cache_first_x_later']:.1f}x)"
         )

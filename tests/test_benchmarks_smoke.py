@@ -186,6 +186,7 @@ def test_bench_async_reports_blocked_time(tmp_path: Path) -> None:
     memory = row["memory_per_rank"]
     assert memory["async_host_buffers"] == 4 << 20
     assert memory["cache_copy"] == 4 << 20
+    assert memory["cache_host_buffers"] == 4 << 20, "a cache save goes through host memory"
     assert memory["async_staging_peak"] == 4 << 20  # one copy of the state, never more
     assert memory["staging_budget"] >= 4 << 20  # the budget the saves planned with
     assert memory["saves_measured"] >= 1 and memory["saves_over_budget"] == 0
