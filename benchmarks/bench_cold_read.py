@@ -1,14 +1,14 @@
 """What a cold same-rank restore's read costs, apart from torch and DCP.
 
 Usage: ``python benchmarks/bench_cold_read.py [--size 256M] [--arrays 12] [--repeat 5]
-[--variants d2x8,b2x16] [--torch | --fsdp] [--disk]``.
+[--variants d2x2,s2x8,b2x16] [--torch | --fsdp] [--disk]``.
 
 Without ``--disk``: 2 ranks (under ``mpirun``, started here) save ``--arrays`` float32
 arrays of ``--size`` per rank in all (plus as many small ones, as an FSDP model's
 biases) with :class:`CheckpointStore`, then restore them in place ``--repeat`` times,
 each after the page cache was dropped; prints the slowest rank's median seconds. To
 compare two versions of the code, run it with ``PYTHONPATH`` set to each in turn. With
-``--variants d2x8,b2x16,4x8``: each repetition restores once per variant in turn, and
+``--variants d2x2,d2x8,b2x16``: each repetition restores once per variant in turn, and
 each variant's median ratio to the first one's time of the same repetition is printed
 too (pairs taken minutes apart would differ by the machine's load alone). A variant is
 ``[d|s|b]READERSxMIB``: arrays read at once, and how a cold extent is read
