@@ -38,13 +38,17 @@ class BounceRing:
         self._lock = threading.Lock()
 
     def take(self) -> np.ndarray:
-        """A free buffer, or a new one."""
+        """A free buffer, or a new one (MemoryError when none can be mapped)."""
         with self._lock:
             if self._free:
                 return self._free.pop()
             self.made += 1
         align = HUGE_PAGE if self.piece >= HUGE_PAGE else PAGE
-        mapped = mmap.mmap(-1, self.piece + align, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        try:
+            flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+            mapped = mmap.mmap(-1, self.piece + align, flags=flags)
+        except OSError as exc:  # no memory: not the file's fault (an OSError would say so)
+            raise MemoryError(f"no memory for a {self.piece}-byte read buffer: {exc}") from exc
         with contextlib.suppress(AttributeError, OSError):  # a hint: the reads work without
             mapped.madvise(mmap.MADV_HUGEPAGE)
         raw = np.frombuffer(mapped, dtype=np.uint8)  # keeps the mapping alive

@@ -52,6 +52,18 @@ def test_a_buffer_of_huge_page_size_is_backed_by_a_huge_page_where_the_kernel_ha
     assert huge_kib() - before >= 8 << 10  # at least half of the 16 MiB
 
 
+def test_no_memory_for_a_buffer_is_a_memory_error_not_a_read_error(monkeypatch):
+    """A restore takes an OSError of its reads for a damaged file: a buffer that cannot
+    be mapped must not look like one."""
+
+    def no_memory(*args, **kwargs):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(bounce.mmap, "mmap", no_memory)
+    with pytest.raises(MemoryError, match="read buffer"):
+        bounce.BounceRing(4 << 20).take()
+
+
 def test_read_pieces_stops_at_a_short_read_and_at_a_refused_first_one(tmp_path, monkeypatch):
     path = tmp_path / "f"
     payload = np.random.default_rng(3).integers(0, 256, 40 * KiB + 100, dtype=np.uint8)
