@@ -334,7 +334,7 @@ class Checkpointer:
         if self.store.tier is not None:  # the first save's node-local data file
             self.store.tier.reserve(state)
         if self.buffers is not None:  # the staging of the saves after, populated meanwhile
-            self.buffers.reserve(state, self.comm)
+            self.buffers.reserve(state, self.comm, copies=1 if self.store.tier is None else 2)
         set_aside = [] if self.store.tier is None else self.store.tier.take_set_aside()
         self._heartbeat.beat(None, force=True)  # back to compute
         self._calls.drain()

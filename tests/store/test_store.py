@@ -120,9 +120,13 @@ def test_a_cache_with_buffers_copies_later_saves_into_memory_then_the_tier(tmp_p
     np.testing.assert_array_equal(state["u"], make_state(3)["u"])
 
 
-def test_a_cache_whose_budget_holds_no_copy_copies_straight_into_the_tier(tmp_path, make_state):
+@pytest.mark.parametrize("budget", [1024, 12_000])
+def test_a_cache_whose_budget_holds_not_both_copies_copies_straight_into_the_tier(
+    tmp_path, make_state, budget
+):
+    """The state's 8000 bytes: its host copy and the tier's would take 16000."""
     cached = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, cache=tmp_path / "cache")
-    buffers = HostBuffers(budget=1024)  # under the state's 8000 bytes
+    buffers = HostBuffers(budget=budget)
     for step in (1, 2, 3):
         pending = cached.begin_save(step, make_state(step), buffers=buffers)
         assert pending.staging_bytes == 0 and buffers.nbytes == 0, "no host copy held"

@@ -469,16 +469,19 @@ class Saver:
         compare = parent is not None and not self._full_ahead
         return HostCopy(buffers, self.block_size, hashed=compare)
 
-    def local_plan(self, buffers: HostBuffers, arrays: dict[str, Any]) -> StagingPlan:
+    def local_plan(
+        self, buffers: HostBuffers, arrays: dict[str, Any], copies: int = 1
+    ) -> StagingPlan:
         """How this rank can stage ``arrays`` within its budget, decided alone (the ranks
-        on its node are counted at the first staged save)."""
+        on its node are counted at the first staged save); ``copies``: of the arrays'
+        bytes counted against it (2: a cache save's host copy and the tier's own)."""
         if self._local_ranks is None:
             self._local_ranks = buffers.local_ranks  # learnt by its reserve(), if any
         if self._local_ranks is None:
             node = self.agreement.comm.split_node()
             self._local_ranks = node.size
             node.free()
-        mine = sum(a.nbytes for a in arrays.values())
+        mine = copies * sum(a.nbytes for a in arrays.values())
         return staging_budget.plan(
             mine, buffers.budget, memory.available_bytes(), self._local_ranks, buffers.nbytes
         )

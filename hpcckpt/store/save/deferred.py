@@ -138,9 +138,10 @@ class DeferredSaves:
 
 
 def _fits(saver: Saver, buffers: HostBuffers, arrays: dict[str, Any]) -> bool:
-    """Whether this rank's budget holds a whole copy of ``arrays`` in ``buffers``."""
+    """Whether this rank's budget holds a whole copy of ``arrays`` in ``buffers`` and the
+    tier's copy beside it (a memory file system's pages are the node's memory too)."""
     try:
-        return saver.local_plan(buffers, arrays).mode == staging_budget.COPY
+        return saver.local_plan(buffers, arrays, copies=2).mode == staging_budget.COPY
     except Exception:  # no room said otherwise: the copy goes straight to the tier
         return False
 

@@ -205,14 +205,15 @@ class HostBuffers:
         """Whether the memory :meth:`reserve` asked for is still being populated."""
         return self._arena is not None and self._arena.thread.is_alive()
 
-    def reserve(self, state: Any, comm: Any) -> int:
+    def reserve(self, state: Any, comm: Any, copies: int = 1) -> int:
         """Map the buffers the first save of ``state`` will copy into, and populate them in
         a background thread; the bytes reserved (0: none). Collective over ``comm`` (the
         ranks on a node share the budget's memory); called where every rank is, a restore.
 
         Only before buffers exist, and only when the whole state fits the budget as a
         staged save would plan it (:func:`.save.staging_budget.plan`): the reservation is
-        what that save would allocate anyway, a little earlier.
+        what that save would allocate anyway, a little earlier. ``copies``: of the state's
+        bytes the budget must hold (2 for a cache's saves: their host copy and the tier's).
         """
         if self.local_ranks is None:
             node = comm.split_node()
@@ -225,7 +226,7 @@ class HostBuffers:
         if not total:
             return 0
         plan = staging_budget.plan(
-            total, self.budget, memory.available_bytes(), self.local_ranks, self.nbytes
+            copies * total, self.budget, memory.available_bytes(), self.local_ranks, self.nbytes
         )
         if plan.mode != staging_budget.COPY:
             return 0
