@@ -12,6 +12,7 @@ controller are both read. The peak resident set (``VmHWM``) can be reset
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 #: A cgroup v1 "no limit" is the largest page-aligned int64; anything above this is none.
@@ -114,10 +115,32 @@ def cgroup_room(root: Path = _CGROUP_ROOT) -> int | None:
     return max(0, min(rooms)) if rooms else None
 
 
+#: Bytes this process mapped and is populating in a background thread (a staging
+#: reservation, a node-local data file): not yet out of ``MemAvailable``, already spoken for.
+_promised = 0
+_promised_lock = threading.Lock()
+
+
+def promise(nbytes: int) -> None:
+    """``nbytes`` are being populated in the background: count them as taken until
+    :func:`settle` (two reservations made at once must not both count them as free)."""
+    global _promised
+    with _promised_lock:
+        _promised += nbytes
+
+
+def settle(nbytes: int) -> None:
+    """The ``nbytes`` of a :func:`promise` are populated (or given up)."""
+    global _promised
+    with _promised_lock:
+        _promised = max(0, _promised - nbytes)
+
+
 def available_bytes() -> int | None:
-    """Memory this process may still take: ``MemAvailable``, or its cgroup's room if less."""
+    """Memory this process may still take: ``MemAvailable``, or its cgroup's room if less,
+    less what it is still populating (:func:`promise`)."""
     values = [v for v in (_meminfo("MemAvailable"), cgroup_room()) if v is not None]
-    return min(values) if values else None
+    return max(0, min(values) - _promised) if values else None
 
 
 def rss_bytes() -> int:

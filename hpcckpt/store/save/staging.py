@@ -100,10 +100,15 @@ class _Arena:
     def __init__(self, nbytes: int) -> None:
         self.nbytes, self.used = nbytes, 0
         self.area = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        self.thread = threading.Thread(
-            target=_populate, args=(self.area,), name="hpcckpt-staging", daemon=True
-        )
+        memory.promise(nbytes)
+        self.thread = threading.Thread(target=self._populate, name="hpcckpt-staging", daemon=True)
         self.thread.start()
+
+    def _populate(self) -> None:
+        try:
+            _populate(self.area)
+        finally:
+            memory.settle(self.nbytes)
 
     def take(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
         """A buffer of ``shape`` and ``dtype`` in the arena (its pages present once the

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcckpt.store.io import blocks, filesystem, safety
+from hpcckpt.store.io import blocks, filesystem, memory, safety
 from hpcckpt.store.tier.copies import ALIGN, data_name
 from hpcckpt.store.tree import tensors
 from hpcckpt.store.tree.state_tree import is_stateful
@@ -126,9 +126,11 @@ class DataMap:
                 return
             finally:
                 os.close(fd)
+                memory.settle(size)  # fallocated: out of MemAvailable now (or given up)
             with contextlib.suppress(OSError):  # the copy faults in what is not mapped yet
                 area.madvise(_MADV_POPULATE_WRITE)
 
+        memory.promise(size)
         self._reserving = threading.Thread(target=populate, name="hpcckpt-reserve", daemon=True)
         self._reserving.start()
         return path

@@ -39,3 +39,18 @@ def test_a_cgroup_limit_gives_the_room_left_under_it(tmp_path, monkeypatch) -> N
     assert memory.cgroup_room(root) == 224 * MiB
     (cg / "memory.limit_in_bytes").write_text(str(1 << 62))  # v1's "no limit"
     assert memory.cgroup_room(root) is None
+
+
+def test_memory_being_populated_counts_as_taken_until_settled(monkeypatch) -> None:
+    """Two reservations made at once: the second sees the first's bytes as taken, though
+    MemAvailable does not show them yet (their pages are still being faulted in)."""
+    monkeypatch.setattr(memory, "_meminfo", lambda field: 8 << 30)
+    monkeypatch.setattr(memory, "cgroup_room", lambda: None)
+    assert memory.available_bytes() == 8 << 30
+    memory.promise(3 << 30)
+    assert memory.available_bytes() == 5 << 30
+    memory.promise(6 << 30)
+    assert memory.available_bytes() == 0, "never negative"
+    memory.settle(6 << 30)
+    memory.settle(3 << 30)
+    assert memory.available_bytes() == 8 << 30
