@@ -483,7 +483,7 @@ class Saver:
             node.free()
         mine = copies * sum(a.nbytes for a in arrays.values())
         return staging_budget.plan(
-            mine, buffers.budget, memory.available_bytes(), self._local_ranks, buffers.nbytes
+            mine, buffers.budget, buffers.available(), self._local_ranks, buffers.nbytes
         )
 
     def may_compare(self) -> bool:

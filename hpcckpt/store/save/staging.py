@@ -101,6 +101,7 @@ class _Arena:
         self.nbytes, self.used = nbytes, 0
         self.area = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         memory.promise(nbytes)
+        self.promised = nbytes  # until populated: this arena's own bytes in the promise
         self.thread = threading.Thread(target=self._populate, name="hpcckpt-staging", daemon=True)
         self.thread.start()
 
@@ -109,6 +110,7 @@ class _Arena:
             _populate(self.area)
         finally:
             memory.settle(self.nbytes)
+            self.promised = 0
 
     def take(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
         """A buffer of ``shape`` and ``dtype`` in the arena (its pages present once the
@@ -210,6 +212,13 @@ class HostBuffers:
         """Whether the memory :meth:`reserve` asked for is still being populated."""
         return self._arena is not None and self._arena.thread.is_alive()
 
+    def available(self) -> int | None:
+        """Memory this rank may still take, its own arena's promise given back (the arena
+        counts as held: :attr:`nbytes`)."""
+        free = memory.available_bytes()
+        own = 0 if self._arena is None else self._arena.promised
+        return None if free is None else free + own
+
     def reserve(self, state: Any, comm: Any, copies: int = 1) -> int:
         """Map the buffers the first save of ``state`` will copy into, and populate them in
         a background thread; the bytes reserved (0: none). Collective over ``comm`` (the
@@ -231,7 +240,7 @@ class HostBuffers:
         if not total:
             return 0
         plan = staging_budget.plan(
-            copies * total, self.budget, memory.available_bytes(), self.local_ranks, self.nbytes
+            copies * total, self.budget, self.available(), self.local_ranks, self.nbytes
         )
         if plan.mode != staging_budget.COPY:
             return 0

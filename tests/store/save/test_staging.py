@@ -451,3 +451,30 @@ def test_host_array_sizes_counts_cpu_tensors_and_stateful_objects():
     model = torch.nn.Linear(1024, 1024)  # a 4 MiB weight, a 4 KiB bias
     t = torch.zeros(3 << 20, dtype=torch.uint8)
     assert sorted(host_array_sizes({"m": model, "t": [t]})) == [3 << 20, 4 << 20]
+
+
+def test_a_reservation_being_populated_is_taken_for_others_and_held_for_itself(monkeypatch):
+    """While its arena is populated, the process's available memory drops by it (another
+    reservation must not count it as free), but the buffers' own plans do not count it
+    twice: it is already in what they hold."""
+    from mpi4py import MPI
+
+    from hpcckpt.store.comm import as_comm
+    from hpcckpt.store.io import memory
+    from hpcckpt.store.save import staging
+
+    monkeypatch.setattr(memory, "_meminfo", lambda field: 4 << 30)
+    monkeypatch.setattr(memory, "cgroup_room", lambda: None)
+    go = threading.Event()
+    monkeypatch.setattr(staging, "_populate", lambda area: go.wait(10))
+    buffers = HostBuffers()
+    assert buffers.reserve({"u": np.zeros(1 << 20)}, as_comm(MPI.COMM_SELF)) == 8 << 20
+    assert memory.available_bytes() == (4 << 30) - (8 << 20)
+    assert buffers.available() == 4 << 30
+    go.set()
+    buffers.release()  # joins nothing it need not; the promise is settled by the thread
+    for _ in range(500):
+        if memory.available_bytes() == 4 << 30:
+            break
+        time.sleep(0.01)
+    assert memory.available_bytes() == 4 << 30
