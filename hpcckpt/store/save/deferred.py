@@ -91,7 +91,7 @@ class DeferredSaves:
             buffers.reset_peak()
             with buffers.lending(saver.changes.device_copies(saver.last, saver.chain_policy)):
                 local = encode_local(state)
-        if saver.tier is not None:  # through memory when the budget holds a copy
+        if saver.tier is not None:  # through memory when the budget holds both copies
             plan = StagingPlan(staging_budget.COPY, 0, 0, None)  # the tier's own room
             mode = NodeLocal(saver.tier, hash_later=True)
             if buffers is not None and _fits(saver, buffers, local.arrays):
