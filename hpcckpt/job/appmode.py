@@ -54,7 +54,8 @@ class AppMode:
         self.pending: Any = None  # restart_files.PendingSet being watched
         self.set_after_stop = False  # a complete set appeared after the stop request
         #: The step was killed (by a signal) after the stop request, before writing any
-        #: restart file: a rank without a handler yet; the newest kept set stands.
+        #: restart file (a rank without a handler yet), or exited 0 without writing one
+        #: (it finished as the stop came): the newest kept set stands.
         self.killed_before_writing = False
         self.stop_cost: float | None = None
         self.stop_set_registered = False

@@ -99,13 +99,14 @@ def classify_app(
     restart set appeared after the stop request. ``ended_by_wrapper``: the wrapper ended
     the step itself after that set was complete. ``killed_before_writing``: a signal
     killed the step after the stop request and before any restart file was written (the
-    signal reached a rank before its handler): a stop that kept nothing new, its newest
-    kept set intact; continued like any such stop (job/stalled.py gives up on a streak).
+    signal reached a rank before its handler), or it exited 0 so (it finished as the stop
+    came, or stopped without writing): a stop that kept nothing new, its newest kept set
+    intact; continued like any such stop (job/stalled.py gives up on a streak).
 
     | stop sent | restart files | exit status    | outcome                      |
     |-----------|---------------|----------------|------------------------------|
     | yes       | complete set  | any            | stopped                      |
-    | yes       | none written  | killed         | stopped (nothing new kept)   |
+    | yes       | none written  | killed, 0      | stopped (nothing new kept)   |
     | yes       | not watched   | 0              | stopped                      |
     | yes       | incomplete    | any            | crashed (kept the older set) |
     | no        | -             | 0              | finished                     |

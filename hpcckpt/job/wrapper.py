@@ -435,6 +435,16 @@ class Wrapper:
                 )
             else:
                 self.log(f"the step was {describe_returncode(rc)}: its restart files may be cut")
+        elif self.app.pending is not None and rc == 0:
+            pending = self.app.pending
+            if pending.stop and not self.app.files.written_since(pending):
+                self.app.pending = None
+                self.app.killed_before_writing = True
+                self.log(
+                    "the step exited 0 after the stop signal without writing a restart file "
+                    "(it finished its work as the stop came, or stopped without one): the "
+                    "newest kept set stands and the next run goes on from it"
+                )
         self.app.finish_pending()
         if not self.stop.forwarded and rc != 0 and self.stops is not None:
             self.stops.preempted_app_stop(rc)  # Slurm's TERM went to the tasks directly

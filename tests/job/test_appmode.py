@@ -107,6 +107,31 @@ def test_a_stop_that_kills_the_app_before_it_writes_is_a_stop_that_kept_nothing(
     assert (work / "state").read_text() == "7"
 
 
+def test_an_app_that_exits_0_after_the_stop_without_writing_is_not_a_crash(tmp_path):
+    """The stop came as the application finished its last steps: it ignores the signal
+    (done computing) and exits 0 without a restart file. Not a crash given up at once
+    (a fresh-clone run's chain link did so), but a stop that kept nothing new: the newest
+    kept set stands and the next run goes on from it (a streak of such runs gives up)."""
+    ckpt, work = tmp_path / "ck", tmp_path / "work"
+    work.mkdir()
+    (work / "state").write_text("7")  # an earlier run's restart file
+    finishing = (
+        "import signal, time; signal.signal(signal.SIGUSR2, signal.SIG_IGN); time.sleep(1.5)"
+    )
+    opts = ["--app-signal", "USR2", "--app-ready", "0.5", "--restart-files", str(work / "state"),
+            "--settle", "0.3"]  # fmt: skip
+    w = Wrapped(ckpt, [sys.executable, "-c", finishing], *opts)
+    w.wait_line("started step")
+    w.send(signal.SIGUSR1)
+    w.wait()
+    w.wait_line("exited 0 after the stop signal without writing a restart file")
+    w.wait_line("nothing new was kept")
+    assert "step crashed" not in w.stderr and "giving up" not in w.stderr, w.stderr
+    evs = list(read_events(ckpt))
+    assert [e["outcome"] for e in evs if e["event"] == "step_end"] == ["stopped"]
+    assert (work / "state").read_text() == "7"
+
+
 def test_a_restart_with_no_set_ever_kept_starts_afresh(tmp_path):
     """HPCCKPT_RESTART=1 tells the application to resume from its restart files; after
     runs that kept none (stopped or crashed before their first write) it gets 0."""

@@ -22,6 +22,10 @@ def test_classify_app_table():
     # killed by the stop's signal before any restart file was written: nothing new kept
     stopped = out(143, stop_sent=True, watching_files=True, killed_before_writing=True)
     assert stopped is Outcome.STOPPED
+    # exited 0 after the stop without writing one (it finished as the stop came)
+    assert out(0, stop_sent=True, watching_files=True, killed_before_writing=True) is (
+        Outcome.STOPPED
+    )
 
 
 def test_classify():
