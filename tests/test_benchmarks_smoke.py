@@ -385,7 +385,7 @@ def test_bench_fsdp_leaves_nothing_behind_when_stopped_or_short_of_disk(tmp_path
             "--size",
             "2M",
             "--repeat",
-            "50",
+            "200",
             "--no-drop-caches",
             "--json",
             str(tmp_path / "j"),
@@ -396,10 +396,14 @@ def test_bench_fsdp_leaves_nothing_behind_when_stopped_or_short_of_disk(tmp_path
         text=True,
     )
     deadline = time.monotonic() + 120
-    while not any((scratch / "fsdp").glob("hpcckpt*/ckpt-*.h5")) and time.monotonic() < deadline:
+
+    def started() -> bool:  # its checkpointers' directories: a run under way (a file of
+        return any((scratch / "fsdp").glob("hpcckpt*"))  # theirs lives for milliseconds)
+
+    while not started() and time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()
-        time.sleep(0.2)
-    assert any((scratch / "fsdp").glob("hpcckpt*/ckpt-*.h5")), "no checkpoint written in 120 s"
+        time.sleep(0.05)
+    assert started(), "the bench did not start its saves in 120 s"
     os.kill(proc.pid, signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode != 0 and "stopped by signal" in err, err[-3000:]
