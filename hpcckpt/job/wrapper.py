@@ -424,27 +424,23 @@ class Wrapper:
             return result if self.elastic is None else self.elastic.adjust(result)
         if self.own is not None:
             return self.own.result(rc)
-        if self.app.pending is not None and died_by_signal(rc):  # killed mid-write, or before
-            pending, self.app.pending = self.app.pending, None
+        pending = self.app.pending
+        if pending is not None and (rc == 0 or died_by_signal(rc)):  # ended mid-write, or before
             if pending.stop and not self.app.files.written_since(pending):
-                self.app.killed_before_writing = True
-                self.log(
-                    f"the step was {describe_returncode(rc)} after the stop signal, before "
-                    "writing any restart file (a rank with no handler for it yet?): the newest "
-                    "kept set stands"
+                self.app.pending, self.app.killed_before_writing = None, True
+                how = (
+                    "exited 0 after the stop signal without writing a restart file (it "
+                    "finished its work as the stop came, or stopped without one): the newest "
+                    "kept set stands and the next run goes on from it"
+                    if rc == 0
+                    else f"was {describe_returncode(rc)} after the stop signal, before writing "
+                    "any restart file (a rank with no handler for it yet?): the newest kept set "
+                    "stands"
                 )
-            else:
-                self.log(f"the step was {describe_returncode(rc)}: its restart files may be cut")
-        elif self.app.pending is not None and rc == 0:
-            pending = self.app.pending
-            if pending.stop and not self.app.files.written_since(pending):
+                self.log(f"the step {how}")
+            elif rc != 0:
                 self.app.pending = None
-                self.app.killed_before_writing = True
-                self.log(
-                    "the step exited 0 after the stop signal without writing a restart file "
-                    "(it finished its work as the stop came, or stopped without one): the "
-                    "newest kept set stands and the next run goes on from it"
-                )
+                self.log(f"the step was {describe_returncode(rc)}: its restart files may be cut")
         self.app.finish_pending()
         if not self.stop.forwarded and rc != 0 and self.stops is not None:
             self.stops.preempted_app_stop(rc)  # Slurm's TERM went to the tasks directly
