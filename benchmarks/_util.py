@@ -237,3 +237,23 @@ def run_worker(
     result = json.loads(out.read_text())
     shutil.rmtree(scratch, ignore_errors=True)
     return result
+
+
+def gloo_over_mpi(comm) -> None:
+    """Start torch.distributed's gloo group over the ranks of the MPI communicator
+    ``comm`` (one machine): rank 0 picks a free port and tells the others."""
+    import socket
+
+    import torch.distributed as dist
+
+    port = None
+    if comm.Get_rank() == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{comm.bcast(port)}",
+        rank=comm.Get_rank(),
+        world_size=comm.Get_size(),
+    )

@@ -112,7 +112,6 @@ def fsdp_restores(args: argparse.Namespace) -> None:
     ``--size`` per rank) by ``Checkpointer.restore`` once per variant and by DCP
     (``dcp.load`` + ``set_state_dict``), in turn, cold, in a rotated order, in one
     process: each median is also given as a ratio to DCP's time of the same repetition."""
-    import socket
 
     import torch
     import torch.distributed as dist
@@ -126,13 +125,7 @@ def fsdp_restores(args: argparse.Namespace) -> None:
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     torch.set_num_threads(1)
-    port = None
-    if rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    url = f"tcp://127.0.0.1:{comm.bcast(port)}"
-    dist.init_process_group("gloo", init_method=url, rank=rank, world_size=comm.Get_size())
+    _util.gloo_over_mpi(comm)
     width = max(8, int((2 * _util.parse_size(args.size) / 12 / 4) ** 0.5))  # as bench_fsdp
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(4)])

@@ -236,14 +236,7 @@ def work(args: argparse.Namespace) -> None:
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     torch.set_num_threads(1)
-    port = None
-    if rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{comm.bcast(port)}", rank=rank, world_size=size
-    )
+    _util.gloo_over_mpi(comm)
     root = Path(args.root) / "fsdp"
     total = 2 * _util.parse_size(args.size)  # the model is the same whatever the rank count
     width = max(8, int((total / 12 / 4) ** 0.5))
