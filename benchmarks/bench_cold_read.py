@@ -185,16 +185,22 @@ def fsdp_restores(args: argparse.Namespace) -> None:
             )
 
 
+_RING_BUFFERS: dict[int, int] = {}  # the ring's cap as the code has it
+
+
 def configure(variant: str) -> None:
-    """Set the restore's cold read to ``variant``: ``[d|s|b]READERSxMIB``, ``d`` (the
-    default) past the page cache in MIB pieces through huge-page buffers, ``s`` the
-    same straight into the destination (moved by up to a page), ``b`` through the page
-    cache in MIB pieces."""
-    from hpcckpt.store.io import direct_io
+    """Set the restore's cold read to ``variant``: ``[d|s|b]READERSxMIB[cBUFFERS]``, ``d``
+    (the default) past the page cache in MIB pieces through huge-page buffers, at most
+    BUFFERS of them (the code's cap without it), ``s`` the same straight into the
+    destination (moved by up to a page), ``b`` through the page cache in MIB pieces."""
+    from hpcckpt.store.io import bounce, direct_io
     from hpcckpt.store.restore import read_plan
 
     mode = "buffered" if variant[0] == "b" else "direct"
     readers, mib = variant.lstrip("dbs").split("x")
+    mib, _, cap = mib.partition("c")  # cBUFFERS: the ring's cap (bounce.RING_BUFFERS)
+    default = _RING_BUFFERS.setdefault(0, bounce.RING_BUFFERS)
+    bounce.RING_BUFFERS = int(cap) if cap else default
     read_plan.READERS = int(readers)
     direct_io.COLD_READ = mode
     direct_io.DIRECT_BOUNCE = variant[0] != "s"

@@ -193,7 +193,7 @@ def start_hashed(
         # ``at``, to move in place first; (at, tail): the last bytes, read aside while
         # the moves before them were pending, to copy in place after them; (at, n, buf,
         # ring): n bytes read into a ring's buffer, to copy to ``at`` and give back.
-        ready: queue.Queue[Any] = queue.Queue()
+        ready = bounce.Handoff()  # its put raises once the hashing thread has failed
         addr = np.frombuffer(out, dtype=np.uint8).ctypes.data if len(out) else 0
 
         def hash_pieces() -> None:
@@ -221,11 +221,13 @@ def start_hashed(
                 first = max(first, last)
 
         if reads is None:
-            hasher = threading.Thread(target=hash_pieces, name="hpcckpt-hash", daemon=True)
+            hasher = threading.Thread(
+                target=ready.consume, args=(hash_pieces,), name="hpcckpt-hash", daemon=True
+            )
             hasher.start()
-            wait: Callable[[], Any] = hasher.join
+            join: Callable[[], Any] = hasher.join
         else:
-            wait = reads.hash(hash_pieces)
+            join = reads.hash(lambda: ready.consume(hash_pieces))
         try:
             if direct_fd >= 0:
                 ring = reads.ring() if reads is not None and DIRECT_BOUNCE else None
@@ -238,10 +240,10 @@ def start_hashed(
                     done = stop
                     ready.put(done)
         except BaseException:
-            ready.put(None)
-            wait()
+            ready.end()
+            ready.wait(join)
             raise
-        ready.put(None)
+        ready.end()
     finally:
         if direct_fd >= 0 and reads is None:
             os.close(direct_fd)
@@ -251,7 +253,7 @@ def start_hashed(
             os.close(opened)
 
     def finish() -> np.ndarray:
-        wait()
+        ready.wait(join)
         return hashes
 
     return finish
@@ -353,7 +355,9 @@ class HashedReads:
             threads, self.threads = self.threads, []
             fds, self._fds = self._fds, {}
             self._idle = 0
-            self._ring = None  # its memory goes with the last reference
+            ring, self._ring = self._ring, None
+        if ring is not None:
+            ring.close()  # a read still waiting for one of its buffers raises, not hangs
         for _ in threads:
             self._jobs.put(None)
         for thread in threads:
@@ -447,17 +451,15 @@ def _read_shifted(
     ``move((at, n, buf, ring))``, to be copied in place and given back.
     """
     n = len(out)
+    head = min(n, -offset % ALIGN)
+    pread_all(fd, out[:head], offset, path)
     if ring is not None and move is not None:
-        head = min(n, -offset % ALIGN)
-        pread_all(fd, out[:head], offset, path)
         end = head + (n - head) // ALIGN * ALIGN
         done = bounce.read_pieces(direct_fd, offset, head, end, ring, move)
         pread_all(fd, out[done:], offset + done, path)  # beside the copies: other bytes
         ready(n)
         return done - head
     addr = np.frombuffer(out, dtype=np.uint8).ctypes.data
-    head = min(n, -offset % ALIGN)
-    pread_all(fd, out[:head], offset, path)
     shift = (offset - addr) % ALIGN  # (addr + i + shift) and (offset + i) align alike
     done = head
     end = head + max(0, n - head - shift) // ALIGN * ALIGN

@@ -545,3 +545,30 @@ def test_a_failed_hashing_job_is_raised_by_its_waiter():
             wait()
         reads.hash(lambda: None)()  # the thread is still there, and reused
         assert len(reads.threads) == 1
+
+
+def test_a_read_whose_own_hashing_thread_fails_raises_its_error(
+    tmp_path, shifted_calls, uncached, monkeypatch
+):
+    """A read with a hashing thread of its own (no HashedReads) raises what stopped the
+    thread, at the reader's next piece, instead of returning hashes never made."""
+    from types import SimpleNamespace
+
+    if not takes_direct(tmp_path):
+        pytest.fail(f"{tmp_path} takes no direct reads: this test needs a file system that does")
+    payload = data(100 * KiB + 5, 14)
+    path = tmp_path / "f"
+    path.write_bytes(b"h" * 400 + payload.tobytes() + b"tail" * 1000)
+    uncached(path)
+    calls = []
+
+    def digest(buf):
+        calls.append(len(buf))
+        raise ValueError("hashing failed")
+
+    monkeypatch.setattr(direct_io, "xxhash", SimpleNamespace(xxh3_64_intdigest=digest))
+    out = np.zeros(len(payload), dtype=np.uint8)
+    with pytest.raises(ValueError, match="hashing failed"):
+        direct_io.read_hashed(path, 400, memoryview(out), 8 * KiB)
+    assert calls == [8 * KiB]  # the first block, then no more
+    assert not [t for t in threading.enumerate() if t.name == "hpcckpt-hash"]
