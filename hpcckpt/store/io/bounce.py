@@ -63,6 +63,12 @@ class BounceRing:
         with self._cond:
             return self.made - len(self._free)
 
+    @property
+    def waiting(self) -> int:
+        """Takers waiting for their turn or a buffer."""
+        with self._cond:
+            return len(self._turns)
+
     def cap(self) -> int:
         """The most buffers this ring makes while its readers read."""
         return max(self.limit, PER_READER * self.readers)

@@ -265,6 +265,44 @@ def test_the_cap_grows_to_per_reader_buffers_for_each_reader_reading_at_once():
     assert ring.cap() == 1
 
 
+def test_takers_past_the_cap_get_the_buffers_given_back_in_the_order_they_came():
+    assert bounce.BounceRing(bounce.HUGE_PAGE).cap() == 8  # docs/performance.md: 16 MiB
+    ring = bounce.BounceRing(16 * KiB, limit=2)
+    held = [ring.take(), ring.take()]
+    waiters = []
+    for i in range(3):
+        waiters.append(run_until(ring.take))
+        wait_for(lambda i=i: ring.waiting == i + 1)
+    for i, buf in enumerate(held):
+        ring.give(buf)
+        joined(waiters[i][0])
+        assert waiters[i][1][0] is buf and ring.waiting == 2 - i  # the first in line
+    assert waiters[2][0].is_alive() and ring.made == 2
+    ring.close()
+    joined(waiters[2][0])
+
+
+def test_two_buffers_given_back_at_once_reach_both_takers_waiting():
+    """The first in line, served, wakes the next: a buffer freed meanwhile is not left
+    unclaimed while a taker sleeps."""
+    for _ in range(20):
+        ring = bounce.BounceRing(16 * KiB, limit=2)
+        held = [ring.take(), ring.take()]
+        waiters = [run_until(ring.take) for _ in range(2)]
+        wait_for(lambda ring=ring: ring.waiting == 2)
+        for buf in held:
+            ring.give(buf)
+        for thread, _ in waiters:
+            joined(thread)
+
+
+def wait_for(condition) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.001)
+
+
 def read_one(fd: int, offset: int, n: int, ring, handoff: bounce.Handoff) -> int:
     """:func:`bounce.read_pieces` of ``n`` bytes at ``offset``, handed to the consumer
     with the offset in its own array."""
