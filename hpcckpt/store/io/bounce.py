@@ -6,6 +6,11 @@ pages, about 1 MiB; into huge pages, as requests of the device's largest size (4
 here). On this machine's virtio disk that made two ranks' direct reads of an FSDP
 state into its tensors 1.2x slower than into huge pages (docs/performance.md). The copy
 in place costs what the move of a piece read a few bytes past its place cost before.
+
+A ring makes a bounded number of buffers: reads that get ahead of the copies wait for
+one given back. Nothing can leave them waiting for good: a consumer that fails gives
+back the buffers of the pieces left and its reader raises its error (:class:`Handoff`),
+and a closed ring raises in every taker (:class:`RingClosed`).
 """
 
 from __future__ import annotations

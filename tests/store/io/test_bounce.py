@@ -1,6 +1,8 @@
 """Direct reads through huge-page buffers: every byte lands in place, the buffers are
 reused, and a read the file system refuses or cuts short stops where the page cache
-takes over."""
+takes over. The ring holds no more than its cap however slow the copies, and no read
+is left waiting: a consumer that fails, or a ring closed, ends it with an error (each
+such test fails at a deadline instead of hanging)."""
 
 from __future__ import annotations
 
