@@ -123,8 +123,8 @@ def test_a_restores_direct_reads_land_exactly_through_a_few_reused_buffers(
             assert (guard[:shift] == 0xA5).all() and (guard[shift + n :] == 0xA5).all()
         ring = reads.ring()
         # 9 pieces an array, 4 arrays: the buffers come back (more are made only while the
-        # hashing thread lags behind the reads: 5 on a loaded machine)
-        assert 1 <= ring.made <= 9
+        # hashing thread lags behind the reads: 5 on a loaded machine), up to the cap
+        assert 1 <= ring.made <= bounce.RING_BUFFERS and ring.held == 0
     assert shifted_calls_through_ring == [True] * count  # each read past the cache, whole
 
 
