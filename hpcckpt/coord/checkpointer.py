@@ -335,6 +335,8 @@ class Checkpointer:
             self.store.tier.reserve(state)
         if self.buffers is not None:  # the staging of the saves after, populated meanwhile
             self.buffers.reserve(state, self.comm, copies=1 if self.store.tier is None else 2)
+        if self.staged:  # the first save is deferred too
+            self.store.prepare_saves(state, self.buffers)
         set_aside = [] if self.store.tier is None else self.store.tier.take_set_aside()
         self._heartbeat.beat(None, force=True)  # back to compute
         self._calls.drain()

@@ -211,6 +211,12 @@ class CheckpointStore:
             result = self.saver.save(step, state, meta)
         return self._committed(result, force=stop)
 
+    def prepare_saves(self, state: dict[str, Any], buffers: HostBuffers | None) -> None:
+        """Where every rank is before the first save (a restore): what lets the first
+        staged save of ``state`` block for its copy only, as the later ones do (the
+        background saves' group). Collective."""
+        self.saver.prepare_deferred(state, buffers)
+
     def begin_save(
         self,
         step: int,

@@ -62,9 +62,9 @@ def test_restore_reserves_the_node_local_data_file_and_the_first_cache_save_fill
             saved = u.copy()
             ck.save(0, state)
             u *= -2.0  # every array changes right after save() returns
+            ck.wait()  # the copy goes through host memory, the tier's file in the background
             assert (cache / fast_tier.data_name(0, 0)).stat().st_ino == inode
             assert not reserved.exists()
-            ck.wait()
             (copy,) = fast_tier.scan(cache, tmp_path, 0, 1)
             assert fast_tier.load(copy)["u"].tobytes() == saved.tobytes()
     finally:

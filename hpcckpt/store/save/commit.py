@@ -162,6 +162,22 @@ class Saver:
             return False
         return self.tier.seals_alone() if self.tier is not None else buffers is not None
 
+    def prepare_deferred(self, state: Any, buffers: HostBuffers | None) -> None:
+        """Where every rank is before the first save (a restore): make the background
+        saves' group now, so that the first staged save of ``state`` blocks for its copy
+        only too (its file's tuning is then decided in the background). Collective."""
+        if self._may_defer(state, buffers, False):
+            self._make_deferred()
+
+    def _make_deferred(self) -> None:
+        """The background saves' group, made once by every rank (none where the
+        communicator cannot make one: the saves stay in the foreground)."""
+        if not self._deferred_tried:
+            self._deferred_tried = True
+            background = self.agreement.comm.background()
+            if background is not None:
+                self.deferred = DeferredSaves(Agreement(background))
+
     # -- what the restore side tells it ----------------------------------------------------
     def remember(self, chain: ChainState | None) -> None:
         """The checkpoint just restored: the next save may be a delta of it (None: full)."""
@@ -294,11 +310,7 @@ class Saver:
         if self.tier is not None:
             buffers = None  # the tier stages it; host buffers serve deferred saves only
         if self._may_defer(state, buffers, redrain):
-            if not self._deferred_tried:  # the background's group: made by every rank here
-                self._deferred_tried = True
-                background = self.agreement.comm.background()
-                if background is not None:
-                    self.deferred = DeferredSaves(Agreement(background))
+            self._make_deferred()  # the saves after this one are deferred
         copy = None
         if redrain:
             if self.tier is None:
@@ -523,7 +535,7 @@ class Saver:
             )
         faults.fault_point("save.begin", step)
         if self.tuning is None:
-            self.tuning = self._tune(encoded.state_bytes)
+            self.tuning = self.tune(encoded.state_bytes)
         return encoded, self.last if encoded.answer else None
 
     def chain_intact(self) -> bool:
@@ -537,8 +549,9 @@ class Saver:
             for name, _, _ in self.last.chain
         )
 
-    def _tune(self, state_bytes: int) -> filesystem.Tuning:
-        """Rank 0 detects the file system and stripes the directory; every rank gets the plan.
+    def tune(self, state_bytes: int, agreement: Agreement | None = None) -> filesystem.Tuning:
+        """Rank 0 detects the file system and stripes the directory; every rank gets the
+        plan (over ``agreement``'s ranks: the saver's own when None).
 
         At the first save, once every rank's state encoded: rank 0 creates the directory
         here so that it can be striped (a failure is reported by the file's creation,
@@ -560,7 +573,7 @@ class Saver:
             log.info("file system %s (%s), direct I/O %s", fs.kind, fs.name, plan.direct_io)
             return plan
 
-        return self.agreement.from_root(decide)
+        return (agreement or self.agreement).from_root(decide)
 
     def _prepare_directory(self, state_bytes: int) -> None:
         """Step 2, rank 0, right before it creates the file: the directory (owner-only),

@@ -3,10 +3,10 @@ file and every rank writes it, all in a background thread over a group of its ow
 
 Otherwise a staged save in memory agrees on the encoding and the staging budget and
 creates the file (a gather, rank 0's HDF5 file creation, a bcast, a reduction) while the
-ranks wait, and the slowest rank sets everyone's pace. Here, after the first staged save
-(which makes the group: :meth:`~hpcckpt.store.comm.base.Comm.background`), each rank
-encodes its state and copies it into its host buffers alone and hands the rest to its
-thread. The ranks' threads meet in the same order: at most one staged save is pending,
+ranks wait, and the slowest rank sets everyone's pace. Here, once the group is made
+(:meth:`~hpcckpt.store.comm.base.Comm.background`, by a restore or the first staged
+save), each rank encodes its state and copies it into its host buffers alone and hands
+the rest to its thread. The ranks' threads meet in the same order: at most one staged save is pending,
 committed before the next begins. A rank whose budget holds no copy writes from its live
 state and waits for that write (``Unstaged``); the others go on.
 """
@@ -218,6 +218,8 @@ class _Job:
         parent = saver.last if encoded.answer and delta else None
         # Nothing was hashed in the foreground: the file's writer hashes the staging, before
         # it plans a delta or while it writes a full file.
+        if saver.tuning is None:  # the first save: deferred when a restore came before it
+            saver.tuning = saver.tune(encoded.state_bytes, self.agreement)
         known = None
         if copied is not None:
             known = {n: h for n, h in copied.items() if encoded.arrays.get(n) is arrays[n]}

@@ -152,3 +152,45 @@ def test_a_failed_background_write_commits_nothing(tmp_path, make_state, monkeyp
     got = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, cache=cache).restore(back)
     assert (got.step, got.source) == ((2, "cache") if tier else (1, "directory"))
     assert back["meta"]["k"] == got.step
+
+
+def test_after_prepare_the_first_staged_save_is_deferred_and_tuned_in_the_background(
+    tmp_path, make_state
+):
+    """What a restore does before the first save (``prepare_deferred``): that save blocks
+    for its copy only, the ranks' file creation and the directory's tuning run in the
+    background thread; the checkpoint restores the values at ``save()``."""
+    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF)
+    buffers = HostBuffers()
+    state = make_state(1)
+    saved = state["u"].copy()
+    try:
+        assert store.saver.tuning is None
+        store.prepare_saves(state, buffers)
+        pending = store.saver.begin_save(1, state, buffers=buffers)
+        assert pending.deferred, "the first save after a restore is deferred"
+        state["u"][:] = 0.0  # the application goes on at once: the copy is its own
+        result = store.saver.finish_save(pending)
+        assert store.saver.tuning is not None, "the thread decided the tuning"
+        assert result.step == 1 and result.path.is_file()
+        back = make_state(0)
+        assert store.restore(back).step == 1
+        assert back["u"].tobytes() == saved.tobytes() and back["meta"] == state["meta"]
+    finally:
+        store.close()
+
+
+def test_without_prepare_the_first_staged_save_runs_in_the_foreground(tmp_path, make_state):
+    """No restore before it: the first staged save makes the background group as it
+    creates its file in the foreground; the second is deferred."""
+    store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF)
+    buffers = HostBuffers()
+    try:
+        first = store.saver.begin_save(1, make_state(1), buffers=buffers)
+        assert not first.deferred and store.saver.tuning is not None
+        store.saver.finish_save(first)
+        second = store.saver.begin_save(2, make_state(2), buffers=buffers)
+        assert second.deferred
+        store.saver.finish_save(second)
+    finally:
+        store.close()
