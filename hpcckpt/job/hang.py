@@ -10,10 +10,11 @@ Checkpointer from ``due()`` at most every 5 s, see :mod:`hpcckpt.rundir.heartbea
   the I/O phases ``save``/``restore`` the allowance is ``--hang-save-timeout`` instead
   (default: :func:`default_save_timeout`, four times the timeout or three times the
   slowest measured checkpoint plus the timeout, whichever is longer);
-- a rank that never wrote a heartbeat in this attempt is silent once the timeout has
-  passed since the step started (the expected ranks are the ``nranks`` of the
-  Checkpointer's ``start`` event or ``SLURM_NTASKS``; unknown: only "no heartbeat at
-  all" counts);
+- a rank that never wrote a heartbeat in this attempt is silent once the I/O allowance
+  has passed since the step started: its start-up is the interpreter's imports, the
+  launcher's and MPI's start and the first restore, all of them I/O (the expected ranks
+  are the ``nranks`` of the Checkpointer's ``start`` event or ``SLURM_NTASKS``; unknown:
+  only "no heartbeat at all" counts);
 - with ``--progress-file GLOB`` (applications without the API) the step is one unit:
   a change of any matching file's size or modification time is its heartbeat.
 
@@ -152,11 +153,11 @@ def decide(
         if age > limit:
             silent.append(Silent(rank, beat.time, age, beat.step, beat.phase, limit))
     waited = now - started
-    if waited > timeout:
+    if waited > save_timeout:  # start-up: imports, the launch, MPI's start, I/O
         expected = range(nranks) if nranks else ([] if fresh else [0])
         for rank in expected:
             if rank not in fresh:
-                silent.append(Silent(rank, started, waited, None, None, timeout))
+                silent.append(Silent(rank, started, waited, None, None, save_timeout))
     silent.sort(key=lambda s: (s.since, s.rank if s.rank is not None else -1))
     ranks = set(fresh) | set(range(nranks or 0))
     return Verdict(bool(silent), silent, len(fresh), {r: fresh.get(r) for r in ranks})

@@ -26,8 +26,8 @@ previous set of checkpoints or the previous set plus this complete one.
 A *staged* save (:meth:`Saver.begin_save`) runs steps 1-2, copies the state to a
 staging area (:mod:`.save.staging_modes`), creates the ``.partial`` file with all its
 metadata and returns; a thread per rank writes the array bytes and fsyncs.
-:meth:`Saver.finish_save` then runs steps 4-5. After the first, a staged save in memory
-runs steps 1-3 but the copy in a thread of its own, over a group of its own
+:meth:`Saver.finish_save` then runs steps 4-5. After a restore or the first save, a
+staged save runs steps 1-3 but the copy in a thread, over a group of its own
 (:mod:`.save.deferred`): it blocks for the copy only.
 
 Saves are incremental by default: each rank remembers the block hashes of the last
@@ -146,14 +146,13 @@ class Saver:
         self.paths: write_path.WritePathChooser | None = None  # made at the first save
         self._local_ranks: int | None = None  # ranks on this node (the first staged save)
         self._full_ahead = 0  # staged saves left that go full without comparing (learn)
-        #: Staged saves in memory after the first: agreed and created in the background.
-        self.deferred: DeferredSaves | None = None
+        self.deferred: DeferredSaves | None = None  # staged saves made in the background
         self._deferred_tried = False
 
     def defers(self, state: Any, buffers: HostBuffers | None, redrain: bool = False) -> bool:
         """Whether :meth:`begin_save` runs its collective steps in the background
-        (:mod:`.save.deferred`): after the first, a save staged in memory or on a
-        node-local tier whose copies each rank seals alone (no redundancy)."""
+        (:mod:`.save.deferred`): after a restore or the first, a save staged in memory or
+        on a node-local tier whose copies each rank seals alone (no redundancy)."""
         return self.deferred is not None and self._may_defer(state, buffers, redrain)
 
     def _may_defer(self, state: Any, buffers: HostBuffers | None, redrain: bool) -> bool:
@@ -163,15 +162,13 @@ class Saver:
         return self.tier.seals_alone() if self.tier is not None else buffers is not None
 
     def prepare_deferred(self, state: Any, buffers: HostBuffers | None) -> None:
-        """Where every rank is before the first save (a restore): make the background
-        saves' group now, so that the first staged save of ``state`` blocks for its copy
-        only too (its file's tuning is then decided in the background). Collective."""
+        """Collective, before the first save (at a restore): the first staged save of
+        ``state`` blocks for its copy only too (its file's tuning made in the background)."""
         if self._may_defer(state, buffers, False):
             self._make_deferred()
 
     def _make_deferred(self) -> None:
-        """The background saves' group, made once by every rank (none where the
-        communicator cannot make one: the saves stay in the foreground)."""
+        """The background saves' group, made once by every rank (if the comm can)."""
         if not self._deferred_tried:
             self._deferred_tried = True
             background = self.agreement.comm.background()
@@ -309,8 +306,8 @@ class Saver:
             return self.deferred.begin(self, step, state, extra_meta, buffers)
         if self.tier is not None:
             buffers = None  # the tier stages it; host buffers serve deferred saves only
-        if self._may_defer(state, buffers, redrain):
-            self._make_deferred()  # the saves after this one are deferred
+        if self._may_defer(state, buffers, redrain):  # the saves after this one are deferred
+            self._make_deferred()
         copy = None
         if redrain:
             if self.tier is None:
