@@ -405,8 +405,9 @@ class Checkpointer:
         With ``async_save`` or ``cache`` (and not on a stop signal or the deadline) it
         returns once the state is staged: the result's ``blocked_seconds`` is what the
         ranks waited, and the checkpoint is committed later (see the class docs). With
-        ``async_save``, and with ``cache`` without ``redundancy``, after the first save
-        the ranks decide the kind in the background: the result says ``kind="staged"``
+        ``async_save``, and with ``cache`` without ``redundancy``, after ``restore()`` (or
+        the first save, when no restore came before it) the ranks decide the kind in the
+        background: the result says ``kind="staged"``
         and ``bytes_written=0`` (the commit's result has both), and a value that cannot
         be saved is raised at the commit, on every rank (docs/async-and-fast-tier.md).
         """
