@@ -188,6 +188,11 @@ class HostBuffers:
         #: The most bytes held at once since :meth:`reset_peak`.
         self.peak = 0
 
+    def copies(self) -> dict[str, np.ndarray]:
+        """The host buffers the last save copied the state's arrays into, by path (kept
+        for the next save: what a measurement of the copy's own limit copies into)."""
+        return dict(self._buffers)
+
     @property
     def nbytes(self) -> int:
         return (

@@ -111,6 +111,8 @@ def test_host_buffers_reuse_the_same_buffer_while_shape_and_dtype_stay():
     assert copies["u"].tobytes() == u.tobytes()
     assert np.array_equal(hashes["u"], blocks.block_hashes(u, BLOCK))
     assert hb.nbytes == u.nbytes + v.nbytes
+    held = hb.copies()  # the buffers kept for the next save, by path
+    assert held.keys() == {"u", "g/v"} and held["u"] is first_u and held["g/v"] is first_v
 
 
 @pytest.mark.parametrize(
