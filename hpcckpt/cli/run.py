@@ -138,8 +138,9 @@ def _options(func: Callable[..., Any]) -> Callable[..., Any]:
             "--hang-save-timeout",
             callback=_duration_option,
             metavar="DURATION",
-            help="The allowance of a rank inside a checkpoint save or restore (default: 4x "
-            "--hang-timeout, or 3x the slowest measured checkpoint plus --hang-timeout).",
+            help="The allowance of a rank inside a checkpoint save or restore, and of a "
+            "rank starting up before its first heartbeat (default: 4x --hang-timeout, or "
+            "3x the slowest measured checkpoint plus --hang-timeout).",
         ),
         click.option(
             "--hang-timeout",
