@@ -6,9 +6,9 @@ creates the file (a gather, rank 0's HDF5 file creation, a bcast, a reduction) w
 ranks wait, and the slowest rank sets everyone's pace. Here, once the group is made
 (:meth:`~hpcckpt.store.comm.base.Comm.background`, by a restore or the first staged
 save), each rank encodes its state and copies it into its host buffers alone and hands
-the rest to its thread. The ranks' threads meet in the same order: at most one staged save is pending,
-committed before the next begins. A rank whose budget holds no copy writes from its live
-state and waits for that write (``Unstaged``); the others go on.
+the rest to its thread. The ranks' threads meet in the same order: at most one staged
+save is pending, committed before the next begins. A rank whose budget holds no copy
+writes from its live state and waits for that write (``Unstaged``); the others go on.
 """
 
 from __future__ import annotations
