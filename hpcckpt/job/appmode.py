@@ -62,6 +62,9 @@ class AppMode:
         self.ended_by_wrapper = False
         #: After a stop's complete restart files: when the step is ended if still running.
         self.exit_by: float | None = None
+        #: The stop's restart files that looked complete, watched until the step exits: a
+        #: change means the application was still writing (a pause longer than --settle).
+        self.settled: Any = None
 
     def prepare(self, *, restart: int, nodes: int, stop_in: float | None = None) -> dict[str, str]:
         """Check the restart files, set up the schedule; the extra environment of the step
@@ -143,6 +146,8 @@ class AppMode:
         (``may_signal``: no stop request, the application is ready; ``signal`` and ``pid``
         for the log: what is sent, to which launcher)."""
         ctx, cfg = self.ctx, self.config
+        if self.settled is not None:
+            self._check_settled()
         if self.exit_by is not None and time.monotonic() >= self.exit_by:
             self.exit_by = None
             self.ended_by_wrapper = True
@@ -188,12 +193,34 @@ class AppMode:
             self.set_after_stop = True
             self.stop_cost = cost
             self.exit_by = time.monotonic() + STOP_EXIT_GRACE
+            self.settled = pending
             self.ctx.log(
                 f"restart files complete {cost:.1f} s after the stop signal; the step has "
                 f"{STOP_EXIT_GRACE:g} s to exit before it is ended"
             )
             return
         self.register(cost, stop=False)
+
+    def _check_settled(self) -> None:
+        """The stop's files changed after they looked complete: not complete; the step is
+        not ended for them, and they are watched again until they settle."""
+        pending = self.settled
+        before, last = pending.seen, pending.last_change_mono
+        self.files.poll(pending)
+        if pending.seen == before:
+            return
+        pause = pending.last_change_mono - last
+        pending.quiet = max(pending.quiet, 2 * pause)
+        self.settled, self.exit_by = None, None
+        self.set_after_stop, self.stop_cost = False, None
+        self.pending = pending  # the same signal: --restart-timeout still counts from it
+        self.ctx.log(
+            f"the restart files changed again {time.monotonic() - pending.signal_mono:.1f} s "
+            f"after the stop signal, after a pause of {pause:.1f} s (--settle "
+            f"{self.config.settle:g} s): still being written; they count as complete once "
+            f"unchanged for {pending.quiet:.1f} s (a --settle longer than the application's "
+            "pauses between writes, or --restart-marker, avoids this)"
+        )
 
     def register(
         self,
@@ -232,7 +259,7 @@ class AppMode:
         if self.files is None or self.pending is None:
             return
         pending, self.pending = self.pending, None
-        deadline = time.monotonic() + self.config.settle * 2 + 1.0
+        deadline = time.monotonic() + max(self.config.settle, pending.quiet) * 2 + 1.0
         while time.monotonic() < deadline:
             if self.files.poll(pending):
                 cost = self.files.cost(pending)

@@ -83,6 +83,9 @@ class PendingSet:
     seen: dict[str, tuple[int, int]] = field(default_factory=dict)
     last_change_mono: float = 0.0
     last_change_wall: float = 0.0
+    #: Seconds without a change that make the files complete, when more than ``settle``:
+    #: twice the longest pause seen after they had looked complete once.
+    quiet: float = 0.0
 
 
 @dataclass
@@ -170,7 +173,7 @@ class RestartFiles:
             newest = max((m for _, m in snapshot.values()), default=0)
             pending.last_change_wall = max(newest / 1e9, pending.signal_wall_ns / 1e9)
             return False
-        if now - pending.last_change_mono < self.settle:
+        if now - pending.last_change_mono < max(self.settle, pending.quiet):
             return False
         if self.marker is not None:
             mark = snapshot.get(self.marker)

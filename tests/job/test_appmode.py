@@ -67,6 +67,46 @@ def test_app_signal_stop_then_resume_then_finish(tmp_path):
     assert (work / "done").read_text() == "1500"
 
 
+SLOW_WRITER = r"""
+import os, signal, sys, time
+d = sys.argv[1]
+got = []
+signal.signal(signal.SIGUSR2, lambda *a: got.append(1))
+while not got:
+    time.sleep(0.02)
+with open(f"{d}/state", "wb") as f:  # in place, in pieces: a kill between them cuts it
+    for i in range(12):
+        f.write(bytes([i + 1]) * 1000); f.flush(); os.fsync(f.fileno())
+        if i < 11:
+            time.sleep(1.0)
+sys.exit(1)  # as many codes do after a checkpointed stop
+"""
+
+
+def test_a_stop_write_pausing_longer_than_settle_is_not_cut_by_the_exit_grace(tmp_path):
+    """The application's pauses between pieces (1 s) exceed --settle (0.4 s) and its
+    write (11 s) the exit grace after the files first look complete (10 s): each new
+    piece withdraws the completion, so the step is never ended mid-write and the set kept
+    is the whole file."""
+    ckpt, work = tmp_path / "ck", tmp_path / "work"
+    work.mkdir()
+    cmd = [sys.executable, "-c", SLOW_WRITER, str(work)]
+    opts = ["--app-signal", "USR2", "--app-ready", "1", "--restart-files", str(work / "state"),
+            "--settle", "0.4"]  # fmt: skip
+    w = Wrapped(ckpt, cmd, *opts)
+    w.wait_line("started step")
+    w.send(signal.SIGUSR1)
+    assert w.wait() == 0, w.stderr
+    assert "the restart files changed again" in w.stderr and "still being written" in w.stderr
+    assert "did not exit" not in w.stderr, w.stderr
+    assert (work / "state").read_bytes() == b"".join(bytes([i + 1]) * 1000 for i in range(12))
+    evs = list(read_events(ckpt))
+    (kept,) = [e for e in evs if e["event"] == "restart_set"]
+    assert kept["stop"] and kept["bytes"] == 12000, w.stderr
+    assert kept["seconds"] >= 10.0
+    assert [e["outcome"] for e in evs if e["event"] == "step_end"] == ["stopped"]
+
+
 def test_app_signal_periodic_checkpoints(tmp_path):
     ckpt, work = tmp_path / "ck", tmp_path / "work"
     work.mkdir()
