@@ -779,7 +779,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--blocked-mirrors", default="s3,dir", help="blocked: the mirrors a save runs beside"
     )
-    ap.add_argument("--saves", type=int, default=4, help="saves per blocked-time run")
+    ap.add_argument("--saves", type=int, default=8, help="saves per blocked-time run")
     ap.add_argument("--gap", type=float, default=1.0, help="seconds between saves")
     ap.add_argument(
         "--skip",
