@@ -531,8 +531,7 @@ class Saver:
                 copy.tree, arrays, state_bytes, bool(chain), replicated=set(copy.replicated)
             )
         faults.fault_point("save.begin", step)
-        if self.tuning is None:
-            self.tuning = self.tune(encoded.state_bytes)
+        self.tune(encoded.state_bytes)
         return encoded, self.last if encoded.answer else None
 
     def chain_intact(self) -> bool:
@@ -546,14 +545,14 @@ class Saver:
             for name, _, _ in self.last.chain
         )
 
-    def tune(self, state_bytes: int, agreement: Agreement | None = None) -> filesystem.Tuning:
-        """Rank 0 detects the file system and stripes the directory; every rank gets the
-        plan (over ``agreement``'s ranks: the saver's own when None).
-
-        At the first save, once every rank's state encoded: rank 0 creates the directory
-        here so that it can be striped (a failure is reported by the file's creation,
-        which tries again).
-        """
+    def tune(self, state_bytes: int, agreement: Agreement | None = None) -> None:
+        """At the first save (no :attr:`tuning` yet), rank 0 detects the file system and
+        stripes the directory; every rank keeps the plan in :attr:`tuning` (over
+        ``agreement``'s ranks: the saver's own when None). Once every rank's state encoded:
+        rank 0 creates the directory here so that it can be striped (a failure is reported
+        by the file's creation, which tries again)."""
+        if self.tuning is not None:
+            return
         options = self.files.tuning
 
         def decide() -> filesystem.Tuning:
@@ -570,7 +569,7 @@ class Saver:
             log.info("file system %s (%s), direct I/O %s", fs.kind, fs.name, plan.direct_io)
             return plan
 
-        return (agreement or self.agreement).from_root(decide)
+        self.tuning = (agreement or self.agreement).from_root(decide)
 
     def _prepare_directory(self, state_bytes: int) -> None:
         """Step 2, rank 0, right before it creates the file: the directory (owner-only),

@@ -218,8 +218,7 @@ class _Job:
         parent = saver.last if encoded.answer and delta else None
         # Nothing was hashed in the foreground: the file's writer hashes the staging, before
         # it plans a delta or while it writes a full file.
-        if saver.tuning is None:  # the first save: deferred when a restore came before it
-            saver.tuning = saver.tune(encoded.state_bytes, self.agreement)
+        saver.tune(encoded.state_bytes, self.agreement)  # the first save, after a restore
         known = None
         if copied is not None:
             known = {n: h for n, h in copied.items() if encoded.arrays.get(n) is arrays[n]}
