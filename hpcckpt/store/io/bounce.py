@@ -55,7 +55,7 @@ class BounceRing:
     def __init__(self, piece: int, limit: int | None = None) -> None:
         self.piece = piece
         self.limit = RING_BUFFERS if limit is None else limit
-        self.made = 0  # the most buffers out at once
+        self.made = 0  # buffers made so far (out, or free to take again)
         self.readers = 0  # read_pieces calls running
         self._free: list[np.ndarray] = []
         self._turns: collections.deque[object] = collections.deque()  # waiting takers
