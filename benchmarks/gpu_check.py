@@ -29,8 +29,11 @@ every correctness check passed (the blocked-time goals are reported, not enforce
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import os
+import pstats
 import shutil
 import socket
 import statistics
@@ -97,6 +100,9 @@ def main() -> int:
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (flow check only)")
     ap.add_argument("--root", default=None, help="scratch directory (default: a temporary one)")
     ap.add_argument("--json", help="also write the summary here")
+    ap.add_argument(
+        "--profile", help="write cProfile's top functions of the measured async saves here"
+    )
     args = ap.parse_args()
 
     import torch
@@ -208,6 +214,7 @@ def main() -> int:
     times: dict[str, list[float]] = {"bare_to_cpu": [], "hpcckpt_async": [], "dcp_async": []}
     methods = list(times)
     pending = None
+    profiler = cProfile.Profile() if args.profile and rank == 0 else None
     for rep in range(args.repeat + 1):  # the first repetition warms up (buffers, pinned pool)
         for method in methods[rep % 3 :] + methods[: rep % 3]:
             train_step(torch, model, optim)
@@ -224,8 +231,12 @@ def main() -> int:
                 blocked = time.perf_counter() - t0
                 del copies
             elif method == "hpcckpt_async":
+                if profiler is not None and rep:
+                    profiler.enable()
                 ck.save(rep, state)
                 blocked = time.perf_counter() - t0
+                if profiler is not None and rep:
+                    profiler.disable()
                 ck.wait()
             else:
                 msd, osd = get_state_dict(model, optim)
@@ -238,6 +249,10 @@ def main() -> int:
             if rep:
                 times[method].append(blocked)
     ck.close()
+    if profiler is not None:
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(40)
+        Path(args.profile).write_text(text.getvalue())
     med = {m: statistics.median(v) for m, v in times.items()}
     checks["blocked"] = {
         "ok": True,
