@@ -141,8 +141,9 @@ class ChangeDetector:
         """What a staged save copies of device tensors (:mod:`.save.device_checksums`):
         ``"changed"``, the blocks whose checksums changed on the device; ``"all"`` for a
         save full by count (every byte, the checksums refreshed); ``"off"`` with
-        ``"hashes"`` (every byte copied and hashed, no checksums)."""
-        if self.mode == "hashes":
+        ``"hashes"`` or when saves are never incremental (every byte copied and hashed,
+        no checksums: nothing would ever compare them)."""
+        if self.mode == "hashes" or not policy.incremental:
             return "off"
         return "all" if policy.full_by_count(last) else "changed"
 

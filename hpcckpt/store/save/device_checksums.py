@@ -240,16 +240,12 @@ class DeviceChecksums:
             changed = self._whole(tensor, host, n)
         else:
             try:
-                flat, sums, changed, compared = self._compare(tensor, kept, step, changing)
+                changed, sums, compared = self._copy_changed(tensor, host, kept, step, changing)
             except _out_of_memory() as exc:  # the device is full: copy as without checksums
                 log.info("device checksums skipped for a tensor, its device is full: %s", exc)
                 kept.sums, kept.rest = None, REST_SAVES
                 changed = self._whole(tensor, host, n)
             else:
-                elems = step // host.element_size()
-                devices.copy_runs(
-                    flat, host, [(a * elems, b * elems) for a, b in blocks.runs(changed)]
-                )
                 if compared and changed.size > DENSE * n:
                     kept.rest = REST_SAVES
                 kept.sums = sums
@@ -265,20 +261,26 @@ class DeviceChecksums:
         return np.arange(n)
 
     @staticmethod
-    def _compare(
-        tensor: Any, kept: _Kept, step: int, changing: bool
-    ) -> tuple[Any, Any, np.ndarray, bool]:
-        """``tensor``'s values in C order on its device, their checksums, the blocks to
-        copy (those whose checksums differ from ``kept``'s; all unless ``changing``), and
-        whether they were compared."""
+    def _copy_changed(
+        tensor: Any, host: Any, kept: _Kept, step: int, changing: bool
+    ) -> tuple[np.ndarray, Any, bool]:
+        """Copy into ``host`` the blocks of ``tensor`` whose checksums differ from
+        ``kept``'s (every block unless ``changing`` and ``kept`` has sums); returns the
+        blocks copied, the new checksums (on the device) and whether they were compared.
+        Without a comparison the copy is issued first and the checksums are queued after
+        it on the same stream: the copy never waits for them."""
         # conjugate and negative views resolved: the values are compared and copied
         flat = tensor.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
-        sums = block_checksums(flat, step)
+        elems = step // host.element_size()
         old = kept.sums
-        if not changing or old is None or old.device != sums.device:
-            return flat, sums, np.arange(sums.shape[0]), False
-        changed = (sums != old).any(dim=1).nonzero().reshape(-1).cpu().numpy()
-        return flat, sums, changed, True
+        if changing and old is not None and old.device == flat.device:
+            sums = block_checksums(flat, step)
+            changed = (sums != old).any(dim=1).nonzero().reshape(-1).cpu().numpy()
+            devices.copy_runs(flat, host, [(a * elems, b * elems) for a, b in blocks.runs(changed)])
+            return changed, sums, True
+        devices.copy_runs(flat, host, [(0, flat.numel())])
+        sums = block_checksums(flat, step)  # for the next save's comparison
+        return np.arange(sums.shape[0]), sums, False
 
     def hashes(self, array: np.ndarray, block_size: int) -> np.ndarray | None:
         """The xxh3 block hashes of ``array`` (a lent buffer's numpy view, whole), computed

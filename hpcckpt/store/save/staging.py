@@ -18,6 +18,7 @@ only once every rank's thread reports its bytes durable.
 from __future__ import annotations
 
 import contextlib
+import logging
 import mmap
 import threading
 import time
@@ -37,7 +38,16 @@ from hpcckpt.store.save.device_checksums import DeviceChecksums
 from hpcckpt.store.tree import devices, tensors
 from hpcckpt.store.tree.state_tree import is_stateful
 
-__all__ = ["BackgroundWrite", "Extent", "HostBuffers", "copy_and_hash", "stream_pieces"]
+__all__ = [
+    "BackgroundWrite",
+    "Extent",
+    "HostBuffers",
+    "copy_and_hash",
+    "device_tensors",
+    "stream_pieces",
+]
+
+log = logging.getLogger("hpcckpt.store")
 
 #: Buffers from this size on are mapped on their own, in huge pages, populated at once.
 _MAPPED_BYTES = 2 << 20
@@ -91,6 +101,59 @@ def host_array_sizes(value: Any) -> list[int]:
     if isinstance(value, (list, tuple)):
         return [n for v in value for n in host_array_sizes(v)]
     return []
+
+
+def device_tensors(value: Any, cpu: bool = False) -> list[Any]:
+    """The tensors of a state whose copies a staged save takes into lent host buffers, in
+    the order the save meets them: those on a device holding values (a DTensor's local
+    part), and with ``cpu`` CPU tensors too (tests of the device path)."""
+    if tensors.is_tensor(value):
+        local = tensors.local_part(value) if tensors.is_dtensor(value) else value
+        lent = cpu or not devices.on_host(local)
+        return [local] if lent and devices.unsupported(local) is None else []
+    if is_stateful(value):
+        return device_tensors(value.state_dict(), cpu)
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in device_tensors(v, cpu)]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in device_tensors(v, cpu)]
+    return []
+
+
+def _lent_key(tensor: Any) -> tuple[Any, ...]:
+    """Lent buffers are kept and reused per shape, dtype and pinning."""
+    return (tuple(tensor.shape), str(tensor.dtype), devices.pinned(tensor))
+
+
+class _Pinning:
+    """Host buffers for device tensors' copies (pinned for CUDA) allocated by a thread of
+    their own before the first save: page-locking takes about half a second per GiB,
+    which inside the first save's blocked window made it 17-19 times a later one."""
+
+    def __init__(self, like: list[Any]) -> None:
+        self.nbytes = sum(tensors.nbytes(t) for t in like)
+        self.made: dict[tuple[Any, ...], list[Any]] = {}
+        memory.promise(self.nbytes)
+        self.promised = self.nbytes  # until allocated: these bytes in the promise
+        self.thread = threading.Thread(
+            target=self._make, args=(like,), name="hpcckpt-pinning", daemon=True
+        )
+        self.thread.start()
+
+    def _make(self, like: list[Any]) -> None:
+        try:
+            for t in like:
+                self.made.setdefault(_lent_key(t), []).append(devices.empty_host(t))
+        except Exception as exc:  # the save allocates what is missing, as without this
+            log.info("host buffers for device tensors not made ahead: %s", exc)
+        finally:
+            memory.settle(self.nbytes)
+            self.promised = 0
+
+    def take(self) -> dict[tuple[Any, ...], list[Any]]:
+        """The buffers made (waited for)."""
+        self.thread.join()
+        return self.made
 
 
 class _Arena:
@@ -169,7 +232,8 @@ class HostBuffers:
 
     :meth:`reserve` (at a restore, before the first save) maps and populates the first
     save's buffers in a thread of their own, so that the first save copies into memory
-    already there instead of faulting it in inside the blocked window.
+    already there instead of faulting it in inside the blocked window; the buffers lent
+    to device tensors (pinned for CUDA) are made ahead the same way.
     """
 
     def __init__(self, budget: int | None = None, checks: DeviceChecksums | None = None) -> None:
@@ -185,6 +249,7 @@ class HostBuffers:
         self._lent: dict[tuple[Any, ...], list[Any]] = {}
         self._taken: dict[tuple[Any, ...], int] = {}  # lent during this save, per key
         self._lent_now: dict[int, int] = {}  # address -> bytes of those lent this save
+        self._pinning: _Pinning | None = None  # lent buffers being made ahead (reserve)
         #: The most bytes held at once since :meth:`reset_peak`.
         self.peak = 0
 
@@ -200,6 +265,7 @@ class HostBuffers:
             + (0 if self._arena is None else self._arena.nbytes)
             + sum(b.nbytes for b in self._ring)
             + sum(tensors.nbytes(t) for kept in self._lent.values() for t in kept)
+            + (0 if self._pinning is None else self._pinning.nbytes)
         )
 
     @property
@@ -215,13 +281,13 @@ class HostBuffers:
     @property
     def reserving(self) -> bool:
         """Whether the memory :meth:`reserve` asked for is still being populated."""
-        return self._arena is not None and self._arena.thread.is_alive()
+        return any(r is not None and r.thread.is_alive() for r in (self._arena, self._pinning))
 
     def available(self) -> int | None:
         """Memory this rank may still take, its own arena's promise given back (the arena
         counts as held: :attr:`nbytes`)."""
         free = memory.available_bytes()
-        own = 0 if self._arena is None else self._arena.promised
+        own = sum(r.promised for r in (self._arena, self._pinning) if r is not None)
         return None if free is None else free + own
 
     def reserve(self, state: Any, comm: Any, copies: int = 1) -> int:
@@ -238,20 +304,23 @@ class HostBuffers:
             node = comm.split_node()
             self.local_ranks = node.size
             node.free()
-        if self._buffers or self._arena is not None or self._ring:
-            return 0
-        sizes = host_array_sizes(state)
-        total = sum(_page_up(n) for n in sizes)
-        if not total:
+        fresh = not (self._buffers or self._arena is not None or self._ring)
+        total = sum(_page_up(n) for n in host_array_sizes(state)) if fresh else 0
+        like = [] if self._lent or self._pinning else device_tensors(state, self.checks.on_cpu)
+        lent = sum(tensors.nbytes(t) for t in like)
+        if not total and not lent:
             return 0
         plan = staging_budget.plan(
-            copies * total, self.budget, self.available(), self.local_ranks, self.nbytes
+            copies * (total + lent), self.budget, self.available(), self.local_ranks, self.nbytes
         )
         if plan.mode != staging_budget.COPY:
             return 0
-        self._arena = _Arena(total)
+        if total:
+            self._arena = _Arena(total)
+        if lent:
+            self._pinning = _Pinning(like)
         self._held()
-        return total
+        return total + lent
 
     def _take(self, path: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """A new buffer for ``path``: from the reserved arena when it has room, else mapped."""
@@ -288,15 +357,23 @@ class HostBuffers:
         only their changed blocks, or every byte (``copies``:
         :data:`hpcckpt.store.save.device_checksums.COPIES`)."""
         self._taken, self._lent_now = {}, {}
+        self._adopt_pinning()
         self.checks.begin(copies)
         with devices.host_buffers(self.lend, self.checks.copy, cpu=self.checks.on_cpu):
             yield
+
+    def _adopt_pinning(self) -> None:
+        """Keep the lent buffers :meth:`reserve` had made ahead (waited for)."""
+        if self._pinning is not None:
+            for key, made in self._pinning.take().items():
+                self._lent.setdefault(key, []).extend(made)
+            self._pinning = None
 
     def lend(self, tensor: Any) -> Any:
         """A host tensor for ``tensor``'s values: the one kept from an earlier save for the
         same place in the state (same shape and dtype), else a new one; None (the copy
         makes its own) when a new one would pass the budget."""
-        key = (tuple(tensor.shape), str(tensor.dtype), devices.pinned(tensor))
+        key = _lent_key(tensor)
         i = self._taken.get(key, 0)
         self._taken[key] = i + 1
         kept = self._lent.setdefault(key, [])
@@ -381,6 +458,9 @@ class HostBuffers:
         self._buffers.clear()
         self._drop_arena()
         self._ring = []
+        if self._pinning is not None:
+            self._pinning.take()  # its buffers go with it
+            self._pinning = None
         self._lent.clear()
         self._lent_now = {}
         self.checks.forget()

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 #: Devices that hold no values to save.
@@ -60,7 +61,13 @@ def _refuse(tensor: Any) -> None:
 def pinned(tensor: Any) -> bool:
     """Whether host copies of ``tensor`` go through pinned (page-locked) memory: a CUDA
     tensor while CUDA is usable."""
-    return tensor.device.type == "cuda" and _torch().cuda.is_available()
+    return tensor.device.type == "cuda" and _cuda_usable()
+
+
+@functools.cache
+def _cuda_usable() -> bool:
+    """Whether CUDA is usable in this process (asked once: it is asked per tensor)."""
+    return bool(_torch().cuda.is_available())
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,8 @@ class _Lender:
     lend: Callable[[Any], Any]
     copy: Callable[[Any, Any], None] | None
     cpu: bool
+    #: Events of device-to-host copies issued in the block and not yet waited for.
+    pending: list[Any] = field(default_factory=list)
 
 
 #: Inside :func:`host_buffers`: where :func:`to_host` copies a device tensor.
@@ -89,12 +98,39 @@ def host_buffers(
     ``copy(tensor, host)``, when given, does the copy into a lent buffer instead of a
     whole copy (it may copy only what changed since the buffer's last copy). ``cpu``:
     CPU tensors are copied into lent buffers too (tests of the device path on a CPU).
+
+    The block's CUDA copies are issued without waiting for each: the host bytes are
+    there only after :func:`settle` (or the block's end, which settles). Issuing them
+    all first keeps the copy engine busy while Python walks the state.
     """
     token = _LENDER.set(_Lender(lend, copy, cpu))
     try:
         yield
     finally:
-        _LENDER.reset(token)
+        try:
+            settle()
+        finally:
+            _LENDER.reset(token)
+
+
+def settle() -> None:
+    """Wait for the device-to-host copies issued so far inside :func:`host_buffers`: the
+    host buffers then hold the values the tensors had when their copies were issued."""
+    lender = _LENDER.get()
+    if lender is None:
+        return
+    while lender.pending:
+        lender.pending.pop(0).synchronize()
+
+
+def _issued(done: Any) -> None:
+    """A CUDA copy recorded as ``done``: waited for now, or at :func:`settle` inside
+    :func:`host_buffers`."""
+    lender = _LENDER.get()
+    if lender is None:
+        done.synchronize()
+    else:
+        lender.pending.append(done)
 
 
 def empty_host(tensor: Any) -> Any:
@@ -135,16 +171,16 @@ def to_host(tensor: Any, out: Any = None) -> Any:
 
 def copy_to_host(tensor: Any, host: Any) -> None:
     """Copy every value of ``tensor`` (any device, any strides) into ``host`` (a CPU
-    tensor of its shape and dtype); returns once they are there. For CUDA the copy is
+    tensor of its shape and dtype); returns once they are there, or inside
+    :func:`host_buffers` once they are issued (:func:`settle`). For CUDA the copy is
     issued on the tensor's current stream and waited for with an event."""
     if pinned(tensor):
         torch = _torch()
         stream = torch.cuda.current_stream(tensor.device)
-        with torch.cuda.stream(stream):
-            host.copy_(tensor, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record(stream)
-        done.synchronize()  # the bytes in `host` are the values at this call
+        host.copy_(tensor, non_blocking=True)  # on `stream`: the source device's current
+        done = torch.cuda.Event()
+        done.record(stream)
+        _issued(done)  # the bytes in `host` are the values at this call
     else:
         host.copy_(tensor)
 
@@ -160,8 +196,9 @@ def _check_fit(host: Any, t: Any) -> None:
 def copy_runs(flat: Any, host: Any, runs: list[tuple[int, int]]) -> None:
     """Copy the element ranges ``runs`` of ``flat`` (a 1-d contiguous tensor, any device)
     into the same ranges of ``host`` (a contiguous CPU tensor of as many elements);
-    returns once the bytes are there. For CUDA the copies are issued on the tensor's
-    current stream, after the kernels queued there, and waited for with one event."""
+    returns once the bytes are there, or inside :func:`host_buffers` once they are issued
+    (:func:`settle`). For CUDA the copies are issued on the tensor's current stream,
+    after the kernels queued there, and waited for with one event."""
     dst = host.view(-1)
     if not pinned(flat):
         for a, b in runs:
@@ -169,12 +206,14 @@ def copy_runs(flat: Any, host: Any, runs: list[tuple[int, int]]) -> None:
         return
     torch = _torch()
     stream = torch.cuda.current_stream(flat.device)
-    with torch.cuda.stream(stream):
+    if len(runs) == 1 and runs[0] == (0, flat.numel()):
+        dst.copy_(flat, non_blocking=True)  # on `stream`: the source device's current
+    else:
         for a, b in runs:
             dst[a:b].copy_(flat[a:b], non_blocking=True)
-        done = torch.cuda.Event()
-        done.record(stream)
-    done.synchronize()
+    done = torch.cuda.Event()
+    done.record(stream)
+    _issued(done)
 
 
 def copy_back(tensor: Any, source: Any) -> None:

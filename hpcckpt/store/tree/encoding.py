@@ -17,7 +17,7 @@ import numpy as np
 from hpcckpt.store.agreement import Agreement
 from hpcckpt.store.errors import CheckpointError
 from hpcckpt.store.io import blocks
-from hpcckpt.store.tree import tensors
+from hpcckpt.store.tree import devices, tensors
 from hpcckpt.store.tree.options import ArrayOptions
 from hpcckpt.store.tree.queries import dtensor_pieces
 from hpcckpt.store.tree.replicated import check_and_stand_in
@@ -36,11 +36,14 @@ class LocalEncoding:
 
 def encode_local(state: Any) -> LocalEncoding:
     """This rank's state as a tree and arrays (no collective); a value that cannot be
-    checkpointed is kept as the error the ranks agree on."""
+    checkpointed is kept as the error the ranks agree on. Device tensors' copies into
+    lent host buffers are complete when it returns."""
     try:
         tree, arrays = encode(state)
     except (TypeError, ValueError) as exc:
         return LocalEncoding(None, {}, exc)
+    finally:
+        devices.settle()
     return LocalEncoding(tree, arrays)
 
 

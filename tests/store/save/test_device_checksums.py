@@ -22,6 +22,7 @@ from hpcckpt.store.save.device_checksums import (
 )
 from hpcckpt.store.save.staging import HostBuffers
 from hpcckpt.store.store import CheckpointStore
+from hpcckpt.store.tree import devices
 
 BLOCK = 4096  # small blocks: many of them in small tensors
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int8, torch.int64]
@@ -386,3 +387,48 @@ def test_device_tensors_alone_take_the_path_numpy_and_cpu_tensors_stay_exact(tmp
     state["a"][4000] = -1.0
     res = store.finish_save(store.begin_save(2, state, buffers=buffers))
     assert res.dirty_blocks == 2 and buffers.checks.copied.tensors == 0
+
+
+def test_a_store_that_never_saves_deltas_runs_no_checksum_kernels(tmp_path, monkeypatch):
+    torch.manual_seed(2)
+    state = Model().state_dict()
+    checks = DeviceChecksums(on_cpu=True, block_bytes=BLOCK, whole_below=0)
+    buffers = HostBuffers(checks=checks)
+    computed = []
+    monkeypatch.setattr(
+        "hpcckpt.store.save.device_checksums.block_checksums",
+        lambda flat, step: computed.append(step) or block_checksums(flat, step),
+    )
+    total = sum(blocks.nblocks(v.numel() * v.element_size(), BLOCK) for v in state.values())
+    store = CheckpointStore(tmp_path, MPI.COMM_SELF, block_size=BLOCK, incremental=False)
+    for step in (1, 2):
+        res = store.finish_save(store.begin_save(step, state, buffers=buffers))
+        assert res.kind == "full" and checks.copied.blocks == total
+    assert computed == []  # nothing would ever compare them
+    fresh = Model().state_dict()
+    assert CheckpointStore(tmp_path, MPI.COMM_SELF).restore(fresh).step == 2
+    assert state_bytes(fresh) == state_bytes(state)
+
+
+def test_without_a_comparison_the_copy_is_issued_before_the_checksums(monkeypatch):
+    checks = DeviceChecksums(on_cpu=True, block_bytes=BLOCK, whole_below=0)
+    t = values((10 * BLOCK,), torch.float32, 13)
+    order = []
+    real_runs = devices.copy_runs
+    monkeypatch.setattr(
+        "hpcckpt.store.save.device_checksums.block_checksums",
+        lambda flat, step: order.append("sums") or block_checksums(flat, step),
+    )
+    monkeypatch.setattr(
+        "hpcckpt.store.tree.devices.copy_runs",
+        lambda flat, host, runs: order.append("copy") or real_runs(flat, host, runs),
+    )
+    checks.begin("all")
+    host = copy_of(checks, t)
+    assert order == ["copy", "sums"] and torch.equal(host, t)
+    order.clear()
+    checks.begin("changed")  # a comparison needs the sums before it copies
+    with torch.no_grad():
+        t[5] = -t[5]
+    copy_of(checks, t, host)
+    assert order == ["sums", "copy"] and torch.equal(host, t) and checks.copied.blocks == 1

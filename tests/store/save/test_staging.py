@@ -480,3 +480,50 @@ def test_a_reservation_being_populated_is_taken_for_others_and_held_for_itself(m
             break
         time.sleep(0.01)
     assert memory.available_bytes() == 4 << 30
+
+
+def test_buffers_for_device_tensors_are_made_ahead_and_lent_to_the_first_save():
+    """reserve makes the host buffers lent to device tensors' copies in a thread (pinned
+    for CUDA; here CPU tensors on the device path), counted in the staging's bytes; the
+    first save lends exactly those (no allocation in it) and copies exact values."""
+    import torch
+
+    from hpcckpt.store.save import staging
+    from hpcckpt.store.save.device_checksums import DeviceChecksums
+    from hpcckpt.store.tree.encoding import encode_local
+
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 32))
+    state = {"model": model, "extra": [torch.arange(7.0)], "n": 4}
+    like = staging.device_tensors(state, cpu=True)
+    assert [tuple(t.shape) for t in like] == [(32, 64), (32,), (32, 32), (32,), (7,)]
+    assert staging.device_tensors(state) == []  # nothing on a device
+    hb = HostBuffers(checks=DeviceChecksums(on_cpu=True, whole_below=0))
+    want = sum(t.numel() * t.element_size() for t in like)
+    assert hb.reserve(state, _self_comm()) == want
+    assert hb.nbytes == want
+    made = {id(t) for t in hb._pinning.take().values() for t in t}
+    assert len(made) == 5 and not hb.reserving
+    real_empty_host = staging.devices.empty_host
+    try:
+        staging.devices.empty_host = lambda t: pytest.fail("allocated in the save")
+        with hb.lending("all"):
+            local = encode_local(state)
+    finally:
+        staging.devices.empty_host = real_empty_host
+    assert {id(t) for t in hb.lent_buffers} == made and hb.nbytes == want
+    for name, value in model.state_dict().items():
+        assert local.arrays[f"model/{name}"].tobytes() == value.detach().numpy().tobytes()
+    assert hb.reserve(state, _self_comm()) == 0  # lent buffers exist: nothing made twice
+    hb.release()
+    assert hb.nbytes == 0 and hb.lent_buffers == []
+
+
+def test_no_buffers_are_made_ahead_past_the_budget():
+    import torch
+
+    from hpcckpt.store.save.device_checksums import DeviceChecksums
+
+    state = {"w": torch.ones(1 << 16)}  # 256 KiB
+    hb = HostBuffers(budget=100 << 10, checks=DeviceChecksums(on_cpu=True))
+    assert hb.reserve(state, _self_comm()) == 0 and hb.nbytes == 0
