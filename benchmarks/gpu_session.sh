@@ -16,7 +16,8 @@ scratch=${SCRATCH:-/tmp/hpcckpt-gpu-session}
 log="$out/log.txt"
 {
     date -u +%Y-%m-%dT%H:%M:%SZ
-    git rev-parse HEAD 2>/dev/null
+    # the code that ran (a copy of the checkout may carry no .git, or a stale one)
+    echo "hpcckpt source sha256 $(find hpcckpt -name '*.py' | sort | xargs cat | sha256sum | cut -c1-16)"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     "$py" -c 'import torch,h5py,mpi4py,numpy,xxhash;print("torch",torch.__version__,"h5py",h5py.__version__,"mpi",h5py.get_config().mpi,"mpi4py",mpi4py.__version__,"numpy",numpy.__version__,"xxhash",xxhash.VERSION)'
     nproc
