@@ -75,7 +75,8 @@ class _Lender:
     lend: Callable[[Any], Any]
     copy: Callable[[Any, Any], None] | None
     cpu: bool
-    #: Events of device-to-host copies issued in the block and not yet waited for.
+    #: The CUDA streams holding device-to-host copies issued in the block and not yet
+    #: waited for.
     pending: list[Any] = field(default_factory=list)
 
 
@@ -119,18 +120,27 @@ def settle() -> None:
     lender = _LENDER.get()
     if lender is None:
         return
-    while lender.pending:
-        lender.pending.pop(0).synchronize()
+    streams = {id(s): s for s in lender.pending}
+    lender.pending.clear()
+    for stream in streams.values():  # one event per stream covers every copy on it
+        _wait(stream)
 
 
-def _issued(done: Any) -> None:
-    """A CUDA copy recorded as ``done``: waited for now, or at :func:`settle` inside
+def _wait(stream: Any) -> None:
+    """Return once the work queued on ``stream`` so far is done."""
+    done = _torch().cuda.Event()
+    done.record(stream)
+    done.synchronize()
+
+
+def _issued(stream: Any) -> None:
+    """A CUDA copy queued on ``stream``: waited for now, or at :func:`settle` inside
     :func:`host_buffers`."""
     lender = _LENDER.get()
     if lender is None:
-        done.synchronize()
+        _wait(stream)
     else:
-        lender.pending.append(done)
+        lender.pending.append(stream)
 
 
 def empty_host(tensor: Any) -> Any:
@@ -178,9 +188,7 @@ def copy_to_host(tensor: Any, host: Any) -> None:
         torch = _torch()
         stream = torch.cuda.current_stream(tensor.device)
         host.copy_(tensor, non_blocking=True)  # on `stream`: the source device's current
-        done = torch.cuda.Event()
-        done.record(stream)
-        _issued(done)  # the bytes in `host` are the values at this call
+        _issued(stream)  # the bytes in `host` are the values at this call
     else:
         host.copy_(tensor)
 
@@ -211,9 +219,7 @@ def copy_runs(flat: Any, host: Any, runs: list[tuple[int, int]]) -> None:
     else:
         for a, b in runs:
             dst[a:b].copy_(flat[a:b], non_blocking=True)
-    done = torch.cuda.Event()
-    done.record(stream)
-    _issued(done)
+    _issued(stream)
 
 
 def copy_back(tensor: Any, source: Any) -> None:

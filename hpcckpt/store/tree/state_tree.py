@@ -17,6 +17,7 @@ where two trees differ) in :mod:`.matching`.
 from __future__ import annotations
 
 import base64
+import functools
 import sys
 from typing import Any
 from urllib.parse import quote, unquote
@@ -40,6 +41,12 @@ def escape(key: str) -> str:
     """Make a dict key safe as one HDF5 path component (no '/', '.', '..' or empty names)."""
     if not isinstance(key, str):
         raise TypeError(f"state keys must be str, not {type(key).__name__} ({key!r})")
+    return _escaped(key)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _escaped(key: str) -> str:
+    """:func:`escape` of a str (cached: a state's keys are the same at every save)."""
     if "\x00" in key:
         raise TypeError(f"state key {key!r} contains a NUL character")
     name = quote(key, safe="")
