@@ -145,9 +145,14 @@ def _issued(stream: Any) -> None:
 
 def empty_host(tensor: Any) -> Any:
     """A new CPU tensor of ``tensor``'s shape and dtype, pinned when the copies of
-    ``tensor`` go through pinned memory (:func:`pinned`)."""
+    ``tensor`` go through pinned memory (:func:`pinned`). Pinned memory is allocated
+    with ``tensor``'s GPU current (from any thread: a new thread's current GPU is the
+    first, where the allocation would otherwise make a context of its own)."""
     torch = _torch()
-    return torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=pinned(tensor))
+    if not pinned(tensor):
+        return torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu")
+    with torch.cuda.device(tensor.device):
+        return torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=True)
 
 
 def to_host(tensor: Any, out: Any = None) -> Any:
