@@ -71,7 +71,11 @@ DIGEST_CODES = ("BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch", "In
 PROBE = ".hpcckpt-checksum-probe"
 #: What the probe found per (endpoint, bucket): the checksum the store checks, or None.
 _PROBED: dict[tuple[str, str], str | None] = {}
+#: Per plain-HTTP (endpoint, bucket): whether the store checks a signed body's SHA-256.
+_HASH_PROBED: dict[tuple[str, str], bool] = {}
 _PROBE_LOCK = threading.Lock()
+#: Error codes of a store that refused a body whose SHA-256 is not the one signed.
+HASH_CODES = ("XAmzContentSHA256Mismatch", "BadDigest", "SignatureDoesNotMatch")
 
 _BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.\-_]{0,254}$")
 
@@ -93,7 +97,9 @@ def _check_key(key: str) -> str:
     return key
 
 
-def _config(connect_timeout: float, read_timeout: float, attempts: int, tls: bool = False) -> Any:
+def _config(
+    connect_timeout: float, read_timeout: float, attempts: int, unsigned_bodies: bool = False
+) -> Any:
     options: dict[str, Any] = {
         "connect_timeout": connect_timeout,
         "read_timeout": read_timeout,
@@ -101,11 +107,10 @@ def _config(connect_timeout: float, read_timeout: float, attempts: int, tls: boo
         "max_pool_connections": max(10, 2 * CONCURRENCY),
         "tcp_keepalive": True,
     }
-    if tls:
-        # Over TLS, with the bytes checked on receipt (a checksum, or the part's MD5 ETag
-        # compared), botocore's SHA-256 of every body for its signature is a third pass
-        # that protects nothing more; it skips it itself when a checksum header is sent,
-        # not for an ETag-checked part. Plain HTTP keeps the signed body.
+    if unsigned_bodies:
+        # With the bytes checked on receipt or read back, botocore's SHA-256 of every body
+        # for its signature is a pass that protects nothing more over TLS, nor over plain
+        # HTTP on a store that does not check it (S3Backend.payload_hash_checked).
         options["s3"] = {"payload_signing_enabled": False}
     try:
         # Range reads must not be checked against the whole object's checksum (some stores
@@ -167,14 +172,16 @@ class S3Backend:
             self.client = session.client(
                 "s3", config=_config(connect_timeout, read_timeout, attempts)
             )
+            unsigned = session.client(
+                "s3", config=_config(connect_timeout, read_timeout, attempts, True)
+            )
             if str(self.client.meta.endpoint_url).startswith("https:"):
-                self.client = session.client(
-                    "s3", config=_config(connect_timeout, read_timeout, attempts, tls=True)
-                )
+                self.client = unsigned
         except bce.BotoCoreError as err:  # a bad profile, an unreadable config file
             raise MirrorUnavailable(
                 f"the S3 client for {self.url} could not start: {err}"
             ) from None
+        self._unsigned = unsigned  # for bodies whose signed hash the store would not check
         self.endpoint = self.client.meta.endpoint_url
 
     def __repr__(self) -> str:
@@ -324,6 +331,44 @@ class S3Backend:
             self._call(f"deleting {PROBE}", self.client.delete_object, Bucket=self.bucket, Key=key)
         return None
 
+    def payload_hash_checked(self) -> bool:
+        """Whether this store checks the SHA-256 botocore signs for each body over plain
+        HTTP (AWS refuses a body other than the one signed; False over TLS): probed once
+        per store and process with a tiny object signed for one body and sent with another."""
+        if str(self.endpoint).startswith("https:"):
+            return False
+        where = (str(self.endpoint), self.bucket)
+        with _PROBE_LOCK:
+            if where not in _HASH_PROBED:
+                _HASH_PROBED[where] = self._probe_payload_hash()
+            return _HASH_PROBED[where]
+
+    def _probe_payload_hash(self) -> bool:
+        signed = b"hpcckpt: is a signed body's SHA-256 checked here? (signed)\n"
+        sent = signed.replace(b"(signed)", b"(sent!!)")  # the same length: Content-Length
+        key = self._key(PROBE)
+
+        def swap(request: Any, **_: Any) -> None:
+            request.body = sent
+
+        self.client.meta.events.register("before-send.s3.PutObject", swap)
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=key, Body=signed)
+        except (bce.ClientError, bce.BotoCoreError) as err:
+            if isinstance(err, bce.ClientError) and _code(err) in HASH_CODES:
+                return True
+            raise self._unavailable("probing whether it checks signed bodies", err) from None
+        finally:
+            self.client.meta.events.unregister("before-send.s3.PutObject", swap)
+        self._call(f"deleting {PROBE}", self.client.delete_object, Bucket=self.bucket, Key=key)
+        return False
+
+    @property
+    def body_client(self) -> Any:
+        """The client for a copy's bodies: unsigned where the store would not check the
+        signed hash (the receipt checksum or the read-back verifies the copy either way)."""
+        return self.client if self.payload_hash_checked() else self._unsigned
+
     def _etag_is_md5(self, key: str, body: bytes) -> bool:
         """Whether the store answers a PUT and a multipart part with the MD5 of the bytes
         it received as their ETag (AWS S3 and MinIO without KMS encryption, Ceph RGW,
@@ -366,10 +411,6 @@ class S3Backend:
             return {"ContentMD5": base64.b64encode(hashlib.md5(body).digest()).decode()}
         return {}
 
-    def _sent(self, body: bytes, algo: str | None) -> tuple[bytes, dict[str, str]]:
-        """The body to send and its checksum parameter (computed on the bytes in hand)."""
-        return body, self._checksum(body, algo)
-
     def put_stream(
         self,
         key: str,
@@ -386,15 +427,16 @@ class S3Backend:
         the upload there, between requests, never inside one."""
         full = self._key(key)
         algo = self.receipt_checksum()
+        bodies = self.body_client  # probed before any request of this upload
         parts = _parts(pieces, self.part_size)
         first = next(parts, b"")
         second = next(parts, None)
         if second is None:
             self.throttle.spend(len(first))
-            body, checksum = self._sent(first, algo)
+            body, checksum = first, self._checksum(first, algo)
             answer = self._call(
                 f"uploading {key}",
-                self.client.put_object,
+                bodies.put_object,
                 Bucket=self.bucket,
                 Key=full,
                 Body=body,
@@ -432,7 +474,9 @@ class S3Backend:
                     if any(f.done() and f.exception() for f in futures):
                         slots.release()
                         break
-                    fut = pool.submit(self._part, key, full, upload, number, body, algo, pause)
+                    fut = pool.submit(
+                        self._part, bodies, key, full, upload, number, body, algo, pause
+                    )
                     fut.add_done_callback(lambda _f: slots.release())
                     futures.append(fut)
             done = [f.result() for f in futures]
@@ -455,6 +499,7 @@ class S3Backend:
 
     def _part(
         self,
+        bodies: Any,
         key: str,
         full: str,
         upload: str,
@@ -465,10 +510,10 @@ class S3Backend:
     ) -> dict[str, Any]:
         if pause is not None:
             pause()
-        sent, checksum = self._sent(body, algo)
+        sent, checksum = body, self._checksum(body, algo)
         answer = self._call(
             f"uploading {key} (part {number})",
-            self.client.upload_part,
+            bodies.upload_part,
             Bucket=self.bucket,
             Key=full,
             UploadId=upload,
