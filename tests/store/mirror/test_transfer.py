@@ -168,9 +168,7 @@ def test_etag_checked_parts_carry_no_content_md5_and_a_checksum_verify_sends_it(
     assert md5.read_back == path.stat().st_size  # the verify above, not the upload
 
 
-def test_bodies_go_unsigned_to_a_store_that_does_not_check_their_signed_hash(
-    s3_mirror, tmp_path
-):
+def test_bodies_go_unsigned_to_a_store_that_does_not_check_their_signed_hash(s3_mirror, tmp_path):
     """rclone serve s3 stores a body other than the one signed (its probe object is gone
     after the probe): botocore's SHA-256 of each body would verify nothing there, so the
     copy's bodies go unsigned over plain HTTP, still checked by their ETags, and arrive
