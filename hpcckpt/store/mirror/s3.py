@@ -433,14 +433,13 @@ class S3Backend:
         second = next(parts, None)
         if second is None:
             self.throttle.spend(len(first))
-            body, checksum = first, self._checksum(first, algo)
             answer = self._call(
                 f"uploading {key}",
                 bodies.put_object,
                 Bucket=self.bucket,
                 Key=full,
-                Body=body,
-                **checksum,
+                Body=first,
+                **self._checksum(first, algo),
             )
             if algo == "etag":
                 try:
@@ -510,7 +509,7 @@ class S3Backend:
     ) -> dict[str, Any]:
         if pause is not None:
             pause()
-        sent, checksum = body, self._checksum(body, algo)
+        checksum = self._checksum(body, algo)
         answer = self._call(
             f"uploading {key} (part {number})",
             bodies.upload_part,
@@ -518,7 +517,7 @@ class S3Backend:
             Key=full,
             UploadId=upload,
             PartNumber=number,
-            Body=sent,
+            Body=body,
             **checksum,
         )
         if algo == "etag":

@@ -237,22 +237,18 @@ class DeviceChecksums:
         if nbytes < self.whole_below or self.copies == "off" or (changing and kept.rest > 0):
             kept.rest = max(0, kept.rest - 1)
             kept.sums = None  # the next comparing save computes them afresh
-            devices.copy_to_host(tensor.detach(), host)
-            kept.stale[:] = True
-            self.copied.blocks += n
-            self.copied.total += n
-            self.copied.bytes += nbytes
-            return
-        try:
-            changed, sums, compared = self._copy_changed(tensor, host, kept, step, changing)
-        except _out_of_memory() as exc:  # the device is full: copy as without checksums
-            log.info("device checksums skipped for a tensor, its device is full: %s", exc)
-            kept.sums, kept.rest = None, REST_SAVES
             changed = self._whole(tensor, host, n)
         else:
-            if compared and changed.size > DENSE * n:
-                kept.rest = REST_SAVES
-            kept.sums = sums
+            try:
+                changed, sums, compared = self._copy_changed(tensor, host, kept, step, changing)
+            except _out_of_memory() as exc:  # the device is full: copy as without checksums
+                log.info("device checksums skipped for a tensor, its device is full: %s", exc)
+                kept.sums, kept.rest = None, REST_SAVES
+                changed = self._whole(tensor, host, n)
+            else:
+                if compared and changed.size > DENSE * n:
+                    kept.rest = REST_SAVES
+                kept.sums = sums
         kept.stale[changed] = True
         self.copied.blocks += int(changed.size)
         self.copied.total += n
