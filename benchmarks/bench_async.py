@@ -40,14 +40,14 @@ its staging there, populated in the background), then one untimed save (its file
 layout), reported as the first save, and as a ratio to the later saves' median (goal: at
 most 2x). The goals of the blocked time: at most 1.2x one ``np.copyto`` of the same bytes
 for ``async`` and ``cache``. The async staging's memory is measured at every save, two
-ways, against the budget a save plans with (``staging_budget.plan``: the default, a
-fraction of the memory available, or ``staging_budget=``): the bytes its buffers hold at
-their most (``HostBuffers.peak``, counted at every allocation) and the process's resident
-set at its most during the save and its background write (``VmHWM`` after a reset, less
-the resident set outside the staging: ``VmRSS`` before the save less the anonymous
-memory the staging added since the Checkpointers were made, ``RssAnon``). Each
-checkpoint is deleted after its measurement (at most one on disk at a time); the
-cache keeps one copy per rank, as it does in a job. The table gives medians over the
+ways, against the budget a save plans with (``HostBuffers.plan``: ``staging_budget=``,
+or the default: a fraction of the memory available at the first plan, then fixed): the
+bytes its buffers hold at their most (``HostBuffers.peak``, counted at every allocation)
+and the process's resident set at its most during the save and its background write
+(``VmHWM`` after a reset, less the resident set outside the staging: ``VmRSS`` before
+the save less the anonymous memory the staging added since the Checkpointers were made,
+``RssAnon``). Each checkpoint is deleted after its measurement (at most one on disk at a
+time); the cache keeps one copy per rank, as it does in a job. The table gives medians over the
 repetitions; ratios are per repetition (same repetition, interleaved), then the median.
 The JSON (default ``benchmarks/results/async-<UTC time>.json``) holds every sample.
 """
@@ -257,12 +257,11 @@ class Bench:
 
         from hpcckpt.coord.checkpointer import Checkpointer
         from hpcckpt.store.io import blocks, memory
-        from hpcckpt.store.save import staging_budget
         from hpcckpt.store.tier import copies as fast_tier
 
         self.np, self.MPI, self.Checkpointer = np, MPI, Checkpointer
         self.blocks, self.fast_tier = blocks, fast_tier
-        self.memory, self.staging_budget = memory, staging_budget
+        self.memory = memory
         self.comm = MPI.COMM_WORLD
         self.rank = self.comm.Get_rank()
         node = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
@@ -344,10 +343,7 @@ class Bench:
             state_bytes = sum(a.nbytes for a in self.state.values())
             # As the save plans it: its own reservation still being populated (a save
             # right after restore()) is held (nbytes), not also taken from what is free.
-            budget = self.staging_budget.plan(
-                state_bytes, ck.buffers.budget, ck.buffers.available(), self.local_ranks,
-                ck.buffers.nbytes,
-            ).budget  # fmt: skip
+            budget = ck.buffers.plan(state_bytes, self.local_ranks).budget
             outside = mem.rss_bytes() - (rss_anon() - self.anon_base)
             mem.reset_peak()
         blocked, res = self.timed(lambda: ck.save(self.step[v], self.state))

@@ -488,12 +488,10 @@ class Saver:
             self._local_ranks = buffers.local_ranks  # learnt by its reserve(), if any
         if self._local_ranks is None:
             node = self.agreement.comm.split_node()
-            self._local_ranks = node.size
+            self._local_ranks = buffers.local_ranks = node.size
             node.free()
         mine = copies * sum(a.nbytes for a in arrays.values())
-        return staging_budget.plan(
-            mine, buffers.budget, buffers.available(), self._local_ranks, buffers.nbytes
-        )
+        return buffers.plan(mine, self._local_ranks)
 
     def may_compare(self) -> bool:
         """Whether a staged save may be a delta of the last checkpoint, as far as this

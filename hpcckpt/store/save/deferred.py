@@ -237,6 +237,8 @@ class _Job:
         assert written is not None
         saver.learn(written, parent if self.mode.name == "copy" else None)
         pending.written, pending.bytes_total = written, written.all_bytes
+        if isinstance(self.mode, HostCopy):
+            self.mode.buffers.look()  # the next save's plan, measured here
         return self.mode.start(
             partial,
             list(written.extents),

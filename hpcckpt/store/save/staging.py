@@ -238,6 +238,11 @@ class HostBuffers:
 
     def __init__(self, budget: int | None = None, checks: DeviceChecksums | None = None) -> None:
         self.budget = budget
+        #: The default budget, fixed by the first :meth:`plan` when ``budget`` is None.
+        self._default: int | None = None
+        #: Whether a :meth:`look` since the last plan found the memory held still planned
+        #: as a whole copy: the next plan that needs no more takes it without reading.
+        self._roomy = False
         self.checks = DeviceChecksums() if checks is None else checks
         #: Ranks on this node sharing the memory (learnt by :meth:`reserve`; None: unknown).
         self.local_ranks: int | None = None
@@ -310,9 +315,7 @@ class HostBuffers:
         lent = sum(tensors.nbytes(t) for t in like)
         if not total and not lent:
             return 0
-        plan = staging_budget.plan(
-            copies * (total + lent), self.budget, self.available(), self.local_ranks, self.nbytes
-        )
+        plan = self.plan(copies * (total + lent), self.local_ranks)
         if plan.mode != staging_budget.COPY:
             return 0
         if total:
@@ -321,6 +324,45 @@ class HostBuffers:
             self._pinning = _Pinning(like)
         self._held()
         return total + lent
+
+    def plan(self, nbytes: int, local_ranks: int | None) -> staging_budget.StagingPlan:
+        """The way to stage ``nbytes`` within this rank's budget and the memory there now
+        (:func:`.save.staging_budget.plan`; ``local_ranks``: ranks on the node).
+
+        The default budget (a fraction of the memory available) is fixed by the first
+        plan, so that buffers kept between saves stay within it when other memory is
+        taken later; each plan checks that memory is there (pieces or sync if not), or
+        takes what a :meth:`look` since the last plan found.
+        """
+        budget = self.planned_budget
+        roomy, self._roomy = self._roomy, False
+        if roomy and budget is not None and nbytes <= min(budget, self.nbytes):
+            return staging_budget.StagingPlan(staging_budget.COPY, nbytes, budget, None)
+        made = staging_budget.plan(nbytes, budget, self.available(), local_ranks or 1, self.nbytes)
+        if self.budget is None and self._default is None:
+            self._default = made.budget
+        return made
+
+    def look(self) -> None:
+        """Read the memory now, off the blocked path (a save's background thread): when
+        what the buffers hold would still be planned as a whole copy, the next plan that
+        needs no more than that takes it without reading the memory (which reads the
+        job's cgroup: up to a millisecond); else the next plan reads it again."""
+        budget = self.planned_budget
+        try:
+            held = self.nbytes
+        except RuntimeError:  # changed while counted: the next plan reads the memory
+            return
+        if budget is None or not held:
+            return
+        made = staging_budget.plan(held, budget, self.available(), self.local_ranks or 1, held)
+        self._roomy = made.mode == staging_budget.COPY
+
+    @property
+    def planned_budget(self) -> int | None:
+        """The budget plans are made against: the one given, else the default fixed by
+        the first :meth:`plan` (None before it)."""
+        return self.budget if self.budget is not None else self._default
 
     def _take(self, path: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """A new buffer for ``path``: from the reserved arena when it has room, else mapped."""
@@ -381,7 +423,8 @@ class HostBuffers:
             host = kept[i]
         else:
             size = tensors.nbytes(tensor)
-            if self.budget is not None and self.nbytes + size > self.budget:
+            cap = self.planned_budget
+            if cap is not None and self.nbytes + size > cap:
                 return None
             host = devices.empty_host(tensor)
             kept.append(host)

@@ -1,9 +1,10 @@
 """How much host memory a staged (``async_save``) save may take, and what it does with it.
 
 A rank's *budget* is the host memory its staging may hold: given in bytes, or by
-default :data:`DEFAULT_FRACTION` of the memory available on the node when the save
-starts (``MemAvailable``, or the job's cgroup room when that is tighter), shared by the
-node's ranks. Each save then takes one of three ways (:func:`plan`):
+default :data:`DEFAULT_FRACTION` of the memory available on the node when the first
+save plans (``MemAvailable``, or the job's cgroup room when that is tighter), shared by
+the node's ranks, then kept (``HostBuffers.plan``). Each save then takes one of three
+ways (:func:`plan`):
 
 - ``copy``: the state fits: it is copied whole into host buffers kept between saves
   and written in the background (blocked time: one copy of the state);

@@ -527,3 +527,81 @@ def test_no_buffers_are_made_ahead_past_the_budget():
     state = {"w": torch.ones(1 << 16)}  # 256 KiB
     hb = HostBuffers(budget=100 << 10, checks=DeviceChecksums(on_cpu=True))
     assert hb.reserve(state, _self_comm()) == 0 and hb.nbytes == 0
+
+
+def test_the_default_budget_is_fixed_by_the_first_plan_and_held_buffers_stay_within_it(
+    monkeypatch,
+):
+    """Buffers reserved within the default budget stay within it when other memory is
+    taken later (another tier's files): the budget is the one of the first plan, and a
+    later plan still copies whole while the memory is there, or goes through pieces
+    when it is not."""
+    from mpi4py import MPI
+
+    from hpcckpt.store.comm import as_comm
+    from hpcckpt.store.io import memory
+    from hpcckpt.store.save import staging_budget
+
+    free = {"bytes": 8 << 30}
+    monkeypatch.setattr(memory, "_meminfo", lambda field: free["bytes"])
+    monkeypatch.setattr(memory, "cgroup_room", lambda: None)
+    buffers = HostBuffers()
+    assert buffers.planned_budget is None
+    state = {"u": np.zeros(256 << 17)}  # 256 MiB
+    assert buffers.reserve(state, as_comm(MPI.COMM_SELF)) == 256 << 20
+    assert buffers.planned_budget == 4 << 30  # half the 8 GiB available
+    buffers.stage(state, 1 << 20, hashed=False)
+    free["bytes"] = 200 << 20  # others took the memory: 200 MiB left besides ours
+    later = buffers.plan(256 << 20, 1)
+    assert (later.mode, later.budget) == (staging_budget.COPY, 4 << 30)
+    assert buffers.nbytes <= later.budget
+    free["bytes"] = 0  # nothing left but what the buffers hold: a ring within them
+    short = buffers.plan(256 << 20, 1)
+    assert short.mode == staging_budget.PIECES
+    assert short.staging_bytes <= buffers.nbytes
+    buffers.release()
+    given = HostBuffers(budget=1 << 30)
+    assert given.plan(256 << 20, 1).budget == given.planned_budget == 1 << 30
+
+
+def test_a_look_in_the_background_spares_the_next_plan_its_memory_reading(monkeypatch):
+    """look() (run by a save's background thread) reads the memory; the next plan that
+    needs no more than the buffers hold then copies whole without reading it; when the
+    memory ran short the next plan reads it again and plans anew (here: synchronous)."""
+    from mpi4py import MPI
+
+    from hpcckpt.store.comm import as_comm
+    from hpcckpt.store.io import memory
+    from hpcckpt.store.save import staging_budget
+
+    free = {"bytes": 8 << 30}
+    reads = []
+
+    def meminfo(field):
+        reads.append(field)
+        return free["bytes"]
+
+    monkeypatch.setattr(memory, "_meminfo", meminfo)
+    monkeypatch.setattr(memory, "cgroup_room", lambda: None)
+    buffers = HostBuffers()
+    state = {"u": np.zeros(32 << 17)}  # 32 MiB
+    buffers.reserve(state, as_comm(MPI.COMM_SELF))
+    buffers.stage(state, 1 << 20, hashed=False)
+    free["bytes"] = 100 << 20
+    buffers.look()
+    reads.clear()
+    assert buffers.plan(32 << 20, 1).mode == staging_budget.COPY
+    assert reads == []  # taken from the look
+    assert buffers.plan(32 << 20, 1).mode == staging_budget.COPY
+    assert reads  # one look, one plan: this one read the memory
+    reads.clear()
+    buffers.look()
+    assert buffers.plan(64 << 20, 1).mode == staging_budget.COPY
+    assert reads  # more than the buffers hold: read again
+    free["bytes"] = 0
+    buffers.look()  # what they hold is no longer planned whole (the writer's reserve)
+    reads.clear()
+    assert buffers.plan(32 << 20, 1).mode == staging_budget.SYNC
+    assert reads
+    buffers.release()
+
