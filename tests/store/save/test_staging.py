@@ -604,4 +604,3 @@ def test_a_look_in_the_background_spares_the_next_plan_its_memory_reading(monkey
     assert buffers.plan(32 << 20, 1).mode == staging_budget.SYNC
     assert reads
     buffers.release()
-
