@@ -219,6 +219,7 @@ class Checkpointer:
         self._last_step_seen: int | None = None
         self._stop_requested = False
         self._finished = False
+        self._released = False
         self.last_save: SaveResult | None = None
 
         self.record.lock(
@@ -605,13 +606,13 @@ class Checkpointer:
         self.store.free_tier()  # the job is done: the node's memory or disk
         self._finished = True
         self._mirror_wait("finish")
-        teardown.close_store(self)  # the mirror's thread joined, staging freed
+        self._close_store()  # the mirror's thread joined, staging freed
         self.record.status(job_status.FINISHED, self._last_save_step, "finish() called")
         self.record.event(
             job_events.FINISH, step=self._last_step_seen, last_step=self._last_save_step
         )
         self._heartbeat.beat(self._last_step_seen, "finished", force=True)
-        teardown.release(self)  # no hpcckpt thread, buffer or reference to the state left
+        self.release()  # no hpcckpt thread, buffer or reference to the state left
 
     def close(self) -> None:
         """Commit a background write under way, release signal handlers, the pending
@@ -628,7 +629,27 @@ class Checkpointer:
                 if not self._finished:
                     self._scavenge()
         finally:
-            teardown.release(self)  # threads joined, buffers and the lock given up
+            self.release()  # threads joined, buffers and the lock given up
+
+    def release(self, timeout: float = teardown.JOIN_TIMEOUT) -> None:
+        """Give up what this rank holds, nothing collective (again is harmless): a staged
+        save never committed is dropped (its write joined), the mirror's thread joined,
+        the staging freed, the signal handlers restored, the directory lock given back,
+        each thread waited for at most ``timeout`` s. ``finish()``, ``close()`` and the
+        process's exit end with it."""
+        if self._released:
+            return
+        self._released = True
+        try:
+            self._close_store(timeout)
+        finally:
+            self._signals.close()
+            self.record.release()
+            self._heartbeat.close(max(0.0, timeout))  # its newest beat written ("finished")
+
+    def _close_store(self, timeout: float = teardown.JOIN_TIMEOUT) -> None:
+        pending, self._pending = self._pending, None
+        teardown.close_store(pending, self.store, self.buffers, timeout)
 
     def _save_failed(
         self, step: int, stop: str | None, reason: str, exc: Exception, staged: bool = False

@@ -10,7 +10,6 @@ Only rank 0 writes: on the other ranks every method but the collective
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -70,9 +69,7 @@ class RunRecord:
         if lock is None:
             return
         lock.release()
-        thread = getattr(lock, "_thread", None)
-        if not lock.held and thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
+        lock.join(timeout)
 
     def status(self, state: str, step: int | None = None, reason: str = "") -> None:
         """Rank 0 writes the status file: ``running``, ``stopped`` or ``finished``."""

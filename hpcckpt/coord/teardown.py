@@ -1,6 +1,6 @@
 """What a Checkpointer leaves behind once it is done, and the process's exit.
 
-``finish()`` and ``close()`` end with :func:`release`: the background write of a staged
+``finish()`` and ``close()`` end with ``Checkpointer.release()``: the background write of a staged
 save that was never committed is waited for (bounded), rank 0's mirror thread is
 stopped and joined, the kernel write tracking of the state's memory is closed, the
 staging buffers are freed, the stop-signal handlers are restored and the directory lock
@@ -43,7 +43,6 @@ GLOO_WORKER = "pt_gloo_runloop"
 
 # The Checkpointers (typed Any: coord/checkpointer.py imports this module).
 _live: weakref.WeakSet[Any] = weakref.WeakSet()
-_released: weakref.WeakSet[Any] = weakref.WeakSet()
 _installed = False
 _install_lock = threading.Lock()
 
@@ -58,41 +57,21 @@ def register(ck: Any) -> None:
             _installed = True
 
 
-def release(ck: Any, timeout: float = JOIN_TIMEOUT) -> None:
-    """Everything ``ck`` holds beside its settings, given up on this rank (not collective,
-    idempotent): see the module's docs."""
-    if ck in _released:
-        return
-    _released.add(ck)
-    try:
-        close_store(ck, timeout)
-    finally:
-        ck._signals.close()
-        ck.record.release()
-        ck._heartbeat.close(max(0.0, timeout))  # its newest beat written ("finished")
-
-
-def close_store(ck: Any, timeout: float = JOIN_TIMEOUT) -> None:
-    """The store's side of :func:`release` (again is harmless): a staged save never
-    committed has its write thread joined and is dropped, the mirror's thread is stopped
+def close_store(pending: Any, store: Any, buffers: Any, timeout: float = JOIN_TIMEOUT) -> None:
+    """A Checkpointer's store given up (again is harmless): ``pending``, a staged save
+    never committed, has its write joined and is dropped; the mirror's thread is stopped
     and joined (a copy under way ends before it sees the stop), the write tracking is
-    closed and the staging buffers freed, all within ``timeout`` seconds."""
+    closed and the staging ``buffers`` freed, all within ``timeout`` seconds."""
     end = time.monotonic() + timeout
-    pending, ck._pending = ck._pending, None
-    mirroring = ck.store.mirroring
-    if pending is not None:  # never committed (an error, or no finish): not waited on
+    mirroring = store.mirroring
+    if pending is not None and pending.writer is not None:  # never committed: not waited on
         pending.go()  # still held if its save() raised before letting it go: it runs out
-        _join(getattr(pending.writer, "_thread", None), end)
-    ck.store.close()
+        pending.writer.join(end - time.monotonic())
+    store.close()
     if mirroring is not None:
-        _join(getattr(mirroring, "_thread", None), end)
-    if ck.buffers is not None:
-        ck.buffers.release()
-
-
-def _join(thread: threading.Thread | None, end: float) -> None:
-    if thread is not None and thread is not threading.current_thread():
-        thread.join(max(0.0, end - time.monotonic()))
+        mirroring.join(end - time.monotonic())
+    if buffers is not None:
+        buffers.release()
 
 
 def hpcckpt_threads() -> list[threading.Thread]:
@@ -141,7 +120,7 @@ def at_exit() -> None:
     hpcckpt's threads, and let gloo's workers settle (see the module's docs)."""
     for ck in list(_live):
         try:
-            release(ck)
+            ck.release()
         except Exception as exc:  # noqa: BLE001 (the exit goes on; say what was left)
             log.warning("releasing the Checkpointer of %s at exit: %s", ck.directory, exc)
     left = join_threads()

@@ -276,6 +276,12 @@ class DirectoryLock:
             except OSError as exc:  # a heartbeat must never stop the computation
                 log.warning("cannot refresh the lock %s: %s", self.path, exc)
 
+    def join(self, timeout: float) -> None:
+        """Once given back, wait up to ``timeout`` seconds for its refresh thread to end."""
+        thread = self._thread
+        if not self.held and thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
     def release(self) -> None:
         """Give the lock back (when the last user of this process releases it)."""
         key = str(self.path)

@@ -345,8 +345,13 @@ class MirrorWorker:
         self._stop.set()
         self._wake.set()
         self.gate.open_for_good()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
+        self.join(5.0)
+
+    def join(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the thread (after :meth:`close`)."""
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(max(0.0, timeout))
 
     # -- the thread --------------------------------------------------------------------------
     def _take(self) -> Target | None:

@@ -23,8 +23,9 @@ from hpcckpt.store.agreement import Agreement
 from hpcckpt.store.comm import MAX
 from hpcckpt.store.io import blocks, faults, memory, safety
 from hpcckpt.store.save import staging_budget
+from hpcckpt.store.save.background import BackgroundWrite, DeferredWrite
 from hpcckpt.store.save.pending import PendingSave
-from hpcckpt.store.save.staging import BackgroundWrite, DeferredWrite, HostBuffers
+from hpcckpt.store.save.staging import HostBuffers
 from hpcckpt.store.save.staging_budget import StagingPlan
 from hpcckpt.store.save.staging_modes import (
     HostCopy,

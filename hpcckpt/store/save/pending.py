@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hpcckpt.store.file.writer import Written
 from hpcckpt.store.results import STAGED, SaveResult
-from hpcckpt.store.save.staging import BackgroundWrite, DeferredWrite
+from hpcckpt.store.save.background import BackgroundWrite, DeferredWrite
 
 
 @dataclass

@@ -29,7 +29,8 @@ from typing import Any, Protocol
 
 from hpcckpt.store.io import blocks
 from hpcckpt.store.io.direct_io import Extent
-from hpcckpt.store.save.staging import BackgroundWrite, HostBuffers, stream_pieces
+from hpcckpt.store.save.background import BackgroundWrite, stream_pieces
+from hpcckpt.store.save.staging import HostBuffers
 from hpcckpt.store.save.staging_budget import StagingPlan
 from hpcckpt.store.tier import copies as fast_tier
 from hpcckpt.store.tier.node_local import NodeLocalTier

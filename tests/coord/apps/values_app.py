@@ -6,7 +6,7 @@ Each rank holds a numpy array and a torch CPU model (and a free tensor). For eac
 ``Checkpointer(async_save=True)`` saves the ranks snapshot the state, call ``save()``,
 and change every array and tensor in place right after it returns, while the
 background write is held back (its writer waits until the changes are made: a white
-box of ``staging.write_extents``, so the write cannot have happened before). After
+box of ``background.write_extents``, so the write cannot have happened before). After
 ``wait()`` a new Checkpointer restores the checkpoint into a fresh state: rank 0 writes
 RESULT.json with, per save, whether every rank got back exactly the snapshot, whether
 the write was still held when the changes were made, the save's kind and the staging
@@ -34,18 +34,18 @@ def main() -> None:
     args = ap.parse_args()
 
     import hpcckpt
-    from hpcckpt.store.save import staging
+    from hpcckpt.store.save import background
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     go = threading.Event()
-    real_write = staging.write_extents
+    real_write = background.write_extents
 
     def held(*a, **k):
         assert go.wait(60), "the main thread never released the write"
         return real_write(*a, **k)
 
-    staging.write_extents = held
+    background.write_extents = held
 
     torch.manual_seed(rank)
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 64))

@@ -125,7 +125,7 @@ def test_staging_refused_when_memory_is_short_writes_nothing(store, make_state):
 def test_a_failed_background_write_commits_nothing(tmp_path, make_state, monkeypatch, tier):
     """finish_save agrees on every rank's background write: a failed one deletes the
     partial file and raises; a copy on the node-local tier is then the newest."""
-    from hpcckpt.store.save import staging
+    from hpcckpt.store.save import background
 
     cache = tmp_path / "cache" if tier else None
     store = CheckpointStore(tmp_path / "ck", MPI.COMM_SELF, cache=cache)
@@ -134,7 +134,7 @@ def test_a_failed_background_write_commits_nothing(tmp_path, make_state, monkeyp
     def failing(*args, **kwargs):
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(staging, "write_extents", failing)
+    monkeypatch.setattr(background, "write_extents", failing)
     buffers = None if tier else HostBuffers()
     pending = store.begin_save(2, make_state(2), buffers=buffers)
     with pytest.raises(

@@ -212,10 +212,10 @@ def _held_writes(monkeypatch):
     import threading
 
     from hpcckpt.store.io import blocks
-    from hpcckpt.store.save import staging
+    from hpcckpt.store.save import background
 
     go, hashed_in = threading.Event(), set()
-    real_write, real_upto = staging.write_extents, blocks.BlockHasher.upto
+    real_write, real_upto = background.write_extents, blocks.BlockHasher.upto
     real_hashes = blocks.block_hashes
 
     def held(*args, **kwargs):
@@ -230,7 +230,7 @@ def _held_writes(monkeypatch):
         hashed_in.add(threading.current_thread().name)
         return real_hashes(*args, **kwargs)
 
-    monkeypatch.setattr(staging, "write_extents", held)
+    monkeypatch.setattr(background, "write_extents", held)
     monkeypatch.setattr(blocks.BlockHasher, "upto", upto)
     monkeypatch.setattr(blocks, "block_hashes", block_hashes)
     return go, hashed_in
