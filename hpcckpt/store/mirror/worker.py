@@ -426,6 +426,15 @@ class MirrorWorker:
         self._recovered(target)
         moving = uploaded.seconds - paused  # the copy's own rate: its pauses left out
         rate = uploaded.bytes / moving if moving > 0 else None
+        log.info(
+            "mirror: step %d copied to %s and verified: %.1f MiB in %.1f s%s",
+            target.step,
+            self.backend.url,
+            uploaded.bytes / 2**20,
+            uploaded.seconds,
+            "" if rate is None else f" ({rate / 1e6:.0f} MB/s"
+            + (f", {paused:.1f} s paused for saves)" if paused >= 0.05 else ")"),
+        )
         self.report(
             MIRRORED,
             {

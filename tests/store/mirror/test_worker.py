@@ -67,7 +67,9 @@ def save(store: CheckpointStore, step: int):
     return store.save(step, state(step))
 
 
-def test_every_nth_commit_is_copied_and_the_newest_on_finish(tmp_path, store):
+def test_every_nth_commit_is_copied_and_the_newest_on_finish(tmp_path, store, caplog):
+    """Every Nth commit goes, the newest at the end; each verified copy logs one line."""
+    caplog.set_level(logging.INFO, logger="hpcckpt")
     (tmp_path / "m").mkdir()
     reports = Reports()
     worker = MirrorWorker(
@@ -84,6 +86,9 @@ def test_every_nth_commit_is_copied_and_the_newest_on_finish(tmp_path, store):
         worker.close()
     copied = [f["step"] for f in reports.of(MIRRORED)]
     assert copied[-1] == 7 and set(copied) <= {3, 6, 7}
+    lines = [r.getMessage() for r in caplog.records if "verified:" in r.getMessage()]
+    assert len(lines) == len(copied)
+    assert lines[-1].startswith(f"mirror: step 7 copied to {tmp_path / 'm'} and verified: ")
     assert mirror.newest_good(DirectoryBackend(tmp_path / "m")).step == 7
 
 
