@@ -432,7 +432,9 @@ class MirrorWorker:
             self.backend.url,
             uploaded.bytes / 2**20,
             uploaded.seconds,
-            "" if rate is None else f" ({rate / 1e6:.0f} MB/s"
+            ""
+            if rate is None
+            else f" ({rate / 1e6:.0f} MB/s"
             + (f", {paused:.1f} s paused for saves)" if paused >= 0.05 else ")"),
         )
         self.report(
