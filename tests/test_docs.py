@@ -102,12 +102,32 @@ def test_the_map_names_every_module() -> None:
     assert not missing, f"docs/structure.md does not name these modules: {missing}"
 
 
-def test_the_tests_docs_tiers_names_exist() -> None:
-    """docs/tiers.md names the test behind each promise: each of them is there."""
-    text = (DOCS / "tiers.md").read_text()
-    current, missing = None, []
-    for path, name in re.findall(r"`(tests/[\w/]+\.py)?(?:::(\w+))?`", text):
-        current = path or current
-        if name and f"def {name}(" not in (ROOT / current).read_text():
-            missing.append(f"{current}::{name}")
-    assert current is not None and not missing, missing
+def _test_files(named: str) -> list[Path]:
+    """The test files a page's `tests/x/test_y.py` or plain `test_y.py` names."""
+    if named.startswith("tests/"):
+        return [ROOT / named] if (ROOT / named).is_file() else []
+    return sorted((ROOT / "tests").rglob(Path(named).name))
+
+
+@pytest.mark.parametrize("page", sorted(DOCS.glob("*.md")), ids=lambda p: p.name)
+def test_the_tests_the_docs_name_exist(page: Path) -> None:
+    """Each page names the test behind its promises (`tests/x.py::name`, `test_x.py::name`,
+    or `::name` after one): each file and test is there, so renaming or removing a test
+    a page cites fails here."""
+    files: list[Path] | None = None
+    missing = []
+    pattern = r"`((?:tests/)?[\w/]*test_\w+\.py)?(?:::(\w+))?"
+    for path, name in re.findall(pattern, page.read_text()):
+        if path:
+            files = _test_files(path)
+            if not files:
+                missing.append(path)
+        if name and files is not None and files:
+            if not any(f"def {name}(" in f.read_text() for f in files):
+                missing.append(f"{path or files[0].name}::{name}")
+    assert not missing, missing
+
+
+def test_tiers_names_its_tests() -> None:
+    """docs/tiers.md's promises each name a test (checked above to exist)."""
+    assert re.search(r"`tests/[\w/]+\.py::\w+`", (DOCS / "tiers.md").read_text())
