@@ -37,7 +37,8 @@ from hpcckpt.store.options import StoreOptions
 from hpcckpt.store.restore.fallback import Restorer
 from hpcckpt.store.restore.load import Loader
 from hpcckpt.store.results import RestoreResult, SaveResult
-from hpcckpt.store.save.commit import Modes, Saver
+from hpcckpt.store.save.commit import Saver
+from hpcckpt.store.save.options import Modes
 from hpcckpt.store.save.pending import PendingSave, StagingRefused
 from hpcckpt.store.save.staging import HostBuffers
 from hpcckpt.store.tier import copies as fast_tier

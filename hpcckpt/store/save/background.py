@@ -153,8 +153,12 @@ class DeferredWrite:
         steps: Callable[[], BackgroundWrite],
         launch: Callable[[], None] | None = None,
         seals: bool = False,
+        after: Callable[[], None] | None = None,
     ) -> None:
         self.steps = steps
+        #: Run in the thread once the write ended, well or not (the commit, when it is
+        #: made there); it keeps what goes wrong for the caller and never raises.
+        self.after = after
         #: Whether its write seals a node-local copy (the same on every rank).
         self.seals = seals
         self.error: BaseException | None = None
@@ -192,6 +196,8 @@ class DeferredWrite:
         except BaseException as exc:  # surfaced to the main thread by finish_save
             self.error = exc
         self.seconds = time.perf_counter() - t0
+        if self.after is not None:
+            self.after()
         self._done.set()
 
     def done(self) -> bool:

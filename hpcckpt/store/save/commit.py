@@ -42,7 +42,6 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,13 +60,13 @@ from hpcckpt.store.io import (
     safety,
     write_path,
 )
-from hpcckpt.store.io.blocks import ChainState
+from hpcckpt.store.io.blocks import ChainState, delta_did_not_pay
 from hpcckpt.store.io.options import FileOptions
 from hpcckpt.store.results import SaveResult
 from hpcckpt.store.save import staging_budget
 from hpcckpt.store.save.change_detection import ChangeDetector
 from hpcckpt.store.save.deferred import DeferredSaves
-from hpcckpt.store.save.options import IncrementalOptions
+from hpcckpt.store.save.options import IncrementalOptions, Modes
 from hpcckpt.store.save.pending import PendingSave, StagingRefused
 from hpcckpt.store.save.staging import HostBuffers
 from hpcckpt.store.save.staging_budget import StagingPlan
@@ -89,25 +88,6 @@ log = logging.getLogger("hpcckpt.store")
 #: Staged saves that go full (hashed in the background) after one whose delta did not
 #: pay; the one after them compares again.
 FULL_AFTER_CHANGED = 4
-
-
-def _changed_too_much(written: Written, parent: ChainState) -> bool:
-    """Whether the chain policy wrote a file full because its delta alone would not pay
-    (:meth:`.io.blocks.ChainPolicy.why_full`), not for the chain's length or layout."""
-    why = written.full_reason
-    if written.kind != "full" or why is None:
-        return False
-    return "min_delta_saving" in why or (
-        "max_chain_fraction" in why and parent.chain_bytes == 0  # the delta alone
-    )
-
-
-@dataclass(frozen=True)
-class Modes:
-    """The permissions of what the store creates: files and directories."""
-
-    file: int
-    directory: int
 
 
 class Saver:
@@ -388,6 +368,10 @@ class Saver:
         t_wait = time.perf_counter()
         pending.writer.wait()
         waited = time.perf_counter() - t_wait
+        if pending.behind is not None:  # committed by the deferred saves' thread
+            if isinstance(pending.behind, BaseException):
+                raise pending.behind
+            return self._result(pending, *pending.behind)
         if pending.writer.seals:  # every rank's node-local copy sealed alone?
             assert self.tier is not None
             if pending.writer.seal_error is not None:
@@ -395,22 +379,29 @@ class Saver:
                             self.rank, self.tier.path, pending.writer.seal_error)  # fmt: skip
             everyone = self.agreement.everyone(pending.writer.sealed)
             self.tier.sealed_alone(pending.step, everyone)
-        error = safety.explain_write_error(
-            pending.writer.error, self.directory, pending.bytes_total
-        )
         try:
-            self.agree_or_discard(
-                error,
-                f"writing checkpoint of step {pending.step} in the background",
-                pending.partial,
-            )
-        except CheckpointError:
+            measured, cleared = self.commit_staged(pending)
+        except CheckpointError:  # the node-local copy is the newest
             if self.tier is not None:
                 self.tier.drain_failed()
             raise
+        log.debug("rank %d waited %.3f s for its background write", self.rank, waited)
+        return self._result(pending, measured, cleared)
+
+    def commit_staged(
+        self, pending: PendingSave, agreement: Agreement | None = None
+    ) -> tuple[list[float], str | None]:
+        """Steps 4-5 once this rank's background write ended: raise on every rank if any
+        rank's failed, else rename into place durably (:meth:`_commit`); agreed over
+        ``agreement`` (the deferred saves' thread's, when that thread commits)."""
+        error = safety.explain_write_error(
+            pending.writer.error, self.directory, pending.bytes_total
+        )
+        what = f"writing checkpoint of step {pending.step} in the background"
+        self.agree_or_discard(error, what, pending.partial, agreement)
         t_commit = time.perf_counter()
         # Staging to durable bytes, plus the commit: what a synchronous save would have cost.
-        (seconds, peak, held, blocked), cleared = self._commit(
+        return self._commit(
             pending.partial,
             pending.final,
             pending.step,
@@ -418,15 +409,21 @@ class Saver:
                 pending.foreground + pending.writer.seconds + (time.perf_counter() - t_commit),
                 memory.peak_rss_bytes(),
                 pending.staging_bytes,
-                pending.blocked,  # a deferred save's: this rank's until now
+                # a deferred save's: this rank's, still counting if its save() waits for this
+                pending.blocked or time.perf_counter() - pending.begun,
             ),
+            agreement,
         )
-        pending.blocked = blocked
+
+    def _result(
+        self, pending: PendingSave, measured: Sequence[float], cleared: str | None
+    ) -> SaveResult:
+        """The committed save's result, and what the saver learns from it."""
+        seconds, peak, held, pending.blocked = measured
         assert pending.written is not None
         self.last = pending.written.state
         if self.tier is not None:
             self.tier.committed(pending.step)
-        log.debug("rank %d waited %.3f s for its background write", self.rank, waited)
         w = pending.written
         return SaveResult(
             step=pending.step,
@@ -450,7 +447,7 @@ class Saver:
         pay (most blocks changed), the next :data:`FULL_AFTER_CHANGED` staged saves skip
         the comparison (full, hashed in the background). Every rank decides alike:
         ``written``'s kind and reason, and ``parent``, are the same on every rank."""
-        if parent is not None and _changed_too_much(written, parent):
+        if parent is not None and written.kind == "full" and delta_did_not_pay(written, parent):
             self._full_ahead = FULL_AFTER_CHANGED
         elif self._full_ahead:
             self._full_ahead -= 1
@@ -658,7 +655,12 @@ class Saver:
             raise
 
     def _commit(
-        self, partial: Path, final: Path, step: int, measure: Callable[[], Sequence[float]]
+        self,
+        partial: Path,
+        final: Path,
+        step: int,
+        measure: Callable[[], Sequence[float]],
+        agreement: Agreement | None = None,
     ) -> tuple[list[float], str | None]:
         """Step 5: rank 0 renames the file into place durably; agreed in the same reduction
         that gives the largest of each of ``measure()`` over the ranks. With them, on every
@@ -674,13 +676,14 @@ class Saver:
                 error = exc
             else:
                 cleared = self._clear_marks(final)
-        *out, failed, marked = self.agreement.slowest(
+        agreement = agreement or self.agreement
+        *out, failed, marked = agreement.slowest(
             *measure(), float(error is not None), float(cleared is not None)
         )
         if failed:
-            self.agreement.agree_root(error, f"committing checkpoint of step {step}")
+            agreement.agree_root(error, f"committing checkpoint of step {step}")
         if marked:  # rare: one more bcast for its reason
-            cleared = self.agreement.from_root(lambda: cleared)
+            cleared = agreement.from_root(lambda: cleared)
         return out, cleared
 
     def _clear_marks(self, final: Path) -> str | None:

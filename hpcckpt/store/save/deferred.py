@@ -124,18 +124,36 @@ class DeferredSaves:
             staging=mode.name,
             staging_bytes=mode.held_bytes,
             deferred=True,
+            begun=t0,
         )
         job = _Job(self.agreement, saver, pending, local, staged, stage_error, mode, plan)
         write = DeferredWrite(
             lambda: job.run(extra_meta),
             launch=lambda: self._queue.put(write),
             seals=isinstance(mode, NodeLocal),
+            # Without a node-local tier (whose state the caller's commit updates) the
+            # thread commits too: the next save() does not wait for it.
+            after=None
+            if saver.tier is not None
+            else lambda: _commit_behind(saver, pending, self.agreement),
         )
         pending.writer = self.job = write  # its thread takes it at go(), after save()'s last word
         if plan.mode != staging_budget.COPY:  # its live state is written: it waits
             write.wait()
         pending.foreground = pending.blocked = time.perf_counter() - t0
         return pending
+
+
+def _commit_behind(saver: Saver, pending: PendingSave, agreement: Agreement) -> None:
+    """Steps 4-5 in the deferred saves' thread, right after this rank's write (every rank's
+    thread comes here), over that thread's ``agreement``: the next ``save()`` finds the
+    checkpoint committed instead of committing it in its blocked window. The outcome, or
+    the error every rank raised alike, goes into ``pending.behind`` (raised by
+    :meth:`Saver.finish_save`)."""
+    try:
+        pending.behind = saver.commit_staged(pending, agreement)
+    except BaseException as exc:  # raised by finish_save, on every rank alike
+        pending.behind = exc
 
 
 def _fits(saver: Saver, buffers: HostBuffers, arrays: dict[str, Any]) -> bool:

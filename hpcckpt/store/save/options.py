@@ -43,3 +43,11 @@ class IncrementalOptions:
         which takes the fields it declares from these options)."""
         wanted = (f.name for f in dataclasses.fields(blocks.ChainPolicy))
         return blocks.ChainPolicy(**{name: getattr(self, name) for name in wanted})
+
+
+@dataclass(frozen=True)
+class Modes:
+    """The permissions of what the store creates: files and directories."""
+
+    file: int
+    directory: int

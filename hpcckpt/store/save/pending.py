@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hpcckpt.store.file.writer import Written
 from hpcckpt.store.results import STAGED, SaveResult
@@ -30,6 +31,13 @@ class PendingSave:
     deferred: bool = False
     #: Set in the background when some rank's budget held no copy: "rank R: why".
     refused: str | None = None
+    #: Steps 4-5 when the deferred saves' thread ran them after the write: the measures
+    #: and the cleared bad mark of :meth:`Saver.commit_behind`, or what it raised (on
+    #: every rank alike); None: the commit is the caller's (:meth:`Saver.finish_save`).
+    behind: Any = None
+    #: ``time.perf_counter()`` when its save began: the blocked time of a rank still in
+    #: its ``save()`` at a commit in the background (``blocked`` is 0.0 until it returns).
+    begun: float = 0.0
 
     def go(self) -> None:
         """Let the background write run: the caller has done what it does before its

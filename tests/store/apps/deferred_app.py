@@ -7,6 +7,8 @@ server's part: mkdir, listing, statfs) takes 1.5 s; every rank's save returns at
 rank's save returns, and the commit raises on every rank naming rank 1.
 ``short``: rank 1's staging budget holds no copy: its saves write its live state and
 wait, the others' are copied; every checkpoint is good and exact.
+``behind``: after each save no call is made until the checkpoint's file is in place (the
+ranks' threads commit it); then ``wait()`` takes the commit.
 ``plain``: no case of its own (run it with MPI initialized below MPI_THREAD_MULTIPLE).
 
 An optional third argument is a node-local cache (``%n``: each rank's fake node ``n<R>``),
@@ -26,6 +28,7 @@ from mpi4py import MPI
 
 import hpcckpt
 from hpcckpt.store.errors import CheckpointError
+from hpcckpt.store.file import layout
 from hpcckpt.store.save.commit import Saver
 
 comm = MPI.COMM_WORLD
@@ -69,6 +72,13 @@ for step in range(4):
     out["threads"].append(sorted({t.name for t in threading.enumerate()} - {"MainThread"}))
     state["u"][:] = -1.0  # training goes on at once: the checkpoint keeps the values at save()
     state.pop("bad", None)
+    if case == "behind" and step:  # nothing called: is it committed by the threads alone?
+        final = directory / layout.checkpoint_name(step)
+        deadline = time.monotonic() + 60
+        while not final.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        partial = final.with_name(final.name + layout.PARTIAL)
+        out.setdefault("in_place", []).append(final.exists() and not partial.exists())
     try:
         done = ck.wait()
         out.setdefault("committed", []).append(None if done is None else done.step)

@@ -56,6 +56,19 @@ def test_a_save_does_not_wait_for_rank_0_to_create_its_file(tmp_path):
     assert all(exact(d, int(name[5:-3]), 3) for name in reports[0]["files"])
 
 
+def test_the_ranks_threads_commit_a_save_staged_in_the_background(tmp_path):
+    """After the first save, each checkpoint is renamed into place by the ranks' threads
+    once every rank's write is durable, with no call of the application's: ``wait()``
+    only takes the outcome. The first save (staged the classic way) is committed by it."""
+    d = tmp_path / "ck"
+    reports = run("behind", d, 3)
+    for rep in reports:
+        assert rep["committed"] == [0, 1, 2, 3] and rep["error"] is None
+        assert rep["said"] == ["full", "staged", "staged", "staged"]
+        assert rep["in_place"] == [True, True, True], rep["in_place"]
+    assert all(exact(d, int(name[5:-3]), 3) for name in reports[0]["files"])
+
+
 def test_a_node_local_save_does_not_wait_for_rank_0_and_each_rank_seals_its_copy(tmp_path):
     """``cache=`` without redundancy: after the first, a save returns once its copy is on
     the node-local tier; the file's creation, each rank's seal and the drain run in the
