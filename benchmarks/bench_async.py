@@ -343,7 +343,11 @@ class Bench:
             state_bytes = sum(a.nbytes for a in self.state.values())
             # As the save plans it: its own reservation still being populated (a save
             # right after restore()) is held (nbytes), not also taken from what is free.
-            budget = ck.buffers.plan(state_bytes, self.local_ranks).budget
+            # The budget the save plans against: fixed by restore()'s plan. Not a plan of
+            # its own, which would take the memory reading the save's plan is to use.
+            budget = ck.buffers.planned_budget
+            if budget is None:
+                budget = ck.buffers.plan(state_bytes, self.local_ranks).budget
             outside = mem.rss_bytes() - (rss_anon() - self.anon_base)
             mem.reset_peak()
         blocked, res = self.timed(lambda: ck.save(self.step[v], self.state))

@@ -122,9 +122,10 @@ def test_the_tests_the_docs_name_exist(page: Path) -> None:
             files = _test_files(path)
             if not files:
                 missing.append(path)
-        if name and files is not None and files:
-            if not any(f"def {name}(" in f.read_text() for f in files):
-                missing.append(f"{path or files[0].name}::{name}")
+        if name and files is None:
+            missing.append(f"::{name} (no test file named before it)")
+        elif name and files and not any(f"def {name}(" in f.read_text() for f in files):
+            missing.append(f"{path or files[0].name}::{name}")
     assert not missing, missing
 
 

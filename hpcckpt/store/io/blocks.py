@@ -212,12 +212,12 @@ class ChainPolicy:
         return None
 
 
-def delta_did_not_pay(full: Any, parent: ChainState) -> bool:
-    """Whether a save written full instead of a delta of ``parent`` was so because its
-    delta alone would not pay (the reason :meth:`ChainPolicy.why_full` gave, in
-    ``full.full_reason``), not for the chain's length or the layout."""
-    why = full.full_reason
-    if why is None:
+def delta_did_not_pay(written: Any, parent: ChainState) -> bool:
+    """Whether ``written`` (a file's ``kind`` and ``full_reason``) is full instead of a
+    delta of ``parent`` because its delta alone would not pay (the reason
+    :meth:`ChainPolicy.why_full` gave), not for the chain's length or the layout."""
+    why = written.full_reason
+    if written.kind != "full" or why is None:
         return False
     return "min_delta_saving" in why or (
         "max_chain_fraction" in why and parent.chain_bytes == 0  # the delta alone

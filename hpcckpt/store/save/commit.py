@@ -447,7 +447,7 @@ class Saver:
         pay (most blocks changed), the next :data:`FULL_AFTER_CHANGED` staged saves skip
         the comparison (full, hashed in the background). Every rank decides alike:
         ``written``'s kind and reason, and ``parent``, are the same on every rank."""
-        if parent is not None and written.kind == "full" and delta_did_not_pay(written, parent):
+        if parent is not None and delta_did_not_pay(written, parent):
             self._full_ahead = FULL_AFTER_CHANGED
         elif self._full_ahead:
             self._full_ahead -= 1

@@ -32,7 +32,7 @@ class PendingSave:
     #: Set in the background when some rank's budget held no copy: "rank R: why".
     refused: str | None = None
     #: Steps 4-5 when the deferred saves' thread ran them after the write: the measures
-    #: and the cleared bad mark of :meth:`Saver.commit_behind`, or what it raised (on
+    #: and the cleared bad mark of :meth:`Saver.commit_staged`, or what it raised (on
     #: every rank alike); None: the commit is the caller's (:meth:`Saver.finish_save`).
     behind: Any = None
     #: ``time.perf_counter()`` when its save began: the blocked time of a rank still in

@@ -22,13 +22,13 @@ import numpy as np
 import xxhash
 
 from hpcckpt.store.io import blocks, memory
-from hpcckpt.store.io.direct_io import Extent, ring_buffers
+from hpcckpt.store.io.direct_io import ring_buffers
 from hpcckpt.store.save import staging_budget
 from hpcckpt.store.save.device_checksums import DeviceChecksums
 from hpcckpt.store.tree import devices, tensors
 from hpcckpt.store.tree.state_tree import is_stateful
 
-__all__ = ["Extent", "HostBuffers", "copy_and_hash", "device_tensors"]
+__all__ = ["HostBuffers", "copy_and_hash", "device_tensors"]
 
 log = logging.getLogger("hpcckpt.store")
 
