@@ -467,11 +467,14 @@ def test_gpu_delta_check_says_no_cuda_device_and_runs_its_flow_on_the_cpu(tmp_pa
 
 
 def test_the_save_against_its_copy_experiment_runs(tmp_path: Path) -> None:
-    """benchmarks/experiments/save_vs_copy.py, with wait() and as a loop (--compute)."""
+    """benchmarks/experiments/save_vs_copy.py, with wait(), as a loop (--compute), and
+    into a node-local cache (whose directory it removes at the end)."""
     script = str(BENCH / "experiments" / "save_vs_copy.py")
-    for extra in ([], ["--compute", "0.3", "--keep-last", "1"]):
+    cache = tmp_path / "cache"
+    for extra in ([], ["--compute", "0.3", "--keep-last", "1"], ["--cache", str(cache)]):
         argv = [script, "--mib", "1", "--reps", "2", "--dir", str(tmp_path / "d")]
         proc = mpirun(2, [*argv, "--no-drop-caches", *extra], timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "1 MiB per rank, 2 ranks, median of 2: save / copy before" in proc.stdout
         assert proc.stdout.count("its copy") == 3, proc.stdout  # 2 repetitions, the median
+    assert not cache.exists()

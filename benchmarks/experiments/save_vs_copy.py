@@ -72,6 +72,12 @@ def main() -> None:
     p.add_argument("--dir", default="/var/tmp/hpcckpt-bench/save_vs_copy")
     p.add_argument("--no-drop-caches", action="store_true")
     p.add_argument(
+        "--cache",
+        default=None,
+        help="a node-local cache directory (e.g. /dev/shm/x): the save goes there "
+        "(Checkpointer(cache=...)) instead of async_save",
+    )
+    p.add_argument(
         "--compute",
         type=float,
         default=None,
@@ -95,9 +101,10 @@ def main() -> None:
 
     u = np.random.default_rng(rank).random(args.mib << 17)
     state = {"u": u}
+    kind = {"async_save": True} if args.cache is None else {"cache": Path(args.cache)}
     ck = checkpointer_module.Checkpointer(
-        directory, comm=comm, async_save=True, incremental=False, validate=None,
-        keep_last=args.keep_last, every_steps=10**9,
+        directory, comm=comm, incremental=False, validate=None,
+        keep_last=args.keep_last, every_steps=10**9, **kind,
     )  # fmt: skip
     ck.restore(state)  # as a job starts: reserves the staging
     ck.save(0, state)
@@ -138,7 +145,7 @@ def main() -> None:
             print(
                 f"{i}: copy before {before:.4f} s, save {save:.4f} s (its copy {copy:.4f}), "
                 f"copy after {after:.4f} s; save / copy before {save / before:.2f}; "
-                f"rank {len(parts) - 1}'s parts, ms: {parts[-1]}",
+                f"parts, ms, rank 0: {parts[0]}, rank {len(parts) - 1}: {parts[-1]}",
                 flush=True,
             )
     ck.finish()
@@ -151,6 +158,8 @@ def main() -> None:
             f"its copy / copy before {med(r[2] / r[0] for r in rows):.2f}"
         )
         shutil.rmtree(directory, ignore_errors=True)
+        if args.cache is not None:
+            shutil.rmtree(args.cache, ignore_errors=True)
 
 
 if __name__ == "__main__":

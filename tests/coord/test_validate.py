@@ -146,8 +146,8 @@ def test_wrapper_gives_up_on_a_poisoned_state(tmp_path):
     w = Wrapped(ckpt, cmd, "--min-progress", "0", env=env)
     rc = w.wait(timeout=120)
     assert rc != 0, w.stderr
-    assert "step stopped on a poisoned state" in w.stderr
-    assert "checkpoint of step 29 was rejected: the state of rank(s) 1" in w.stderr
+    assert "step stopped on a poisoned state" in w.stderr, w.stderr
+    assert "checkpoint of step 29 was rejected: the state of rank(s) 1" in w.stderr, w.stderr
     evs = list(read_events(ckpt))
     end = next(e for e in evs if e["event"] == "step_end")
     assert end["outcome"] == "poisoned"

@@ -367,33 +367,33 @@ class Saver:
         """
         t_wait = time.perf_counter()
         pending.writer.wait()
-        waited = time.perf_counter() - t_wait
-        if pending.behind is not None:  # committed by the deferred saves' thread
-            if isinstance(pending.behind, BaseException):
-                raise pending.behind
-            return self._result(pending, *pending.behind)
-        if pending.writer.seals:  # every rank's node-local copy sealed alone?
-            assert self.tier is not None
-            if pending.writer.seal_error is not None:
-                log.warning("rank %d: cannot seal its copy in %s: %s",
-                            self.rank, self.tier.path, pending.writer.seal_error)  # fmt: skip
-            everyone = self.agreement.everyone(pending.writer.sealed)
-            self.tier.sealed_alone(pending.step, everyone)
-        try:
-            measured, cleared = self.commit_staged(pending)
-        except CheckpointError:  # the node-local copy is the newest
-            if self.tier is not None:
-                self.tier.drain_failed()
-            raise
-        log.debug("rank %d waited %.3f s for its background write", self.rank, waited)
-        return self._result(pending, measured, cleared)
+        log.debug("rank %d waited %.3f s for its background write",
+                  self.rank, time.perf_counter() - t_wait)  # fmt: skip
+        if pending.behind is None:  # not committed by the deferred saves' thread
+            try:
+                pending.behind = self.commit_staged(pending)
+            except CheckpointError as exc:
+                pending.behind = exc
+        if isinstance(pending.behind, BaseException):
+            if self.tier is not None and isinstance(pending.behind, CheckpointError):
+                self.tier.drain_failed()  # the node-local copy is the newest
+            raise pending.behind
+        return self._result(pending, *pending.behind)
 
     def commit_staged(
         self, pending: PendingSave, agreement: Agreement | None = None
     ) -> tuple[list[float], str | None]:
-        """Steps 4-5 once this rank's background write ended: raise on every rank if any
-        rank's failed, else rename into place durably (:meth:`_commit`); agreed over
-        ``agreement`` (the deferred saves' thread's, when that thread commits)."""
+        """Steps 4-5 once this rank's background write ended: whether every rank sealed
+        its node-local copy alone, if so; raise on every rank if any rank's write failed,
+        else rename into place durably (:meth:`_commit`); agreed over ``agreement`` (the
+        deferred saves' thread's, when that thread commits)."""
+        if pending.writer.seals:
+            assert self.tier is not None
+            if pending.writer.seal_error is not None:
+                log.warning("rank %d: cannot seal its copy in %s: %s",
+                            self.rank, self.tier.path, pending.writer.seal_error)  # fmt: skip
+            everyone = (agreement or self.agreement).everyone(pending.writer.sealed)
+            self.tier.sealed_alone(pending.step, everyone)
         error = safety.explain_write_error(
             pending.writer.error, self.directory, pending.bytes_total
         )

@@ -131,11 +131,8 @@ class DeferredSaves:
             lambda: job.run(extra_meta),
             launch=lambda: self._queue.put(write),
             seals=isinstance(mode, NodeLocal),
-            # Without a node-local tier (whose state the caller's commit updates) the
-            # thread commits too: the next save() does not wait for it.
-            after=None
-            if saver.tier is not None
-            else lambda: _commit_behind(saver, pending, self.agreement),
+            # The thread commits too: the next save() does not wait for it.
+            after=lambda: _commit_behind(saver, pending, self.agreement),
         )
         pending.writer = self.job = write  # its thread takes it at go(), after save()'s last word
         if plan.mode != staging_budget.COPY:  # its live state is written: it waits
@@ -145,11 +142,11 @@ class DeferredSaves:
 
 
 def _commit_behind(saver: Saver, pending: PendingSave, agreement: Agreement) -> None:
-    """Steps 4-5 in the deferred saves' thread, right after this rank's write (every rank's
-    thread comes here), over that thread's ``agreement``: the next ``save()`` finds the
-    checkpoint committed instead of committing it in its blocked window. The outcome, or
-    the error every rank raised alike, goes into ``pending.behind`` (raised by
-    :meth:`Saver.finish_save`)."""
+    """Steps 4-5 in the deferred saves' thread, right after this rank's write and seal
+    (every rank's thread comes here), over that thread's ``agreement``: the next
+    ``save()`` finds the checkpoint committed instead of committing it in its blocked
+    window. The outcome, or the error every rank raised alike, goes into
+    ``pending.behind`` (raised by :meth:`Saver.finish_save`)."""
     try:
         pending.behind = saver.commit_staged(pending, agreement)
     except BaseException as exc:  # raised by finish_save, on every rank alike
@@ -208,6 +205,8 @@ class _Job:
                 self.staged = self.mode.to_tier(step, self.staged)
             except Exception as exc:
                 self.stage_error = exc
+            else:  # the next save's plan (both copies), measured here
+                self.mode.buffers.look(copies=2)
         sync = self.plan.mode == staging_budget.SYNC
         short = comm.allreduce(saver.rank if sync else -1, MAX)
         if short >= 0:  # said once, at the commit

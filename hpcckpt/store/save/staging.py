@@ -223,9 +223,10 @@ class HostBuffers:
         self.budget = budget
         #: The default budget, fixed by the first :meth:`plan` when ``budget`` is None.
         self._default: int | None = None
-        #: Whether a :meth:`look` since the last plan found the memory held still planned
-        #: as a whole copy: the next plan that needs no more takes it without reading.
-        self._roomy = False
+        #: What a :meth:`look` since the last plan found (bytes that would still be
+        #: planned as a whole copy, bytes the buffers held then), or None: the next plan
+        #: that needs no more, with those buffers still held, takes it without reading.
+        self._roomy: tuple[int, int] | None = None
         self.checks = DeviceChecksums() if checks is None else checks
         #: Ranks on this node sharing the memory (learnt by :meth:`reserve`; None: unknown).
         self.local_ranks: int | None = None
@@ -318,19 +319,21 @@ class HostBuffers:
         takes what a :meth:`look` since the last plan found.
         """
         budget = self.planned_budget
-        roomy, self._roomy = self._roomy, False
-        if roomy and budget is not None and nbytes <= min(budget, self.nbytes):
-            return staging_budget.StagingPlan(staging_budget.COPY, nbytes, budget, None)
+        roomy, self._roomy = self._roomy, None
+        if roomy is not None and budget is not None and nbytes <= min(roomy[0], budget):
+            if self.nbytes >= roomy[1]:
+                return staging_budget.StagingPlan(staging_budget.COPY, nbytes, budget, None)
         made = staging_budget.plan(nbytes, budget, self.available(), local_ranks or 1, self.nbytes)
         if self.budget is None and self._default is None:
             self._default = made.budget
         return made
 
-    def look(self) -> None:
+    def look(self, copies: int = 1) -> None:
         """Read the memory now, off the blocked path (a save's background thread): when
-        what the buffers hold would still be planned as a whole copy, the next plan that
-        needs no more than that takes it without reading the memory (which reads the
-        job's cgroup: up to a millisecond); else the next plan reads it again."""
+        ``copies`` times what the buffers hold (2: a cache's host copy and the tier's)
+        would still be planned as a whole copy, the next plan that needs no more than that
+        takes it without reading the memory (which reads the job's cgroup: up to a
+        millisecond); else the next plan reads it again."""
         budget = self.planned_budget
         try:
             held = self.nbytes
@@ -338,8 +341,9 @@ class HostBuffers:
             return
         if budget is None or not held:
             return
-        made = staging_budget.plan(held, budget, self.available(), self.local_ranks or 1, held)
-        self._roomy = made.mode == staging_budget.COPY
+        need = copies * held
+        made = staging_budget.plan(need, budget, self.available(), self.local_ranks or 1, held)
+        self._roomy = (need, held) if made.mode == staging_budget.COPY else None
 
     @property
     def planned_budget(self) -> int | None:

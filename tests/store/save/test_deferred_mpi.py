@@ -22,8 +22,10 @@ APP = Path(__file__).parents[1] / "apps" / "deferred_app.py"
 ROWS = 1 << 17
 
 
-def run(case: str, d: Path, n: int, env: dict[str, str] | None = None) -> list[dict]:
-    r = mpirun(n, [APP, case, d], timeout=180, env=env)
+def run(
+    case: str, d: Path, n: int, env: dict[str, str] | None = None, cache: Path | None = None
+) -> list[dict]:
+    r = mpirun(n, [APP, case, d, *([] if cache is None else [cache])], timeout=180, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     return rank_reports(r.stdout, n)
 
@@ -66,6 +68,21 @@ def test_the_ranks_threads_commit_a_save_staged_in_the_background(tmp_path):
         assert rep["committed"] == [0, 1, 2, 3] and rep["error"] is None
         assert rep["said"] == ["full", "staged", "staged", "staged"]
         assert rep["in_place"] == [True, True, True], rep["in_place"]
+    assert all(exact(d, int(name[5:-3]), 3) for name in reports[0]["files"])
+
+
+def test_the_ranks_threads_commit_a_node_local_save_with_every_copy_sealed(tmp_path):
+    """``cache=`` without redundancy: the threads agree that every rank sealed its copy
+    and commit the drained file, with no call of the application's; ``wait()`` takes
+    the outcome, and each rank's copy of every step is sealed (its manifest)."""
+    d = tmp_path / "ck"
+    reports = run("behind", d, 3, cache=tmp_path / "cache" / "%n")
+    for rep in reports:
+        assert rep["committed"] == [0, 1, 2, 3] and rep["error"] is None
+        assert rep["said"] == ["full", "staged", "staged", "staged"]
+        assert rep["in_place"] == [True, True, True], rep["in_place"]
+        for step, names in enumerate(rep["cache_files"]):
+            assert fast_tier.manifest_name(step, rep["rank"]) in names, (step, names)
     assert all(exact(d, int(name[5:-3]), 3) for name in reports[0]["files"])
 
 

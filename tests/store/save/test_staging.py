@@ -478,3 +478,41 @@ def test_a_look_in_the_background_spares_the_next_plan_its_memory_reading(monkey
     assert buffers.plan(32 << 20, 1).mode == staging_budget.SYNC
     assert reads
     buffers.release()
+
+
+def test_a_look_for_a_cache_plans_both_copies(monkeypatch):
+    """A cache's save plans twice its arrays (its host copy and the tier's): look(copies=2)
+    spares that plan its memory reading when both fit, and not when only one does."""
+    from mpi4py import MPI
+
+    from hpcckpt.store.comm import as_comm
+    from hpcckpt.store.io import memory
+    from hpcckpt.store.save import staging_budget
+
+    free = {"bytes": 8 << 30}
+    reads = []
+
+    def meminfo(field):
+        reads.append(field)
+        return free["bytes"]
+
+    monkeypatch.setattr(memory, "_meminfo", meminfo)
+    monkeypatch.setattr(memory, "cgroup_room", lambda: None)
+    buffers = HostBuffers()
+    state = {"u": np.zeros(32 << 17)}  # 32 MiB
+    buffers.reserve(state, as_comm(MPI.COMM_SELF), copies=2)
+    buffers.stage(state, 1 << 20, hashed=False)
+    buffers.look()  # one copy's worth only
+    reads.clear()
+    assert buffers.plan(64 << 20, 1).mode == staging_budget.COPY
+    assert reads  # both copies: read again
+    buffers.look(copies=2)
+    reads.clear()
+    assert buffers.plan(64 << 20, 1).mode == staging_budget.COPY
+    assert reads == []  # taken from the look
+    free["bytes"] = 40 << 20  # room for the held copy and a little more, not a second
+    buffers.look(copies=2)
+    reads.clear()
+    assert buffers.plan(64 << 20, 1).mode != staging_budget.COPY
+    assert reads
+    buffers.release()
