@@ -403,6 +403,22 @@ def test_no_buffers_are_made_ahead_past_the_budget():
     assert hb.reserve(state, _self_comm()) == 0 and hb.nbytes == 0
 
 
+class _Memory:
+    """The memory as a fake ``/proc/meminfo`` (no cgroup) reports it, and its readings."""
+
+    def __init__(self, monkeypatch) -> None:
+        from hpcckpt.store.io import memory
+
+        self.free = 8 << 30
+        self.reads: list[str] = []
+        monkeypatch.setattr(memory, "_meminfo", self._read)
+        monkeypatch.setattr(memory, "cgroup_room", lambda: None)
+
+    def _read(self, field: str) -> int:
+        self.reads.append(field)
+        return self.free
+
+
 def test_the_default_budget_is_fixed_by_the_first_plan_and_held_buffers_stay_within_it(
     monkeypatch,
 ):
@@ -413,23 +429,20 @@ def test_the_default_budget_is_fixed_by_the_first_plan_and_held_buffers_stay_wit
     from mpi4py import MPI
 
     from hpcckpt.store.comm import as_comm
-    from hpcckpt.store.io import memory
     from hpcckpt.store.save import staging_budget
 
-    free = {"bytes": 8 << 30}
-    monkeypatch.setattr(memory, "_meminfo", lambda field: free["bytes"])
-    monkeypatch.setattr(memory, "cgroup_room", lambda: None)
+    mem = _Memory(monkeypatch)
     buffers = HostBuffers()
     assert buffers.planned_budget is None
     state = {"u": np.zeros(256 << 17)}  # 256 MiB
     assert buffers.reserve(state, as_comm(MPI.COMM_SELF)) == 256 << 20
     assert buffers.planned_budget == 4 << 30  # half the 8 GiB available
     buffers.stage(state, 1 << 20, hashed=False)
-    free["bytes"] = 200 << 20  # others took the memory: 200 MiB left besides ours
+    mem.free = 200 << 20  # others took the memory: 200 MiB left besides ours
     later = buffers.plan(256 << 20, 1)
     assert (later.mode, later.budget) == (staging_budget.COPY, 4 << 30)
     assert buffers.nbytes <= later.budget
-    free["bytes"] = 0  # nothing left but what the buffers hold: a ring within them
+    mem.free = 0  # nothing left but what the buffers hold: a ring within them
     short = buffers.plan(256 << 20, 1)
     assert short.mode == staging_budget.PIECES
     assert short.staging_bytes <= buffers.nbytes
@@ -445,23 +458,15 @@ def test_a_look_in_the_background_spares_the_next_plan_its_memory_reading(monkey
     from mpi4py import MPI
 
     from hpcckpt.store.comm import as_comm
-    from hpcckpt.store.io import memory
     from hpcckpt.store.save import staging_budget
 
-    free = {"bytes": 8 << 30}
-    reads = []
-
-    def meminfo(field):
-        reads.append(field)
-        return free["bytes"]
-
-    monkeypatch.setattr(memory, "_meminfo", meminfo)
-    monkeypatch.setattr(memory, "cgroup_room", lambda: None)
+    mem = _Memory(monkeypatch)
+    reads = mem.reads
     buffers = HostBuffers()
     state = {"u": np.zeros(32 << 17)}  # 32 MiB
     buffers.reserve(state, as_comm(MPI.COMM_SELF))
     buffers.stage(state, 1 << 20, hashed=False)
-    free["bytes"] = 100 << 20
+    mem.free = 100 << 20
     buffers.look()
     reads.clear()
     assert buffers.plan(32 << 20, 1).mode == staging_budget.COPY
@@ -472,7 +477,7 @@ def test_a_look_in_the_background_spares_the_next_plan_its_memory_reading(monkey
     buffers.look()
     assert buffers.plan(64 << 20, 1).mode == staging_budget.COPY
     assert reads  # more than the buffers hold: read again
-    free["bytes"] = 0
+    mem.free = 0
     buffers.look()  # what they hold is no longer planned whole (the writer's reserve)
     reads.clear()
     assert buffers.plan(32 << 20, 1).mode == staging_budget.SYNC
@@ -486,18 +491,10 @@ def test_a_look_for_a_cache_plans_both_copies(monkeypatch):
     from mpi4py import MPI
 
     from hpcckpt.store.comm import as_comm
-    from hpcckpt.store.io import memory
     from hpcckpt.store.save import staging_budget
 
-    free = {"bytes": 8 << 30}
-    reads = []
-
-    def meminfo(field):
-        reads.append(field)
-        return free["bytes"]
-
-    monkeypatch.setattr(memory, "_meminfo", meminfo)
-    monkeypatch.setattr(memory, "cgroup_room", lambda: None)
+    mem = _Memory(monkeypatch)
+    reads = mem.reads
     buffers = HostBuffers()
     state = {"u": np.zeros(32 << 17)}  # 32 MiB
     buffers.reserve(state, as_comm(MPI.COMM_SELF), copies=2)
@@ -510,7 +507,7 @@ def test_a_look_for_a_cache_plans_both_copies(monkeypatch):
     reads.clear()
     assert buffers.plan(64 << 20, 1).mode == staging_budget.COPY
     assert reads == []  # taken from the look
-    free["bytes"] = 40 << 20  # room for the held copy and a little more, not a second
+    mem.free = 40 << 20  # room for the held copy and a little more, not a second
     buffers.look(copies=2)
     reads.clear()
     assert buffers.plan(64 << 20, 1).mode != staging_budget.COPY
