@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from hpcckpt.store.file.writer import Written
 from hpcckpt.store.results import STAGED, SaveResult
@@ -34,7 +33,7 @@ class PendingSave:
     #: Steps 4-5 when the deferred saves' thread ran them after the write: the measures
     #: and the cleared bad mark of :meth:`Saver.commit_staged`, or what it raised (on
     #: every rank alike); None: the commit is the caller's (:meth:`Saver.finish_save`).
-    behind: Any = None
+    behind: tuple[list[float], str | None] | BaseException | None = None
     #: ``time.perf_counter()`` when its save began: the blocked time of a rank still in
     #: its ``save()`` at a commit in the background (``blocked`` is 0.0 until it returns).
     begun: float = 0.0

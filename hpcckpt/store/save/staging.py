@@ -321,7 +321,7 @@ class HostBuffers:
         budget = self.planned_budget
         roomy, self._roomy = self._roomy, None
         if roomy is not None and budget is not None and nbytes <= min(roomy[0], budget):
-            if self.nbytes >= roomy[1]:
+            if self.nbytes >= roomy[1]:  # the buffers it found are still held
                 return staging_budget.StagingPlan(staging_budget.COPY, nbytes, budget, None)
         made = staging_budget.plan(nbytes, budget, self.available(), local_ranks or 1, self.nbytes)
         if self.budget is None and self._default is None:
